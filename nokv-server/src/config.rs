@@ -1,0 +1,257 @@
+//! Server configuration: a TOML file (`--config`), then `NOKV_*` environment variables, then
+//! flags, in increasing order of precedence. Every setting is optional at each layer; the
+//! defaults below make a bare `nokv-server` a working embedded daemon.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+use crate::object::ProviderConfig;
+use crate::shard::ShardConfig;
+use crate::token::parse_duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nokv-server",
+    version,
+    about = "nokv: a sharded, owner-mediated block store daemon for agent workspaces",
+    long_about = "nokv: a sharded, owner-mediated block store daemon for agent workspaces.\n\n\
+        With no flags it serves 16 shards from ./nokv-data on 127.0.0.1:7878 over TLS, using a \
+        local-filesystem object provider, and prints how to point the `nokv` CLI at it.\n\n\
+        Settings come from a TOML file (--config; keys are the flag names with '_' for '-'), \
+        then NOKV_* environment variables, then flags; later layers win."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Manage bearer tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a bearer token signed with the data directory's cluster secret.
+    Issue {
+        /// Data directory holding cluster.secret.
+        #[arg(long, env = "NOKV_DATA_DIR", default_value = "./nokv-data")]
+        data_dir: PathBuf,
+        /// Workspace name or pattern (`name`, `prefix*`, `*`); repeat for several.
+        #[arg(long, required = true)]
+        workspace: Vec<String>,
+        /// read | write | admin
+        #[arg(long, default_value = "write")]
+        role: String,
+        /// Lifetime, e.g. 30d, 12h, 15m, 90s.
+        #[arg(long, default_value = "30d")]
+        ttl: String,
+    },
+}
+
+/// Every serve setting. The same struct is read from flags/env (clap) and from the TOML file
+/// (serde); `None` means "not set at this layer".
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "NOKV_SERVER_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Data directory [default: ./nokv-data].
+    #[arg(long, env = "NOKV_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Listen address; port 0 picks a free port [default: 127.0.0.1:7878].
+    #[arg(long, env = "NOKV_LISTEN")]
+    pub listen: Option<String>,
+    /// Host name clients use to reach this node; added to the certificate's names.
+    #[arg(long, env = "NOKV_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Number of shards [default: 16].
+    #[arg(long, env = "NOKV_SHARDS")]
+    pub shards: Option<u32>,
+    /// Largest small file stored inline, in bytes [default: 262144].
+    #[arg(long, env = "NOKV_INLINE_MAX")]
+    pub inline_max: Option<usize>,
+    /// How long request-id replay records are kept [default: 24h].
+    #[arg(long, env = "NOKV_REPLAY_TTL")]
+    pub replay_ttl: Option<String>,
+    /// An upload's lease; clients renew at a third of it [default: 60s].
+    #[arg(long, env = "NOKV_UPLOAD_LEASE")]
+    pub upload_lease: Option<String>,
+    /// Object provider: local | s3 | memory [default: local, under DATA_DIR/objects].
+    #[arg(long, env = "NOKV_PROVIDER")]
+    pub provider: Option<String>,
+    /// S3 endpoint URL (omit for AWS).
+    #[arg(long, env = "NOKV_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// S3 bucket.
+    #[arg(long, env = "NOKV_S3_BUCKET")]
+    pub s3_bucket: Option<String>,
+    /// Key prefix inside the bucket (or local directory) [default: nokv].
+    #[arg(long, env = "NOKV_S3_PREFIX")]
+    pub s3_prefix: Option<String>,
+    /// S3 region [default: us-east-1].
+    #[arg(long, env = "NOKV_S3_REGION")]
+    pub s3_region: Option<String>,
+    /// Allow plain http to a non-loopback S3 endpoint (loopback is always allowed).
+    #[arg(long, env = "NOKV_S3_ALLOW_HTTP")]
+    pub s3_allow_http: Option<bool>,
+    /// S3 access key id (TOML only; otherwise AWS_ACCESS_KEY_ID).
+    #[arg(skip)]
+    pub s3_access_key_id: Option<String>,
+    /// S3 secret key (TOML only; otherwise AWS_SECRET_ACCESS_KEY).
+    #[arg(skip)]
+    pub s3_secret_access_key: Option<String>,
+    /// Log filter, e.g. info or nokv_server=debug [default: info].
+    #[arg(long, env = "NOKV_LOG")]
+    pub log: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// Fully resolved settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub listen: String,
+    pub advertise: Option<String>,
+    pub shards: u32,
+    pub shard: ShardConfig,
+    pub provider: ProviderConfig,
+    pub prefix: String,
+    pub log: String,
+}
+
+macro_rules! layer {
+    ($cli:expr, $file:expr, $($field:ident),*) => {$(
+        if $cli.$field.is_none() { $cli.$field = $file.$field.take(); }
+    )*};
+}
+
+impl ServeArgs {
+    /// Fills every field unset by flags/env from the TOML file, then applies defaults.
+    pub fn resolve(mut self) -> Result<Settings, ConfigError> {
+        if let Some(path) = &self.config {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+            let mut file: ServeArgs = toml::from_str(&text)
+                .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+            layer!(
+                self,
+                file,
+                data_dir,
+                listen,
+                advertise,
+                shards,
+                inline_max,
+                replay_ttl,
+                upload_lease,
+                provider,
+                s3_endpoint,
+                s3_bucket,
+                s3_prefix,
+                s3_region,
+                s3_allow_http,
+                s3_access_key_id,
+                s3_secret_access_key,
+                log
+            );
+        }
+        let data_dir = self.data_dir.unwrap_or_else(|| PathBuf::from("./nokv-data"));
+        let duration = |v: Option<String>, default: Duration| -> Result<Duration, ConfigError> {
+            match v {
+                None => Ok(default),
+                Some(s) => parse_duration(&s).map_err(|e| ConfigError(e.to_string())),
+            }
+        };
+        let defaults = ShardConfig::default();
+        let shard = ShardConfig {
+            inline_max: self.inline_max.unwrap_or(defaults.inline_max),
+            block_size: defaults.block_size,
+            upload_lease: duration(self.upload_lease, defaults.upload_lease)?,
+            replay_ttl: duration(self.replay_ttl, defaults.replay_ttl)?,
+        };
+        if shard.upload_lease < Duration::from_secs(1) {
+            return Err(ConfigError("upload lease must be at least 1s".into()));
+        }
+        let shards = self.shards.unwrap_or(16);
+        if !(1..=4096).contains(&shards) {
+            return Err(ConfigError("shards must be 1..=4096".into()));
+        }
+        let provider = match self.provider.as_deref().unwrap_or("local") {
+            "local" => ProviderConfig::Local {
+                root: data_dir.join("objects"),
+            },
+            "memory" => ProviderConfig::Memory,
+            "s3" => ProviderConfig::S3 {
+                endpoint: self.s3_endpoint,
+                bucket: self
+                    .s3_bucket
+                    .ok_or_else(|| ConfigError("--provider s3 needs --s3-bucket".into()))?,
+                region: self.s3_region.unwrap_or_else(|| "us-east-1".into()),
+                allow_http: self.s3_allow_http.unwrap_or(false),
+                access_key_id: self
+                    .s3_access_key_id
+                    .or_else(|| std::env::var("AWS_ACCESS_KEY_ID").ok()),
+                secret_access_key: self
+                    .s3_secret_access_key
+                    .or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok()),
+            },
+            other => {
+                return Err(ConfigError(format!(
+                    "provider {other:?} is not one of local, s3, memory"
+                )));
+            }
+        };
+        Ok(Settings {
+            data_dir,
+            listen: self.listen.unwrap_or_else(|| "127.0.0.1:7878".into()),
+            advertise: self.advertise,
+            shards,
+            shard,
+            provider,
+            prefix: self.s3_prefix.unwrap_or_else(|| "nokv".into()),
+            log: self.log.unwrap_or_else(|| "info".into()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "listen = \"127.0.0.1:9\"\nshards = 4\nupload_lease = \"30s\"\n")
+            .unwrap();
+        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap(), "--shards", "8"]);
+        let s = cli.serve.resolve().unwrap();
+        assert_eq!(s.shards, 8);
+        assert_eq!(s.listen, "127.0.0.1:9");
+        assert_eq!(s.shard.upload_lease, Duration::from_secs(30));
+        assert_eq!(s.shard.inline_max, 256 * 1024);
+    }
+
+    #[test]
+    fn unknown_file_keys_and_bad_providers_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "listne = \"x\"\n").unwrap();
+        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap()]);
+        assert!(cli.serve.resolve().is_err());
+        let cli = Cli::parse_from(["nokv-server", "--provider", "ftp"]);
+        assert!(cli.serve.resolve().is_err());
+    }
+}

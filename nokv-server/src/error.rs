@@ -1,0 +1,102 @@
+//! The server's one error enum and its mapping to gRPC status, in one place.
+//!
+//! Every variant is a machine-readable *reason*: the variant name travels in the
+//! `nokv-reason` metadata key of the status, so clients branch on the reason rather than
+//! parsing messages. Lower layers (`meta`, `object`) have their own error types that convert
+//! into this one at the shard boundary.
+
+use tonic::{Code, Status};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Metadata key carrying the reason of a failed call.
+pub const REASON_KEY: &str = "nokv-reason";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("generation mismatch: expected {expected}, current {current}")]
+    GenerationMismatch { expected: u64, current: u64 },
+    #[error("shard {shard} is not owned by this node")]
+    NotOwner { shard: u32, hint: String },
+    #[error("{0}")]
+    LeaseExpired(String),
+    #[error("{0}")]
+    DigestMismatch(String),
+    #[error("{0}")]
+    RequestIdReused(String),
+    #[error("{0}")]
+    QuotaExceeded(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The request is well-formed but the target is in the wrong state (e.g. committing an
+    /// aborted upload, or a block still missing).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Retryable: the caller may send the same request (same request id) again.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::NotFound(_) => "NotFound",
+            Error::AlreadyExists(_) => "AlreadyExists",
+            Error::GenerationMismatch { .. } => "GenerationMismatch",
+            Error::NotOwner { .. } => "NotOwner",
+            Error::LeaseExpired(_) => "LeaseExpired",
+            Error::DigestMismatch(_) => "DigestMismatch",
+            Error::RequestIdReused(_) => "RequestIdReused",
+            Error::QuotaExceeded(_) => "QuotaExceeded",
+            Error::InvalidArgument(_) => "InvalidArgument",
+            Error::Unauthenticated(_) => "Unauthenticated",
+            Error::PermissionDenied(_) => "PermissionDenied",
+            Error::FailedPrecondition(_) => "FailedPrecondition",
+            Error::Unavailable(_) => "Unavailable",
+            Error::Internal(_) => "Internal",
+        }
+    }
+
+    fn code(&self) -> Code {
+        match self {
+            Error::NotFound(_) => Code::NotFound,
+            Error::AlreadyExists(_) => Code::AlreadyExists,
+            Error::GenerationMismatch { .. } => Code::Aborted,
+            Error::NotOwner { .. } => Code::FailedPrecondition,
+            Error::LeaseExpired(_) => Code::FailedPrecondition,
+            Error::DigestMismatch(_) => Code::InvalidArgument,
+            Error::RequestIdReused(_) => Code::AlreadyExists,
+            Error::QuotaExceeded(_) => Code::ResourceExhausted,
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::Unauthenticated(_) => Code::Unauthenticated,
+            Error::PermissionDenied(_) => Code::PermissionDenied,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::Unavailable(_) => Code::Unavailable,
+            Error::Internal(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let mut status = Status::new(e.code(), format!("{}: {e}", e.reason()));
+        let md = status.metadata_mut();
+        md.insert(REASON_KEY, e.reason().parse().expect("reason is ascii"));
+        if let Error::NotOwner { hint, .. } = &e
+            && let Ok(v) = hint.parse()
+        {
+            md.insert("nokv-owner-hint", v);
+        }
+        status
+    }
+}

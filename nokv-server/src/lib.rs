@@ -1,0 +1,20 @@
+//! nokv-server: a sharded, owner-mediated block store daemon for agent workspaces.
+//!
+//! Layering, top to bottom (arrows point down only):
+//! `server` (composition) → `service` (gRPC: auth, names, routing, status mapping) →
+//! `node` (which shards, where) → `shard` (gate, files, replay, sequencer) →
+//! `meta` (redb, the only durable truth) and `object` (object_store, the only provider I/O).
+
+pub mod auth;
+pub mod bootstrap;
+pub mod config;
+pub mod error;
+pub mod meta;
+pub mod names;
+pub mod node;
+pub mod object;
+pub mod placement;
+pub mod server;
+pub mod service;
+pub mod shard;
+pub mod token;

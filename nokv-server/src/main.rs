@@ -1,0 +1,80 @@
+//! `nokv-server`: serve (the default) or issue a token.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use nokv_server::config::{Cli, Command, TokenCommand};
+use nokv_server::token::{Claims, Role, unix_now, parse_duration};
+use nokv_server::{bootstrap, names, server};
+
+fn main() -> ExitCode {
+    // One process-wide crypto provider, chosen explicitly before any TLS or store is built.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Token(TokenCommand::Issue {
+            data_dir,
+            workspace,
+            role,
+            ttl,
+        })) => issue_token(&data_dir, &workspace, &role, &ttl),
+        None => serve(cli.serve),
+    }
+}
+
+fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
+    let settings = match args.resolve() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("nokv-server: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&settings.log)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(server::run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nokv-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn issue_token(data_dir: &std::path::Path, workspaces: &[String], role: &str, ttl: &str) -> ExitCode {
+    let result = (|| -> Result<String, String> {
+        for w in workspaces {
+            let name = w.strip_suffix('*').unwrap_or(w);
+            if !name.is_empty() {
+                names::workspace(name).map_err(|e| e.to_string())?;
+            }
+        }
+        let role: Role = role.parse().map_err(|e: nokv_server::error::Error| e.to_string())?;
+        let ttl = parse_duration(ttl).map_err(|e| e.to_string())?;
+        let signer = bootstrap::load_signer(data_dir).map_err(|e| e.to_string())?;
+        Ok(signer.issue(&Claims {
+            workspaces: workspaces.to_vec(),
+            role,
+            expires: unix_now() + ttl.as_secs(),
+        }))
+    })();
+    match result {
+        Ok(t) => {
+            println!("{t}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("nokv-server token issue: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! The shard's durable metadata store: one redb file per shard, the only durable truth of the
+//! shard. This is the only module that touches redb.
+//!
+//! Callers get a [`ReadView`] (an MVCC snapshot) or a [`WriteView`] (the single writer) and
+//! speak in typed records; a write view commits with `Durability::Immediate` (fsync) when
+//! its closure returns `Ok`, and aborts — changing nothing — when it returns `Err`. Sessions
+//! are plain synchronous closures: the [`crate::shard::gate`] runs them, and a synchronous
+//! closure cannot await provider I/O while the gate is held.
+
+pub mod records;
+
+use std::ops::Bound;
+use std::path::Path;
+
+use prost::Message;
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+pub use records::*;
+
+/// Errors of the metadata layer. They are never the caller's fault, so they surface as
+/// `Internal` (or `Unavailable` while the store cannot be opened).
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("metadata store: {0}")]
+    Store(#[from] redb::Error),
+    #[error("metadata record is corrupt: {0}")]
+    Corrupt(#[from] prost::DecodeError),
+}
+
+macro_rules! store_err {
+    ($($t:ty),*) => {$(
+        impl From<$t> for MetaError {
+            fn from(e: $t) -> Self { MetaError::Store(e.into()) }
+        }
+    )*};
+}
+store_err!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+impl From<MetaError> for crate::error::Error {
+    fn from(e: MetaError) -> Self {
+        crate::error::Error::Internal(e.to_string())
+    }
+}
+
+type MetaResult<T> = Result<T, MetaError>;
+type Bytes = &'static [u8];
+
+/// (workspace, path) -> EntryRecord
+const ENTRIES: TableDefinition<(&str, &str), Bytes> = TableDefinition::new("entries");
+/// (workspace, path) -> inline body of a small file
+const INLINE: TableDefinition<(&str, &str), Bytes> = TableDefinition::new("inline");
+/// (workspace, path) -> last generation ever issued; kept after delete so generations are
+/// never reused.
+const GENERATIONS: TableDefinition<(&str, &str), u64> = TableDefinition::new("generations");
+/// (workspace, request id) -> ReplayRecord
+const REQUESTS: TableDefinition<(&str, &str), Bytes> = TableDefinition::new("requests");
+/// (created ms, workspace, request id) -> () : the pruning order of REQUESTS.
+const REQUEST_AGE: TableDefinition<(u64, &str, &str), ()> = TableDefinition::new("request_age");
+/// upload id -> UploadRecord
+const UPLOADS: TableDefinition<&str, Bytes> = TableDefinition::new("uploads");
+/// (upload id, block index) -> BlockRecord
+const BLOCKS: TableDefinition<(&str, u32), Bytes> = TableDefinition::new("blocks");
+/// revision -> RevisionRecord
+const REVISIONS: TableDefinition<u64, Bytes> = TableDefinition::new("revisions");
+/// object key -> GuardRecord
+const GUARDS: TableDefinition<&str, Bytes> = TableDefinition::new("guards");
+/// object key -> revision or 0: keys no longer referenced, waiting for deletion.
+const COLLECTABLE: TableDefinition<&str, u64> = TableDefinition::new("collectable");
+/// sequence name -> last issued value
+const SEQUENCES: TableDefinition<&str, u64> = TableDefinition::new("sequences");
+
+fn decode<R: Message + Default>(bytes: &[u8]) -> MetaResult<R> {
+    Ok(R::decode(bytes)?)
+}
+
+/// Counters shown by the admin health call.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    pub entries: u64,
+    pub uploads: u64,
+    pub guards: u64,
+}
+
+pub struct MetaStore {
+    db: Database,
+}
+
+impl MetaStore {
+    /// Opens (creating if absent) the shard's redb file and makes sure every table exists,
+    /// so read views never meet a missing table.
+    pub fn open(path: &Path) -> MetaResult<MetaStore> {
+        let db = Database::create(path)?;
+        let txn = db.begin_write()?;
+        txn.open_table(ENTRIES)?;
+        txn.open_table(INLINE)?;
+        txn.open_table(GENERATIONS)?;
+        txn.open_table(REQUESTS)?;
+        txn.open_table(REQUEST_AGE)?;
+        txn.open_table(UPLOADS)?;
+        txn.open_table(BLOCKS)?;
+        txn.open_table(REVISIONS)?;
+        txn.open_table(GUARDS)?;
+        txn.open_table(COLLECTABLE)?;
+        txn.open_table(SEQUENCES)?;
+        txn.commit()?;
+        Ok(MetaStore { db })
+    }
+
+    /// Runs `f` on a consistent snapshot.
+    pub fn read<T, E: From<MetaError>>(
+        &self,
+        f: impl FnOnce(&ReadView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let txn = self.db.begin_read().map_err(MetaError::from)?;
+        f(&ReadView { txn })
+    }
+
+    /// Runs `f` as the single writer; commits durably on `Ok`, aborts on `Err`.
+    pub fn write<T, E: From<MetaError>>(
+        &self,
+        f: impl FnOnce(&mut WriteView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let txn = self.db.begin_write().map_err(MetaError::from)?;
+        let mut view = WriteView { txn };
+        let out = f(&mut view)?;
+        view.txn.commit().map_err(MetaError::from)?;
+        Ok(out)
+    }
+}
+
+pub struct ReadView {
+    txn: redb::ReadTransaction,
+}
+
+pub struct WriteView {
+    txn: redb::WriteTransaction,
+}
+
+/// Point reads and scans shared by both views: a write session must see its own writes, so it
+/// reads through its write transaction rather than a snapshot.
+macro_rules! readable {
+    ($view:ty) => {
+        impl $view {
+            pub fn entry(&self, ws: &str, path: &str) -> MetaResult<Option<EntryRecord>> {
+                let t = self.txn.open_table(ENTRIES)?;
+                t.get((ws, path))?.map(|v| decode(v.value())).transpose()
+            }
+
+            pub fn inline(&self, ws: &str, path: &str) -> MetaResult<Option<Vec<u8>>> {
+                let t = self.txn.open_table(INLINE)?;
+                Ok(t.get((ws, path))?.map(|v| v.value().to_vec()))
+            }
+
+            /// Up to `limit` entries of `ws` whose path starts with `prefix`, in path order,
+            /// strictly after `after` when given.
+            pub fn list(
+                &self,
+                ws: &str,
+                prefix: &str,
+                after: Option<&str>,
+                limit: usize,
+            ) -> MetaResult<Vec<(String, EntryRecord)>> {
+                let t = self.txn.open_table(ENTRIES)?;
+                let start = match after {
+                    Some(a) if a >= prefix => Bound::Excluded((ws, a)),
+                    _ => Bound::Included((ws, prefix)),
+                };
+                let mut out = Vec::new();
+                for item in t.range((start, Bound::Unbounded))? {
+                    let (k, v) = item?;
+                    let (kws, kpath) = k.value();
+                    if kws != ws || !kpath.starts_with(prefix) || out.len() == limit {
+                        break;
+                    }
+                    out.push((kpath.to_string(), decode(v.value())?));
+                }
+                Ok(out)
+            }
+
+            pub fn replay(&self, ws: &str, request_id: &str) -> MetaResult<Option<ReplayRecord>> {
+                let t = self.txn.open_table(REQUESTS)?;
+                t.get((ws, request_id))?.map(|v| decode(v.value())).transpose()
+            }
+
+            pub fn upload(&self, id: &str) -> MetaResult<Option<UploadRecord>> {
+                let t = self.txn.open_table(UPLOADS)?;
+                t.get(id)?.map(|v| decode(v.value())).transpose()
+            }
+
+            pub fn block(&self, upload: &str, index: u32) -> MetaResult<Option<BlockRecord>> {
+                let t = self.txn.open_table(BLOCKS)?;
+                t.get((upload, index))?.map(|v| decode(v.value())).transpose()
+            }
+
+            /// Every block record of an upload, by index.
+            pub fn blocks(&self, upload: &str) -> MetaResult<Vec<(u32, BlockRecord)>> {
+                let t = self.txn.open_table(BLOCKS)?;
+                let mut out = Vec::new();
+                for item in t.range((upload, 0u32)..=(upload, u32::MAX))? {
+                    let (k, v) = item?;
+                    out.push((k.value().1, decode(v.value())?));
+                }
+                Ok(out)
+            }
+
+            pub fn revision(&self, rev: u64) -> MetaResult<Option<RevisionRecord>> {
+                let t = self.txn.open_table(REVISIONS)?;
+                t.get(rev)?.map(|v| decode(v.value())).transpose()
+            }
+
+            pub fn guard(&self, key: &str) -> MetaResult<Option<GuardRecord>> {
+                let t = self.txn.open_table(GUARDS)?;
+                t.get(key)?.map(|v| decode(v.value())).transpose()
+            }
+
+            pub fn counts(&self) -> MetaResult<Counts> {
+                Ok(Counts {
+                    entries: self.txn.open_table(ENTRIES)?.len()?,
+                    uploads: self.txn.open_table(UPLOADS)?.len()?,
+                    guards: self.txn.open_table(GUARDS)?.len()?,
+                })
+            }
+        }
+    };
+}
+
+readable!(ReadView);
+readable!(WriteView);
+
+impl WriteView {
+    pub fn put_entry(&mut self, ws: &str, path: &str, rec: &EntryRecord) -> MetaResult<()> {
+        let mut t = self.txn.open_table(ENTRIES)?;
+        t.insert((ws, path), rec.encode_to_vec().as_slice())?;
+        Ok(())
+    }
+
+    /// Removes the entry and any inline body; the path's generation counter stays.
+    pub fn remove_entry(&mut self, ws: &str, path: &str) -> MetaResult<()> {
+        self.txn.open_table(ENTRIES)?.remove((ws, path))?;
+        self.txn.open_table(INLINE)?.remove((ws, path))?;
+        Ok(())
+    }
+
+    pub fn put_inline(&mut self, ws: &str, path: &str, data: &[u8]) -> MetaResult<()> {
+        self.txn.open_table(INLINE)?.insert((ws, path), data)?;
+        Ok(())
+    }
+
+    pub fn remove_inline(&mut self, ws: &str, path: &str) -> MetaResult<()> {
+        self.txn.open_table(INLINE)?.remove((ws, path))?;
+        Ok(())
+    }
+
+    /// Issues the path's next generation: strictly greater than every generation the path
+    /// ever had, including deleted ones.
+    pub fn next_generation(&mut self, ws: &str, path: &str) -> MetaResult<u64> {
+        let mut t = self.txn.open_table(GENERATIONS)?;
+        let next = t.get((ws, path))?.map(|v| v.value()).unwrap_or(0) + 1;
+        t.insert((ws, path), next)?;
+        Ok(next)
+    }
+
+    /// Issues the next value of a named sequence (starting at 1, never reused).
+    pub fn next_sequence(&mut self, name: &str) -> MetaResult<u64> {
+        let mut t = self.txn.open_table(SEQUENCES)?;
+        let next = t.get(name)?.map(|v| v.value()).unwrap_or(0) + 1;
+        t.insert(name, next)?;
+        Ok(next)
+    }
+
+    pub fn put_replay(&mut self, ws: &str, request_id: &str, rec: &ReplayRecord) -> MetaResult<()> {
+        let mut t = self.txn.open_table(REQUESTS)?;
+        t.insert((ws, request_id), rec.encode_to_vec().as_slice())?;
+        let mut age = self.txn.open_table(REQUEST_AGE)?;
+        age.insert((rec.created_ms.max(0) as u64, ws, request_id), ())?;
+        Ok(())
+    }
+
+    /// Removes up to `limit` replay records created before `cutoff_ms`, oldest first.
+    /// Returns how many were removed; a short page means nothing older is left.
+    pub fn prune_replays(&mut self, cutoff_ms: i64, limit: usize) -> MetaResult<usize> {
+        let mut age = self.txn.open_table(REQUEST_AGE)?;
+        let mut victims = Vec::new();
+        for item in age.range(..(cutoff_ms.max(0) as u64, "", ""))? {
+            if victims.len() == limit {
+                break;
+            }
+            let (k, _) = item?;
+            let (ms, ws, id) = k.value();
+            victims.push((ms, ws.to_string(), id.to_string()));
+        }
+        let mut requests = self.txn.open_table(REQUESTS)?;
+        for (ms, ws, id) in &victims {
+            age.remove((*ms, ws.as_str(), id.as_str()))?;
+            requests.remove((ws.as_str(), id.as_str()))?;
+        }
+        Ok(victims.len())
+    }
+
+    pub fn put_upload(&mut self, id: &str, rec: &UploadRecord) -> MetaResult<()> {
+        let mut t = self.txn.open_table(UPLOADS)?;
+        t.insert(id, rec.encode_to_vec().as_slice())?;
+        Ok(())
+    }
+
+    pub fn put_block(&mut self, upload: &str, index: u32, rec: &BlockRecord) -> MetaResult<()> {
+        let mut t = self.txn.open_table(BLOCKS)?;
+        t.insert((upload, index), rec.encode_to_vec().as_slice())?;
+        Ok(())
+    }
+
+    /// Removes every block record of an upload (after its keys moved to a revision or to
+    /// the collectable set).
+    pub fn remove_blocks(&mut self, upload: &str) -> MetaResult<()> {
+        let mut t = self.txn.open_table(BLOCKS)?;
+        t.retain_in((upload, 0u32)..=(upload, u32::MAX), |_, _| false)?;
+        Ok(())
+    }
+
+    pub fn put_revision(&mut self, rev: u64, rec: &RevisionRecord) -> MetaResult<()> {
+        let mut t = self.txn.open_table(REVISIONS)?;
+        t.insert(rev, rec.encode_to_vec().as_slice())?;
+        Ok(())
+    }
+
+    pub fn remove_revision(&mut self, rev: u64) -> MetaResult<()> {
+        self.txn.open_table(REVISIONS)?.remove(rev)?;
+        Ok(())
+    }
+
+    pub fn put_guard(&mut self, key: &str, rec: &GuardRecord) -> MetaResult<()> {
+        let mut t = self.txn.open_table(GUARDS)?;
+        t.insert(key, rec.encode_to_vec().as_slice())?;
+        Ok(())
+    }
+
+    pub fn remove_guard(&mut self, key: &str) -> MetaResult<()> {
+        self.txn.open_table(GUARDS)?.remove(key)?;
+        Ok(())
+    }
+
+    /// Marks an object key as no longer referenced, so the reconciler may delete it.
+    pub fn add_collectable(&mut self, key: &str, revision: u64) -> MetaResult<()> {
+        self.txn.open_table(COLLECTABLE)?.insert(key, revision)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, MetaStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = MetaStore::open(&dir.path().join("m.redb")).unwrap();
+        (dir, s)
+    }
+
+    #[test]
+    fn a_failed_session_changes_nothing() {
+        let (_d, s) = store();
+        let r: Result<(), MetaError> = s.write(|w| {
+            w.put_inline("ws", "a", b"x")?;
+            Err(MetaError::Corrupt(prost::DecodeError::new("boom")))
+        });
+        assert!(r.is_err());
+        assert_eq!(s.read(|r| r.inline("ws", "a")).unwrap(), None);
+    }
+
+    #[test]
+    fn generations_survive_removal_and_never_repeat() {
+        let (_d, s) = store();
+        let g: Vec<u64> = s
+            .write(|w| {
+                let a = w.next_generation("ws", "p")?;
+                w.remove_entry("ws", "p")?;
+                let b = w.next_generation("ws", "p")?;
+                Ok::<_, MetaError>(vec![a, b])
+            })
+            .unwrap();
+        assert_eq!(g, vec![1, 2]);
+    }
+
+    #[test]
+    fn list_stays_inside_workspace_and_prefix_and_pages_after_cursor() {
+        let (_d, s) = store();
+        s.write(|w| {
+            for (ws, p) in [("a", "x/1"), ("a", "x/2"), ("a", "x/3"), ("a", "y"), ("b", "x/0")] {
+                w.put_entry(ws, p, &EntryRecord::default())?;
+            }
+            Ok::<_, MetaError>(())
+        })
+        .unwrap();
+        let names = |v: Vec<(String, EntryRecord)>| v.into_iter().map(|x| x.0).collect::<Vec<_>>();
+        let page = s.read(|r| r.list("a", "x/", None, 2)).unwrap();
+        assert_eq!(names(page), ["x/1", "x/2"]);
+        let page = s.read(|r| r.list("a", "x/", Some("x/2"), 2)).unwrap();
+        assert_eq!(names(page), ["x/3"]);
+    }
+
+    #[test]
+    fn pruning_removes_only_old_replays_in_bounded_pages() {
+        let (_d, s) = store();
+        s.write(|w| {
+            for (i, ms) in [10i64, 20, 30, 40].iter().enumerate() {
+                let rec = ReplayRecord {
+                    created_ms: *ms,
+                    ..Default::default()
+                };
+                w.put_replay("ws", &format!("r{i}"), &rec)?;
+            }
+            Ok::<_, MetaError>(())
+        })
+        .unwrap();
+        assert_eq!(s.write(|w| w.prune_replays(35, 2)).unwrap(), 2);
+        assert_eq!(s.write(|w| w.prune_replays(35, 2)).unwrap(), 1);
+        assert_eq!(s.write(|w| w.prune_replays(35, 2)).unwrap(), 0);
+        assert!(s.read(|r| r.replay("ws", "r3")).unwrap().is_some());
+        assert!(s.read(|r| r.replay("ws", "r0")).unwrap().is_none());
+    }
+}

@@ -1,0 +1,161 @@
+//! The durable record formats of a shard, encoded with prost so that fields can be added
+//! without a migration (unknown tags are skipped, missing ones default).
+
+/// Kind of a path's entry, shared with the wire enum's numbering.
+pub const KIND_FILE: i32 = 1;
+pub const KIND_ARTIFACT: i32 = 2;
+
+/// The current state of one path. Inline bytes of small files live in their own table so
+/// that Stat and List never read bodies.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EntryRecord {
+    #[prost(int32, tag = "1")]
+    pub kind: i32,
+    #[prost(uint64, tag = "2")]
+    pub size: u64,
+    #[prost(bytes = "vec", tag = "3")]
+    pub sha256: Vec<u8>,
+    #[prost(uint64, tag = "4")]
+    pub generation: u64,
+    #[prost(int64, tag = "5")]
+    pub modified_ms: i64,
+    /// Artifacts: the immutable revision the path points at.
+    #[prost(uint64, tag = "6")]
+    pub revision: u64,
+    #[prost(uint32, tag = "7")]
+    pub block_count: u32,
+    #[prost(bytes = "vec", tag = "8")]
+    pub manifest_sha256: Vec<u8>,
+}
+
+/// The recorded outcome of one mutation, keyed by (workspace, request id).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ReplayRecord {
+    /// SHA-256 over the operation name and the request without its request id.
+    #[prost(bytes = "vec", tag = "1")]
+    pub fingerprint: Vec<u8>,
+    /// The encoded response message returned to the first caller.
+    #[prost(bytes = "vec", tag = "2")]
+    pub response: Vec<u8>,
+    #[prost(int64, tag = "3")]
+    pub created_ms: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum UploadState {
+    Unspecified = 0,
+    /// Accepting blocks while its lease is live.
+    Open = 1,
+    /// Published as a revision; its block keys now belong to that revision.
+    Committed = 2,
+    /// Ended by the client; its block keys are collectable.
+    Aborted = 3,
+    /// Claimed by the reconciler after expiry; its keys are being deleted.
+    Deleting = 4,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct UploadRecord {
+    #[prost(string, tag = "1")]
+    pub workspace: String,
+    #[prost(string, tag = "2")]
+    pub path: String,
+    #[prost(uint64, tag = "3")]
+    pub size: u64,
+    #[prost(uint32, tag = "4")]
+    pub block_count: u32,
+    #[prost(enumeration = "UploadState", tag = "5")]
+    pub state: i32,
+    /// Shard clock; checked only after the gate is taken.
+    #[prost(int64, tag = "6")]
+    pub lease_expires_ms: i64,
+    #[prost(int64, tag = "7")]
+    pub created_ms: i64,
+    /// Set when committed.
+    #[prost(uint64, tag = "8")]
+    pub revision: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum BlockState {
+    Unspecified = 0,
+    /// An attempt key is assigned and guarded; the provider write may be in flight.
+    Pending = 1,
+    /// The provider confirmed the write of `key` and the record session saw the same key.
+    Uploaded = 2,
+}
+
+/// One block of an open upload. Its `key` is the attempt key of the latest admitted write;
+/// the record session marks the block uploaded only if the key still matches, so a
+/// superseded attempt can never publish into the block.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct BlockRecord {
+    #[prost(uint64, tag = "1")]
+    pub length: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    pub sha256: Vec<u8>,
+    #[prost(string, tag = "3")]
+    pub key: String,
+    #[prost(enumeration = "BlockState", tag = "4")]
+    pub state: i32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RevisionBlock {
+    #[prost(uint64, tag = "1")]
+    pub length: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    pub sha256: Vec<u8>,
+    #[prost(string, tag = "3")]
+    pub key: String,
+}
+
+/// An immutable published artifact. Revision numbers come from the shard's sequence and are
+/// never reused.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RevisionRecord {
+    #[prost(string, tag = "1")]
+    pub workspace: String,
+    #[prost(string, tag = "2")]
+    pub path: String,
+    #[prost(uint64, tag = "3")]
+    pub size: u64,
+    #[prost(bytes = "vec", tag = "4")]
+    pub sha256: Vec<u8>,
+    #[prost(bytes = "vec", tag = "5")]
+    pub manifest_sha256: Vec<u8>,
+    #[prost(uint64, tag = "6")]
+    pub block_size: u64,
+    #[prost(message, repeated, tag = "7")]
+    pub blocks: Vec<RevisionBlock>,
+    #[prost(int64, tag = "8")]
+    pub created_ms: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum WriterState {
+    Unspecified = 0,
+    /// The provider write may still land (in flight, timed out, or its writer crashed).
+    Unknown = 1,
+    /// The writer positively finished (written or identified as never sent).
+    Finished = 2,
+}
+
+/// A cleanup guard for one object key, recorded *before* the provider write so that bytes
+/// landing after any crash or lost response are still accounted for.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GuardRecord {
+    #[prost(string, tag = "1")]
+    pub upload_id: String,
+    #[prost(enumeration = "WriterState", tag = "2")]
+    pub writer: i32,
+    #[prost(int64, tag = "3")]
+    pub created_ms: i64,
+    #[prost(uint32, tag = "4")]
+    pub attempts: u32,
+    #[prost(int64, tag = "5")]
+    pub last_attempt_ms: i64,
+}

@@ -1,0 +1,145 @@
+//! Normalisation and validation of every name a request carries: workspace names, paths,
+//! list prefixes and request ids. This is the only module that decides what a valid name is;
+//! everything past the service boundary holds names that passed through here.
+//!
+//! Paths are relative UTF-8 with `/` separators. A single trailing `/` and repeated `/` are
+//! *not* silently fixed: a path names exactly one entry, so ambiguous spellings are refused
+//! rather than normalised into a different key.
+
+use crate::error::{Error, Result};
+
+pub const MAX_PATH_BYTES: usize = 4096;
+pub const MAX_COMPONENT_BYTES: usize = 255;
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+
+/// A workspace name: `[a-z0-9][a-z0-9._-]{0,62}`.
+pub fn workspace(name: &str) -> Result<&str> {
+    let bytes = name.as_bytes();
+    let ok_first = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let ok_rest = |b: u8| ok_first(b) || matches!(b, b'.' | b'_' | b'-');
+    if bytes.is_empty() {
+        return Err(invalid("workspace name is empty"));
+    }
+    if bytes.len() > 63 {
+        return Err(invalid("workspace name is longer than 63 bytes"));
+    }
+    if !ok_first(bytes[0]) || !bytes[1..].iter().all(|&b| ok_rest(b)) {
+        return Err(invalid(format!(
+            "workspace name {name:?} must match [a-z0-9][a-z0-9._-]{{0,62}}"
+        )));
+    }
+    Ok(name)
+}
+
+/// A path naming one entry inside a workspace.
+pub fn path(p: &str) -> Result<&str> {
+    if p.is_empty() {
+        return Err(invalid("path is empty"));
+    }
+    if p.len() > MAX_PATH_BYTES {
+        return Err(invalid(format!("path is longer than {MAX_PATH_BYTES} bytes")));
+    }
+    if p.starts_with('/') {
+        return Err(invalid("path must be relative (starts with '/')"));
+    }
+    check_chars(p, "path")?;
+    for component in p.split('/') {
+        match component {
+            "" => return Err(invalid(format!("path {p:?} has an empty component"))),
+            "." | ".." => {
+                return Err(invalid(format!("path {p:?} has a '{component}' component")));
+            }
+            c if c.len() > MAX_COMPONENT_BYTES => {
+                return Err(invalid(format!(
+                    "path component longer than {MAX_COMPONENT_BYTES} bytes"
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(p)
+}
+
+/// A list prefix: any leading part of a valid path (may end inside a component or with `/`);
+/// empty means the whole workspace.
+pub fn prefix(p: &str) -> Result<&str> {
+    if p.len() > MAX_PATH_BYTES {
+        return Err(invalid(format!("prefix is longer than {MAX_PATH_BYTES} bytes")));
+    }
+    if p.starts_with('/') {
+        return Err(invalid("prefix must be relative (starts with '/')"));
+    }
+    check_chars(p, "prefix")?;
+    Ok(p)
+}
+
+/// A client-chosen request id: 1..=128 printable ASCII characters.
+pub fn request_id(id: &str) -> Result<&str> {
+    if id.is_empty() {
+        return Err(invalid("request_id is required for mutations"));
+    }
+    if id.len() > MAX_REQUEST_ID_BYTES || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(format!(
+            "request_id must be 1..={MAX_REQUEST_ID_BYTES} printable ASCII characters"
+        )));
+    }
+    Ok(id)
+}
+
+fn check_chars(p: &str, what: &str) -> Result<()> {
+    if let Some(c) = p.chars().find(|c| c.is_control()) {
+        return Err(invalid(format!(
+            "{what} contains a control character (U+{:04X})",
+            c as u32
+        )));
+    }
+    Ok(())
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_names_pass_unchanged() {
+        for ws in ["a", "0", "team-1", "a.b_c-d", &"a".repeat(63)] {
+            assert_eq!(workspace(ws).unwrap(), ws);
+        }
+        for p in ["a", "a/b/c.txt", "ünïcode/файл", "x/.hidden", "a..b"] {
+            assert_eq!(path(p).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn every_bad_name_is_refused_as_invalid_argument() {
+        let long_component = "a".repeat(256);
+        let long_path = ["a"; 2049].join("/");
+        for ws in ["", "A", "-a", ".a", "a b", "a/b", "ä", &"a".repeat(64)] {
+            assert!(matches!(workspace(ws), Err(Error::InvalidArgument(_))), "{ws:?}");
+        }
+        for p in [
+            "",
+            "/a",
+            "a//b",
+            "a/",
+            ".",
+            "..",
+            "a/./b",
+            "a/../b",
+            "a\0b",
+            "a\nb",
+            "a\u{7f}",
+            long_component.as_str(),
+            long_path.as_str(),
+        ] {
+            assert!(matches!(path(p), Err(Error::InvalidArgument(_))), "{p:?}");
+        }
+        for id in ["", "a b", "é", &"x".repeat(129)] {
+            assert!(matches!(request_id(id), Err(Error::InvalidArgument(_))), "{id:?}");
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The object provider: the only module that touches object_store.
+//!
+//! Two handles per provider. Writes go through a handle whose client never retries, so a PUT
+//! makes exactly one remote attempt: a retry that later succeeds could not settle an earlier
+//! attempt whose outcome was unknown. Every write is create-if-absent, so a key is never
+//! overwritten. Reads, heads, lists and deletes use a handle with ordinary retries; deletes
+//! are idempotent (absent counts as deleted).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{
+    ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+};
+
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error("object {0} not found")]
+    NotFound(String),
+    #[error("object provider configuration: {0}")]
+    Config(String),
+    #[error("object provider: {0}")]
+    Provider(String),
+}
+
+impl From<ObjectError> for crate::error::Error {
+    fn from(e: ObjectError) -> Self {
+        match e {
+            ObjectError::NotFound(k) => {
+                crate::error::Error::Internal(format!("referenced object {k} is missing"))
+            }
+            other => crate::error::Error::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// The classified outcome of one create. Only `Written` and `NotWritten` prove the writer
+/// finished; `Unknown` means bytes may still land under the key, so its guard must stay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    Written,
+    /// Positively identified as failed before the request could reach the provider.
+    NotWritten(String),
+    /// Timeout, reset, cancellation or a provider answer that does not prove absence.
+    Unknown(String),
+}
+
+/// Provider settings, as resolved from the server configuration.
+#[derive(Debug, Clone)]
+pub enum ProviderConfig {
+    Local {
+        root: std::path::PathBuf,
+    },
+    Memory,
+    S3 {
+        endpoint: Option<String>,
+        bucket: String,
+        region: String,
+        /// Permit plain http; only honoured for loopback endpoints or when set explicitly.
+        allow_http: bool,
+        access_key_id: Option<String>,
+        secret_access_key: Option<String>,
+    },
+}
+
+#[derive(Clone)]
+pub struct ObjectProvider {
+    kind: &'static str,
+    prefix: String,
+    writer: Arc<dyn ObjectStore>,
+    reader: Arc<dyn ObjectStore>,
+}
+
+impl std::fmt::Debug for ObjectProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ObjectProvider({}, prefix {:?})", self.kind, self.prefix)
+    }
+}
+
+impl ObjectProvider {
+    pub fn open(cfg: &ProviderConfig, prefix: &str) -> Result<ObjectProvider, ObjectError> {
+        let prefix = prefix.trim_matches('/').to_string();
+        match cfg {
+            ProviderConfig::Local { root } => {
+                std::fs::create_dir_all(root)
+                    .map_err(|e| ObjectError::Config(format!("{}: {e}", root.display())))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(root)
+                    .map_err(|e| ObjectError::Config(e.to_string()))?
+                    .with_automatic_cleanup(true);
+                let fs: Arc<dyn ObjectStore> = Arc::new(fs);
+                Ok(Self::from_stores("local", prefix, fs.clone(), fs))
+            }
+            ProviderConfig::Memory => {
+                let m: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+                Ok(Self::from_stores("memory", prefix, m.clone(), m))
+            }
+            ProviderConfig::S3 {
+                endpoint,
+                bucket,
+                region,
+                allow_http,
+                access_key_id,
+                secret_access_key,
+            } => {
+                let loopback = endpoint.as_deref().is_some_and(is_loopback_url);
+                let build = |retries: Option<usize>| {
+                    let mut b = object_store::aws::AmazonS3Builder::new()
+                        .with_bucket_name(bucket)
+                        .with_region(region)
+                        .with_client_options(
+                            ClientOptions::new()
+                                .with_allow_http(*allow_http || loopback)
+                                .with_timeout(Duration::from_secs(60)),
+                        );
+                    if let Some(ep) = endpoint {
+                        b = b.with_endpoint(ep).with_virtual_hosted_style_request(false);
+                    }
+                    if let (Some(id), Some(secret)) = (access_key_id, secret_access_key) {
+                        b = b.with_access_key_id(id).with_secret_access_key(secret);
+                    }
+                    if let Some(max_retries) = retries {
+                        b = b.with_retry(RetryConfig {
+                            max_retries,
+                            ..RetryConfig::default()
+                        });
+                    }
+                    b.build().map_err(|e| ObjectError::Config(e.to_string()))
+                };
+                let writer: Arc<dyn ObjectStore> = Arc::new(build(Some(0))?);
+                let reader: Arc<dyn ObjectStore> = Arc::new(build(None)?);
+                Ok(Self::from_stores("s3", prefix, writer, reader))
+            }
+        }
+    }
+
+    /// Wraps explicit stores (used by fault-injection tests).
+    pub fn from_stores(
+        kind: &'static str,
+        prefix: String,
+        writer: Arc<dyn ObjectStore>,
+        reader: Arc<dyn ObjectStore>,
+    ) -> ObjectProvider {
+        ObjectProvider {
+            kind,
+            prefix,
+            writer,
+            reader,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The key of one block-write attempt. It names the shard, the upload and a fresh random
+    /// attempt id, never the path or the time alone, so no two attempts ever share a key.
+    pub fn block_key(&self, shard: u32, upload_id: &str, index: u32, attempt: &str) -> String {
+        let rel = format!("s{shard:04}/u/{upload_id}/{index:08}-{attempt}");
+        if self.prefix.is_empty() {
+            rel
+        } else {
+            format!("{}/{rel}", self.prefix)
+        }
+    }
+
+    /// Proves at start-up that the provider answers and the bucket and credentials work.
+    pub async fn check(&self) -> Result<(), ObjectError> {
+        let probe = Path::from(format!("{}/.nokv-probe", self.prefix).trim_start_matches('/'));
+        match self.reader.head(&probe).await {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(ObjectError::Provider(flatten(&e))),
+        }
+    }
+
+    /// One create-if-absent attempt with no client retry.
+    pub async fn create(&self, key: &str, data: Bytes) -> PutOutcome {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match self
+            .writer
+            .put_opts(&Path::from(key), PutPayload::from_bytes(data), opts)
+            .await
+        {
+            Ok(_) => PutOutcome::Written,
+            Err(e) => classify(&e),
+        }
+    }
+
+    pub async fn get(&self, key: &str) -> Result<Bytes, ObjectError> {
+        match self.reader.get(&Path::from(key)).await {
+            Ok(r) => r
+                .bytes()
+                .await
+                .map_err(|e| ObjectError::Provider(flatten(&e))),
+            Err(object_store::Error::NotFound { .. }) => Err(ObjectError::NotFound(key.into())),
+            Err(e) => Err(ObjectError::Provider(flatten(&e))),
+        }
+    }
+
+    /// Idempotent: an absent key counts as deleted.
+    pub async fn delete(&self, key: &str) -> Result<(), ObjectError> {
+        match self.reader.delete(&Path::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(ObjectError::Provider(flatten(&e))),
+        }
+    }
+
+    /// Every key under the provider prefix (for inventory and tests).
+    pub async fn list_keys(&self) -> Result<Vec<String>, ObjectError> {
+        let prefix = (!self.prefix.is_empty()).then(|| Path::from(self.prefix.as_str()));
+        let mut stream = self.reader.list(prefix.as_ref());
+        let mut keys = Vec::new();
+        while let Some(item) = stream.next().await {
+            let meta = item.map_err(|e| ObjectError::Provider(flatten(&e)))?;
+            keys.push(meta.location.to_string());
+        }
+        Ok(keys)
+    }
+}
+
+/// Sorts a failed create into "never sent" or "unknown". Only a connection that was never
+/// established proves the provider received nothing; everything else may have landed.
+fn classify(e: &object_store::Error) -> PutOutcome {
+    let text = flatten(e);
+    if let object_store::Error::NotSupported { .. } | object_store::Error::InvalidPath { .. } = e {
+        return PutOutcome::NotWritten(text);
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(r) = err.downcast_ref::<reqwest::Error>()
+            && r.is_connect()
+        {
+            return PutOutcome::NotWritten(text);
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return PutOutcome::NotWritten(text);
+        }
+        source = err.source();
+    }
+    PutOutcome::Unknown(text)
+}
+
+/// The error and its sources on one line (object_store nests the useful part).
+fn flatten(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !out.contains(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+fn is_loopback_url(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .unwrap_or(url);
+    let host = rest.split(['/', '?']).next().unwrap_or("");
+    let host = match host.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => host,
+    };
+    matches!(host, "localhost" | "127.0.0.1" | "[::1]" | "::1") || host.starts_with("127.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_endpoints_get_plain_http_implicitly() {
+        assert!(is_loopback_url("http://127.0.0.1:9000"));
+        assert!(is_loopback_url("http://localhost:9000/"));
+        assert!(is_loopback_url("http://[::1]:9000"));
+        assert!(!is_loopback_url("http://s3.example.com"));
+        assert!(!is_loopback_url("http://10.0.0.1:9000"));
+    }
+
+    #[tokio::test]
+    async fn create_never_overwrites_a_key_and_delete_is_idempotent() {
+        let p = ObjectProvider::open(&ProviderConfig::Memory, "pfx").unwrap();
+        let key = p.block_key(1, "u", 0, "a");
+        assert_eq!(p.create(&key, Bytes::from_static(b"one")).await, PutOutcome::Written);
+        assert!(matches!(
+            p.create(&key, Bytes::from_static(b"two")).await,
+            PutOutcome::Unknown(_)
+        ));
+        assert_eq!(p.get(&key).await.unwrap(), Bytes::from_static(b"one"));
+        p.delete(&key).await.unwrap();
+        p.delete(&key).await.unwrap();
+        assert!(matches!(p.get(&key).await, Err(ObjectError::NotFound(_))));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_classified_as_not_written() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let cfg = ProviderConfig::S3 {
+            endpoint: Some("http://127.0.0.1:1".into()),
+            bucket: "b".into(),
+            region: "us-east-1".into(),
+            allow_http: false,
+            access_key_id: Some("k".into()),
+            secret_access_key: Some("s".into()),
+        };
+        let p = ObjectProvider::open(&cfg, "").unwrap();
+        let out = p.create("k", Bytes::from_static(b"x")).await;
+        assert!(matches!(out, PutOutcome::NotWritten(_)), "{out:?}");
+    }
+}

@@ -1,0 +1,190 @@
+//! Small-file operations: Stat, List, Read, Write, Delete. Bodies up to the inline limit live
+//! in the shard's metadata store, so each mutation is exactly one durable write session.
+
+use nokv_proto::v1 as pb;
+use sha2::{Digest, Sha256};
+
+use super::replay::RequestKey;
+use super::{Shard, now_ms, to_entry};
+use crate::error::{Error, Result};
+use crate::meta::{EntryRecord, KIND_ARTIFACT, KIND_FILE, WriteView};
+
+pub const LIST_DEFAULT: u32 = 100;
+pub const LIST_MAX: u32 = 1000;
+
+impl Shard {
+    pub async fn stat(&self, ws: &str, path: &str) -> Result<pb::Entry> {
+        self.gate
+            .read(|r| match r.entry(ws, path)? {
+                Some(e) => Ok(to_entry(ws, path, &e)),
+                None => Err(not_found(ws, path)),
+            })
+            .await
+    }
+
+    /// One page of entries under `prefix`. The cursor is the hex of the last path returned,
+    /// so pages stay correct while entries are added or removed between calls.
+    pub async fn list(
+        &self,
+        ws: &str,
+        prefix: &str,
+        limit: u32,
+        cursor: &str,
+    ) -> Result<pb::ListResponse> {
+        let limit = match limit {
+            0 => LIST_DEFAULT,
+            1..=LIST_MAX => limit,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "limit must be 1..={LIST_MAX}"
+                )));
+            }
+        } as usize;
+        let after = if cursor.is_empty() {
+            None
+        } else {
+            let raw = hex::decode(cursor)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .ok_or_else(|| Error::InvalidArgument("cursor is not valid".into()))?;
+            Some(raw)
+        };
+        // Fetch one extra entry to learn whether another page exists.
+        let mut page = self
+            .gate
+            .read(|r| Ok(r.list(ws, prefix, after.as_deref(), limit + 1)?))
+            .await?;
+        let more = page.len() > limit;
+        page.truncate(limit);
+        let next_cursor = match (more, page.last()) {
+            (true, Some((p, _))) => hex::encode(p),
+            _ => String::new(),
+        };
+        Ok(pb::ListResponse {
+            entries: page.iter().map(|(p, e)| to_entry(ws, p, e)).collect(),
+            next_cursor,
+        })
+    }
+
+    /// The entry and, for a small file, its body. An artifact's body is read block by block
+    /// through its manifest, so `data` is empty for artifacts.
+    pub async fn read(&self, ws: &str, path: &str) -> Result<pb::ReadResponse> {
+        self.gate
+            .read(|r| {
+                let e = r.entry(ws, path)?.ok_or_else(|| not_found(ws, path))?;
+                let data = if e.kind == KIND_FILE {
+                    r.inline(ws, path)?.unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                Ok(pb::ReadResponse {
+                    entry: Some(to_entry(ws, path, &e)),
+                    data,
+                })
+            })
+            .await
+    }
+
+    pub async fn write(&self, mut req: pb::WriteRequest) -> Result<pb::WriteResponse> {
+        if req.data.len() > self.cfg.inline_max {
+            return Err(Error::InvalidArgument(format!(
+                "file is {} bytes; small files are limited to {} bytes (publish it as an artifact)",
+                req.data.len(),
+                self.cfg.inline_max
+            )));
+        }
+        let mode = pb::WriteMode::try_from(req.mode)
+            .map_err(|_| Error::InvalidArgument(format!("unknown write mode {}", req.mode)))?;
+        let request_id = std::mem::take(&mut req.request_id);
+        let key = RequestKey::new(&req.workspace, &request_id, "Write", &req);
+        let sha256 = Sha256::digest(&req.data).to_vec();
+        self.gate
+            .write(move |w| {
+                if let Some(done) = key.recorded(w)? {
+                    return Ok(done);
+                }
+                let (ws, path) = (req.workspace.as_str(), req.path.as_str());
+                let current = w.entry(ws, path)?;
+                match (mode, &current) {
+                    (pb::WriteMode::CreateOnly, Some(_)) => {
+                        return Err(Error::AlreadyExists(format!("{ws}:{path} already exists")));
+                    }
+                    (pb::WriteMode::IfGeneration, cur) => {
+                        let have = cur.as_ref().map_or(0, |c| c.generation);
+                        if have != req.if_generation {
+                            return Err(Error::GenerationMismatch {
+                                expected: req.if_generation,
+                                current: have,
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+                if let Some(old) = &current {
+                    retire(w, old)?;
+                }
+                let now = now_ms();
+                let rec = EntryRecord {
+                    kind: KIND_FILE,
+                    size: req.data.len() as u64,
+                    sha256,
+                    generation: w.next_generation(ws, path)?,
+                    modified_ms: now,
+                    ..Default::default()
+                };
+                w.put_entry(ws, path, &rec)?;
+                w.put_inline(ws, path, &req.data)?;
+                let resp = pb::WriteResponse {
+                    entry: Some(to_entry(ws, path, &rec)),
+                };
+                key.record(w, &resp, now)?;
+                Ok(resp)
+            })
+            .await
+    }
+
+    pub async fn delete(&self, mut req: pb::DeleteRequest) -> Result<pb::DeleteResponse> {
+        let request_id = std::mem::take(&mut req.request_id);
+        let key = RequestKey::new(&req.workspace, &request_id, "Delete", &req);
+        self.gate
+            .write(move |w| {
+                if let Some(done) = key.recorded(w)? {
+                    return Ok(done);
+                }
+                let (ws, path) = (req.workspace.as_str(), req.path.as_str());
+                let current = w.entry(ws, path)?.ok_or_else(|| not_found(ws, path))?;
+                if req.if_generation != 0 && req.if_generation != current.generation {
+                    return Err(Error::GenerationMismatch {
+                        expected: req.if_generation,
+                        current: current.generation,
+                    });
+                }
+                retire(w, &current)?;
+                w.remove_entry(ws, path)?;
+                let resp = pb::DeleteResponse {
+                    generation: current.generation,
+                };
+                key.record(w, &resp, now_ms())?;
+                Ok(resp)
+            })
+            .await
+    }
+}
+
+/// Releases what an entry being replaced or deleted held: an artifact's revision is dropped
+/// and every block key it referenced becomes collectable (the reconciler deletes them).
+pub(crate) fn retire(w: &mut WriteView, old: &EntryRecord) -> Result<()> {
+    if old.kind == KIND_ARTIFACT
+        && let Some(rev) = w.revision(old.revision)?
+    {
+        for b in &rev.blocks {
+            w.add_collectable(&b.key, old.revision)?;
+        }
+        w.remove_revision(old.revision)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn not_found(ws: &str, path: &str) -> Error {
+    Error::NotFound(format!("{ws}:{path} does not exist"))
+}

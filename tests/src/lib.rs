@@ -1,0 +1,766 @@
+//! Test support for the black-box tests: runs the real `nokv-server` and `nokv` binaries and
+//! the external services they talk to (etcd, moto's S3 server) on loopback, each owned by a
+//! guard that kills its process on drop so a failing test never leaks a process.
+//!
+//! Only std is used for process control and HTTP so the support code has no moving parts of
+//! its own to debug when a test fails.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long the daemon may take to print its listening line (covers a cold debug build's
+/// first start, with TLS key generation).
+const DAEMON_READY_DEADLINE: Duration = Duration::from_secs(60);
+/// How long an external service may take to answer its readiness probe.
+const SERVICE_READY_DEADLINE: Duration = Duration::from_secs(30);
+/// Interval between readiness probes of an external service.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Bound on a graceful stop, so a daemon that ignores SIGTERM fails the test instead of hanging it.
+const STOP_DEADLINE: Duration = Duration::from_secs(60);
+/// Prefix of the one stdout line that tells the daemon is accepting connections.
+const LISTENING_PREFIX: &str = "nokv-server listening on https://";
+
+/// Path of a workspace binary (`nokv-server`, `nokv`) built in the same cargo target dir and
+/// profile as the running test.
+///
+/// Test executables live in `target/<profile>/deps/`, binaries in `target/<profile>/`.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe
+        .parent()
+        .expect("test exe has a parent dir")
+        .to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if !path.is_file() {
+        panic!(
+            "binary {} not found: run `cargo build --workspace --bins` first",
+            path.display()
+        );
+    }
+    path
+}
+
+/// A loopback TCP port that was free a moment ago.
+///
+/// There is a small window in which another process may take it; tests accept that race.
+pub fn free_port() -> u16 {
+    free_ports(1)[0]
+}
+
+/// `n` distinct free loopback ports (all listeners are held until every port is chosen, so
+/// the same port is never returned twice).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("local_addr").port())
+        .collect()
+}
+
+/// Finds an executable on PATH, falling back to `/usr/bin` (Debian's install location) for
+/// environments that run tests with a trimmed PATH.
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(std::iter::once(PathBuf::from("/usr/bin")))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn require_program(name: &str) -> PathBuf {
+    find_program(name).unwrap_or_else(|| panic!("{name} not installed: run scripts/test.sh"))
+}
+
+/// Sends SIGTERM (or another signal) by pid via the `kill` utility, keeping the crate libc-free.
+fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// Waits for `child` to exit within `deadline`; past it the child is SIGKILLed and the test
+/// panics, so a hung process cannot hang the test run.
+fn wait_with_deadline(mut child: Child, deadline: Duration, what: &str) -> ExitStatus {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(deadline) {
+        Ok(status) => status.expect("wait for child"),
+        Err(_) => {
+            send_signal(pid, "KILL");
+            panic!("{what} (pid {pid}) did not exit within {deadline:?}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// nokv-server
+// ---------------------------------------------------------------------------------------------
+
+/// Output of one `nokv` CLI run.
+#[derive(Debug)]
+pub struct CliOutput {
+    /// Exit code; -1 when the process was killed by a signal.
+    pub status: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+impl CliOutput {
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// Stdout parsed as one JSON document; panics with both streams when it is not JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e})\nstdout: {}\nstderr: {}",
+                self.stdout_str(),
+                self.stderr
+            )
+        })
+    }
+
+    /// Panics, showing stderr, unless the command exited 0.
+    #[track_caller]
+    pub fn assert_ok(&self) -> &Self {
+        if self.status != 0 {
+            panic!(
+                "nokv exited {}\nstderr: {}\nstdout: {}",
+                self.status,
+                self.stderr,
+                self.stdout_str()
+            );
+        }
+        self
+    }
+}
+
+/// A running `nokv-server`, killed (SIGKILL) on drop unless stopped explicitly.
+///
+/// Invariant: both output pipes are drained by background threads for the whole life of the
+/// child, so the daemon never blocks writing logs.
+pub struct Daemon {
+    /// `None` only after `terminate`/`kill9` took it.
+    child: Option<Child>,
+    /// Held so a fresh data dir lives exactly as long as the daemon; `None` for `start_in`.
+    _tempdir: Option<tempfile::TempDir>,
+    data_dir: PathBuf,
+    /// `HOST:PORT` from the listening line; empty until the daemon is ready.
+    addr: String,
+    stdout_log: Arc<Mutex<String>>,
+    stderr_log: Arc<Mutex<String>>,
+    /// Joined only when the child has died during startup, to collect all of stderr.
+    stderr_drain: Option<thread::JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// Starts a daemon on a fresh temporary data dir owned by the returned guard.
+    pub fn start(extra_args: &[&str]) -> Daemon {
+        let tempdir = tempfile::tempdir().expect("create temp data dir");
+        let (mut daemon, lines) = Self::spawn(tempdir.path(), extra_args);
+        daemon._tempdir = Some(tempdir);
+        daemon.wait_ready(lines);
+        daemon
+    }
+
+    /// Starts a daemon on an existing data dir (e.g. to restart after `terminate`/`kill9`);
+    /// the caller keeps ownership of `dir`.
+    pub fn start_in(dir: &Path, extra_args: &[&str]) -> Daemon {
+        let (mut daemon, lines) = Self::spawn(dir, extra_args);
+        daemon.wait_ready(lines);
+        daemon
+    }
+
+    /// Spawns the child and its drain threads; the receiver gets each stdout line until the
+    /// caller drops it (the drain goes on regardless).
+    fn spawn(dir: &Path, extra_args: &[&str]) -> (Daemon, mpsc::Receiver<String>) {
+        let mut child = Command::new(bin("nokv-server"))
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn nokv-server");
+        let stdout_log = Arc::new(Mutex::new(String::new()));
+        let stderr_log = Arc::new(Mutex::new(String::new()));
+        let (line_tx, line_rx) = mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout piped");
+        let stderr = child.stderr.take().expect("stderr piped");
+        spawn_drain(stdout, stdout_log.clone(), Some(line_tx));
+        let stderr_drain = spawn_drain(stderr, stderr_log.clone(), None);
+        // The guard exists before readiness is awaited so a panic while waiting kills the child.
+        let daemon = Daemon {
+            child: Some(child),
+            _tempdir: None,
+            data_dir: dir.to_path_buf(),
+            addr: String::new(),
+            stdout_log,
+            stderr_log,
+            stderr_drain: Some(stderr_drain),
+        };
+        (daemon, line_rx)
+    }
+
+    /// Blocks until the listening line appears on stdout; panics with the output so far if
+    /// stdout closes (the daemon died) or the deadline passes first.
+    fn wait_ready(&mut self, lines: mpsc::Receiver<String>) {
+        let deadline = Instant::now() + DAEMON_READY_DEADLINE;
+        let problem = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(addr) = listening_addr(&line) {
+                        self.addr = addr;
+                        return;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    break format!("nokv-server not listening after {DAEMON_READY_DEADLINE:?}");
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    // Stdout closed: the process is exiting or has exited.
+                    let child = self.child.take().expect("daemon running");
+                    let status = wait_with_deadline(child, STOP_DEADLINE, "nokv-server");
+                    // The child is gone, so stderr reaches EOF: join to show its last words.
+                    if let Some(drain) = self.stderr_drain.take() {
+                        let _ = drain.join();
+                    }
+                    break format!("nokv-server exited ({status}) before listening");
+                }
+            }
+        };
+        panic!(
+            "{problem}\nstdout so far:\n{}\nstderr so far:\n{}",
+            self.stdout(),
+            self.stderr()
+        );
+    }
+
+    /// `https://HOST:PORT` the daemon listens on.
+    pub fn endpoint(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// `HOST:PORT` the daemon listens on.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// `DIR/client.toml`, written by the daemon (keys `endpoint`, `ca`, `token`).
+    pub fn client_config(&self) -> PathBuf {
+        self.data_dir.join("client.toml")
+    }
+
+    /// `DIR/tls/ca.pem`, the CA that signed the daemon's certificate.
+    pub fn ca_path(&self) -> PathBuf {
+        self.data_dir.join("tls").join("ca.pem")
+    }
+
+    /// The admin token, as written in `client.toml`.
+    pub fn admin_token(&self) -> String {
+        let text = std::fs::read_to_string(self.client_config())
+            .unwrap_or_else(|e| panic!("read {}: {e}", self.client_config().display()));
+        toml_string_value(&text, "token")
+            .unwrap_or_else(|| panic!("no `token` in client.toml:\n{text}"))
+    }
+
+    /// Everything the daemon printed to stderr so far (its logs).
+    pub fn stderr(&self) -> String {
+        self.stderr_log.lock().unwrap().clone()
+    }
+
+    /// Everything the daemon printed to stdout so far.
+    pub fn stdout(&self) -> String {
+        self.stdout_log.lock().unwrap().clone()
+    }
+
+    /// OS process id of the daemon.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
+    }
+
+    /// Graceful stop: SIGTERM, then wait (bounded) for exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        let child = self.child.take().expect("daemon running");
+        send_signal(child.id(), "TERM");
+        wait_with_deadline(child, STOP_DEADLINE, "nokv-server after SIGTERM")
+    }
+
+    /// Crash stop: SIGKILL, then wait for exit.
+    pub fn kill9(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        child.kill().expect("SIGKILL nokv-server");
+        child.wait().expect("wait for nokv-server")
+    }
+
+    /// Runs the `nokv` CLI against this daemon through its `client.toml`.
+    pub fn cli(&self, args: &[&str]) -> CliOutput {
+        self.run_cli(args, &[], None)
+    }
+
+    /// Like [`Daemon::cli`] with extra environment variables (set after the defaults, so they
+    /// can override `NOKV_CONFIG` or re-add `NOKV_TOKEN` etc.).
+    pub fn cli_with_env(&self, args: &[&str], envs: &[(&str, &str)]) -> CliOutput {
+        self.run_cli(args, envs, None)
+    }
+
+    /// Like [`Daemon::cli`] with `stdin` fed to the process.
+    pub fn cli_stdin(&self, args: &[&str], stdin: &[u8]) -> CliOutput {
+        self.run_cli(args, &[], Some(stdin))
+    }
+
+    fn run_cli(&self, args: &[&str], envs: &[(&str, &str)], stdin: Option<&[u8]>) -> CliOutput {
+        let mut cmd = Command::new(bin("nokv"));
+        cmd.args(args)
+            // Only the config file may point the CLI at a daemon, so a developer's own
+            // environment cannot redirect tests elsewhere.
+            .env("NOKV_CONFIG", self.client_config())
+            .env_remove("NOKV_ENDPOINT")
+            .env_remove("NOKV_CA")
+            .env_remove("NOKV_TOKEN")
+            .envs(envs.iter().copied())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn nokv");
+        // Stdin is written from its own thread: writing it all before reading output could
+        // deadlock once the CLI fills its stdout pipe.
+        let writer = stdin.map(|bytes| {
+            let bytes = bytes.to_vec();
+            let mut pipe = child.stdin.take().expect("stdin piped");
+            thread::spawn(move || {
+                // The CLI may exit without reading everything; a broken pipe is its choice.
+                let _ = pipe.write_all(&bytes);
+            })
+        });
+        let out = child.wait_with_output().expect("wait for nokv");
+        if let Some(w) = writer {
+            w.join().expect("stdin writer thread");
+        }
+        CliOutput {
+            status: out.status.code().unwrap_or(-1),
+            stdout: out.stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Issues a token with `nokv-server token issue` on this daemon's data dir; returns it.
+    pub fn token(&self, workspace: &str, role: &str, ttl: Option<&str>) -> String {
+        let mut cmd = Command::new(bin("nokv-server"));
+        cmd.args(["token", "issue", "--data-dir"])
+            .arg(&self.data_dir)
+            .args(["--workspace", workspace, "--role", role]);
+        if let Some(ttl) = ttl {
+            cmd.args(["--ttl", ttl]);
+        }
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .expect("run nokv-server token issue");
+        assert!(
+            out.status.success(),
+            "nokv-server token issue failed ({})\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .expect("token is UTF-8")
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Copies `pipe` line by line into `log` until EOF, also sending each line to `lines` while
+/// its receiver exists. Lossy UTF-8 so binary garbage cannot stop the drain.
+fn spawn_drain<R: Read + Send + 'static>(
+    pipe: R,
+    log: Arc<Mutex<String>>,
+    lines: Option<mpsc::Sender<String>>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&buf).into_owned();
+                    log.lock().unwrap().push_str(&line);
+                    if let Some(tx) = &lines {
+                        // A dropped receiver only means nobody waits for lines any more.
+                        let _ = tx.send(line);
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// `HOST:PORT` if `line` is the daemon's listening line.
+fn listening_addr(line: &str) -> Option<String> {
+    line.strip_prefix(LISTENING_PREFIX)?
+        .split_whitespace()
+        .next()
+        .map(str::to_string)
+}
+
+/// Value of a top-level `key = "string"` line in a TOML document (enough for client.toml,
+/// whose values are plain basic strings).
+fn toml_string_value(text: &str, key: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once('=')?;
+        if k.trim() != key {
+            return None;
+        }
+        let v = v.trim();
+        let v = v.strip_prefix('"')?.strip_suffix('"')?;
+        Some(v.replace("\\\\", "\\").replace("\\\"", "\""))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// External services
+// ---------------------------------------------------------------------------------------------
+
+/// A child process of an external service whose stdout+stderr go to a log file, killed on drop.
+struct ServiceProcess {
+    name: &'static str,
+    child: Child,
+    log_path: PathBuf,
+}
+
+impl ServiceProcess {
+    fn spawn(name: &'static str, cmd: &mut Command, log_path: PathBuf) -> ServiceProcess {
+        // A file, not a pipe, so the service can never block on unread output.
+        let log = File::create(&log_path).expect("create service log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        ServiceProcess {
+            name,
+            child,
+            log_path,
+        }
+    }
+
+    /// Polls `ready` until it returns true; panics with the service log if the process exits
+    /// or the deadline passes first.
+    fn wait_until(&mut self, mut ready: impl FnMut() -> bool) {
+        let deadline = Instant::now() + SERVICE_READY_DEADLINE;
+        loop {
+            if ready() {
+                return;
+            }
+            let problem = if let Some(status) = self.child.try_wait().expect("try_wait") {
+                format!("{} exited with {status} before becoming ready", self.name)
+            } else if Instant::now() >= deadline {
+                format!("{} not ready after {SERVICE_READY_DEADLINE:?}", self.name)
+            } else {
+                // Readiness polling of an external service: it offers no ready signal.
+                thread::sleep(POLL_INTERVAL);
+                continue;
+            };
+            let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+            panic!("{problem}\n{} log:\n{log}", self.name);
+        }
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A single-member etcd on loopback with its own data dir; killed on drop.
+pub struct Etcd {
+    // Field order matters: the process is dropped (killed) before its data dir is removed.
+    _process: ServiceProcess,
+    _dir: tempfile::TempDir,
+    endpoint: String,
+}
+
+impl Etcd {
+    /// Starts etcd on two fresh ports (client, peer) and waits until `/health` reports true.
+    pub fn start() -> Etcd {
+        let program = require_program("etcd");
+        let dir = tempfile::tempdir().expect("create etcd temp dir");
+        let ports = free_ports(2);
+        let client = format!("http://127.0.0.1:{}", ports[0]);
+        let peer = format!("http://127.0.0.1:{}", ports[1]);
+        let name = "nokv-test";
+        let mut cmd = Command::new(program);
+        cmd.arg("--name")
+            .arg(name)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .arg("--listen-client-urls")
+            .arg(&client)
+            .arg("--advertise-client-urls")
+            .arg(&client)
+            .arg("--listen-peer-urls")
+            .arg(&peer)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer)
+            .arg("--initial-cluster")
+            .arg(format!("{name}={peer}"))
+            // Debian's package may ship defaults in the environment; flags must win.
+            .env_remove("ETCD_DATA_DIR")
+            .env_remove("ETCD_NAME");
+        let mut process = ServiceProcess::spawn("etcd", &mut cmd, dir.path().join("etcd.log"));
+        let health = format!("{client}/health");
+        process.wait_until(|| match try_http("GET", &health, &[], b"") {
+            Ok((200, body)) => {
+                let body = String::from_utf8_lossy(&body);
+                body.replace(' ', "").contains("\"health\":\"true\"")
+            }
+            _ => false,
+        });
+        Etcd {
+            _process: process,
+            _dir: dir,
+            endpoint: client,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`, the client URL.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+}
+
+/// moto's in-memory S3 server on loopback; killed on drop (its data goes with it).
+pub struct Moto {
+    _process: ServiceProcess,
+    _dir: tempfile::TempDir,
+    endpoint: String,
+}
+
+impl Moto {
+    /// Starts `moto_server` on a fresh port and waits until it answers HTTP.
+    pub fn start() -> Moto {
+        let program = require_program("moto_server");
+        let dir = tempfile::tempdir().expect("create moto temp dir");
+        let port = free_port();
+        let mut cmd = Command::new(program);
+        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        let mut process =
+            ServiceProcess::spawn("moto_server", &mut cmd, dir.path().join("moto.log"));
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let probe = format!("{endpoint}/");
+        // Any HTTP answer means the server is serving requests.
+        process.wait_until(|| try_http("GET", &probe, &[], b"").is_ok());
+        Moto {
+            _process: process,
+            _dir: dir,
+            endpoint,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    /// Creates bucket `name` (path-style `PUT /name`); panics unless moto answers 200.
+    /// S3 bucket names are 3-63 characters of lowercase letters, digits, `-` and `.`.
+    pub fn create_bucket(&self, name: &str) {
+        let (status, body) = self.s3("PUT", &format!("/{name}"), b"");
+        assert_eq!(
+            status,
+            200,
+            "create bucket {name}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+
+    /// One S3 request to `path` (`/bucket/key`), as an authenticated client.
+    ///
+    /// moto refuses anonymous reads of objects (403) but does not verify signatures, so a
+    /// syntactically valid but unsigned SigV4 `Authorization` header is enough. Plain
+    /// [`http`] requests are anonymous.
+    pub fn s3(&self, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+        let auth = "AWS4-HMAC-SHA256 \
+            Credential=testing/20260101/us-east-1/s3/aws4_request, \
+            SignedHeaders=host, Signature=0";
+        let url = format!("{}{path}", self.endpoint);
+        http_with_headers(method, &url, &[("Authorization", auth)], body)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Minimal HTTP/1.1 client
+// ---------------------------------------------------------------------------------------------
+
+/// One HTTP/1.1 request to a plain `http://host:port/path` URL; returns status and body.
+/// Panics on any transport error (use in tests where the service must be up).
+pub fn http(method: &str, url: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    http_with_headers(method, url, &[], body)
+}
+
+/// Like [`http`] with extra request headers.
+pub fn http_with_headers(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<u8>) {
+    try_http(method, url, headers, body).unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+/// Like [`http_with_headers`] but returns transport errors, for readiness probes.
+///
+/// Sends `Connection: close` and reads to EOF, so no connection reuse or response framing
+/// beyond chunked decoding is needed. No `Content-Type` is sent unless given in `headers`
+/// (a form type would make some servers parse the body as form fields).
+pub fn try_http(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let invalid = |msg: String| std::io::Error::new(std::io::ErrorKind::InvalidData, msg);
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| invalid(format!("only http:// URLs are supported: {url}")))?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let mut stream = TcpStream::connect(host)?;
+    // Bounds a wedged service; no test request should take this long.
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| invalid("response has no header terminator".into()))?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut payload = raw[split + 4..].to_vec();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| invalid(format!("bad status line in {head:?}")))?;
+    let mut chunked = false;
+    let mut content_length = None;
+    for line in lines {
+        if let Some((name, value)) = line.split_once(':') {
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("transfer-encoding")
+                && value.eq_ignore_ascii_case("chunked")
+            {
+                chunked = true;
+            } else if name.eq_ignore_ascii_case("content-length") {
+                content_length = value.parse::<usize>().ok();
+            }
+        }
+    }
+    if chunked {
+        payload = decode_chunked(&payload).ok_or_else(|| invalid("bad chunked body".into()))?;
+    } else if let Some(len) = content_length {
+        payload.truncate(len);
+    }
+    Ok((status, payload))
+}
+
+/// Decodes a complete `Transfer-Encoding: chunked` body (trailers ignored).
+fn decode_chunked(mut data: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = data.windows(2).position(|w| w == b"\r\n")?;
+        let size_line = std::str::from_utf8(&data[..eol]).ok()?;
+        let size_hex = size_line.split(';').next()?.trim();
+        let size = usize::from_str_radix(size_hex, 16).ok()?;
+        data = &data[eol + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(data.get(..size)?);
+        data = data.get(size + 2..)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_line_yields_host_and_port() {
+        let line = "nokv-server listening on https://127.0.0.1:43121\n";
+        assert_eq!(listening_addr(line).as_deref(), Some("127.0.0.1:43121"));
+        assert_eq!(listening_addr("starting\n"), None);
+    }
+
+    #[test]
+    fn client_toml_token_is_read() {
+        let text = "endpoint = \"https://127.0.0.1:1\"\nca = \"/x/ca.pem\"\ntoken = \"abc.def\"\n";
+        assert_eq!(toml_string_value(text, "token").as_deref(), Some("abc.def"));
+        assert_eq!(toml_string_value(text, "missing"), None);
+    }
+
+    #[test]
+    fn chunked_body_is_decoded() {
+        assert_eq!(
+            decode_chunked(b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n").as_deref(),
+            Some(&b"abcde"[..])
+        );
+    }
+}
