@@ -1,0 +1,12 @@
+//! The nokv Rust SDK: a TLS gRPC client for the `nokv.v1` API with typed errors and
+//! request-id retries, plus the pieces the `nokv` CLI is built from.
+//!
+//! Depends on `nokv-proto` only — never on the server.
+
+pub mod config;
+pub mod error;
+pub mod sdk;
+
+pub use config::ClientConfig;
+pub use error::{ClientError, Reason};
+pub use sdk::Client;

@@ -10,9 +10,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::token::{Claims, Role, Signer, unix_now};
@@ -130,11 +128,7 @@ pub fn ensure(data_dir: &Path, advertise: Option<&str>) -> Result<Material> {
 
 /// Writes `DATA_DIR/client.toml` for the `nokv` CLI. It holds the admin token, so it is a
 /// secret file. Rewritten on every start because the endpoint may have changed.
-pub fn write_client_config(
-    data_dir: &Path,
-    endpoint: &str,
-    m: &Material,
-) -> Result<PathBuf> {
+pub fn write_client_config(data_dir: &Path, endpoint: &str, m: &Material) -> Result<PathBuf> {
     let path = data_dir.join("client.toml");
     let body = format!(
         "# Written by nokv-server; points the nokv CLI at this daemon with its admin token.\n\
@@ -232,15 +226,26 @@ mod tests {
     fn first_start_creates_secret_files_0600_and_later_starts_reuse_them() {
         let dir = tempfile::tempdir().unwrap();
         let a = ensure(dir.path(), None).unwrap();
-        for f in ["cluster.secret", "admin.token", "tls/ca.key", "tls/server.key"] {
-            let mode = fs::metadata(dir.path().join(f)).unwrap().permissions().mode();
+        for f in [
+            "cluster.secret",
+            "admin.token",
+            "tls/ca.key",
+            "tls/server.key",
+        ] {
+            let mode = fs::metadata(dir.path().join(f))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600, "{f}");
         }
         let b = ensure(dir.path(), None).unwrap();
         assert_eq!(a.admin_token, b.admin_token);
         assert_eq!(a.cert_pem, b.cert_pem);
         let c = ensure(dir.path(), Some("nokv.example")).unwrap();
-        assert_ne!(a.cert_pem, c.cert_pem, "a new advertised name re-issues the certificate");
+        assert_ne!(
+            a.cert_pem, c.cert_pem,
+            "a new advertised name re-issues the certificate"
+        );
         assert!(b.signer.verify(&a.admin_token).is_ok());
     }
 }

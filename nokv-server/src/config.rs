@@ -167,7 +167,9 @@ impl ServeArgs {
                 log
             );
         }
-        let data_dir = self.data_dir.unwrap_or_else(|| PathBuf::from("./nokv-data"));
+        let data_dir = self
+            .data_dir
+            .unwrap_or_else(|| PathBuf::from("./nokv-data"));
         let duration = |v: Option<String>, default: Duration| -> Result<Duration, ConfigError> {
             match v {
                 None => Ok(default),
@@ -234,9 +236,18 @@ mod tests {
     fn flags_win_over_the_file_and_the_file_over_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
-        std::fs::write(&file, "listen = \"127.0.0.1:9\"\nshards = 4\nupload_lease = \"30s\"\n")
-            .unwrap();
-        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap(), "--shards", "8"]);
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:9\"\nshards = 4\nupload_lease = \"30s\"\n",
+        )
+        .unwrap();
+        let cli = Cli::parse_from([
+            "nokv-server",
+            "--config",
+            file.to_str().unwrap(),
+            "--shards",
+            "8",
+        ]);
         let s = cli.serve.resolve().unwrap();
         assert_eq!(s.shards, 8);
         assert_eq!(s.listen, "127.0.0.1:9");

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use nokv_server::config::{Cli, Command, TokenCommand};
-use nokv_server::token::{Claims, Role, unix_now, parse_duration};
+use nokv_server::token::{Claims, Role, parse_duration, unix_now};
 use nokv_server::{bootstrap, names, server};
 
 fn main() -> ExitCode {
@@ -50,7 +50,12 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
     }
 }
 
-fn issue_token(data_dir: &std::path::Path, workspaces: &[String], role: &str, ttl: &str) -> ExitCode {
+fn issue_token(
+    data_dir: &std::path::Path,
+    workspaces: &[String],
+    role: &str,
+    ttl: &str,
+) -> ExitCode {
     let result = (|| -> Result<String, String> {
         for w in workspaces {
             let name = w.strip_suffix('*').unwrap_or(w);
@@ -58,7 +63,9 @@ fn issue_token(data_dir: &std::path::Path, workspaces: &[String], role: &str, tt
                 names::workspace(name).map_err(|e| e.to_string())?;
             }
         }
-        let role: Role = role.parse().map_err(|e: nokv_server::error::Error| e.to_string())?;
+        let role: Role = role
+            .parse()
+            .map_err(|e: nokv_server::error::Error| e.to_string())?;
         let ttl = parse_duration(ttl).map_err(|e| e.to_string())?;
         let signer = bootstrap::load_signer(data_dir).map_err(|e| e.to_string())?;
         Ok(signer.issue(&Claims {

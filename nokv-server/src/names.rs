@@ -37,7 +37,9 @@ pub fn path(p: &str) -> Result<&str> {
         return Err(invalid("path is empty"));
     }
     if p.len() > MAX_PATH_BYTES {
-        return Err(invalid(format!("path is longer than {MAX_PATH_BYTES} bytes")));
+        return Err(invalid(format!(
+            "path is longer than {MAX_PATH_BYTES} bytes"
+        )));
     }
     if p.starts_with('/') {
         return Err(invalid("path must be relative (starts with '/')"));
@@ -64,7 +66,9 @@ pub fn path(p: &str) -> Result<&str> {
 /// empty means the whole workspace.
 pub fn prefix(p: &str) -> Result<&str> {
     if p.len() > MAX_PATH_BYTES {
-        return Err(invalid(format!("prefix is longer than {MAX_PATH_BYTES} bytes")));
+        return Err(invalid(format!(
+            "prefix is longer than {MAX_PATH_BYTES} bytes"
+        )));
     }
     if p.starts_with('/') {
         return Err(invalid("prefix must be relative (starts with '/')"));
@@ -119,7 +123,10 @@ mod tests {
         let long_component = "a".repeat(256);
         let long_path = ["a"; 2049].join("/");
         for ws in ["", "A", "-a", ".a", "a b", "a/b", "ä", &"a".repeat(64)] {
-            assert!(matches!(workspace(ws), Err(Error::InvalidArgument(_))), "{ws:?}");
+            assert!(
+                matches!(workspace(ws), Err(Error::InvalidArgument(_))),
+                "{ws:?}"
+            );
         }
         for p in [
             "",
@@ -139,7 +146,10 @@ mod tests {
             assert!(matches!(path(p), Err(Error::InvalidArgument(_))), "{p:?}");
         }
         for id in ["", "a b", "é", &"x".repeat(129)] {
-            assert!(matches!(request_id(id), Err(Error::InvalidArgument(_))), "{id:?}");
+            assert!(
+                matches!(request_id(id), Err(Error::InvalidArgument(_))),
+                "{id:?}"
+            );
         }
     }
 }

@@ -36,7 +36,13 @@ impl Node {
         let shards = (0..shard_count)
             .map(|id| {
                 let meta = MetaStore::open(&dir.join(format!("{id:04}.redb")))?;
-                Ok(Shard::open(id, meta, provider.clone(), signer.clone(), cfg.clone()))
+                Ok(Shard::open(
+                    id,
+                    meta,
+                    provider.clone(),
+                    signer.clone(),
+                    cfg.clone(),
+                ))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Node {

@@ -16,7 +16,6 @@ use object_store::{
     ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
 };
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
     #[error("object {0} not found")]
@@ -293,7 +292,10 @@ mod tests {
     async fn create_never_overwrites_a_key_and_delete_is_idempotent() {
         let p = ObjectProvider::open(&ProviderConfig::Memory, "pfx").unwrap();
         let key = p.block_key(1, "u", 0, "a");
-        assert_eq!(p.create(&key, Bytes::from_static(b"one")).await, PutOutcome::Written);
+        assert_eq!(
+            p.create(&key, Bytes::from_static(b"one")).await,
+            PutOutcome::Written
+        );
         assert!(matches!(
             p.create(&key, Bytes::from_static(b"two")).await,
             PutOutcome::Unknown(_)

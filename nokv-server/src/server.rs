@@ -117,10 +117,10 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         tracing::info!("shutdown requested: draining in-flight requests");
     };
     Server::builder()
-        .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(
-            &material.cert_pem,
-            &material.key_pem,
-        )))?
+        .tls_config(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
+        )?
         .add_service(health_service)
         .add_service(reflection)
         .add_service(workspace)

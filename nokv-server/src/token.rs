@@ -96,7 +96,11 @@ impl Signer {
     pub fn issue(&self, claims: &Claims) -> String {
         let body = serde_json::to_vec(claims).expect("claims serialise");
         let mac = hmac::sign(&self.key, &body);
-        format!("{PREFIX}.{}.{}", hex::encode(&body), hex::encode(mac.as_ref()))
+        format!(
+            "{PREFIX}.{}.{}",
+            hex::encode(&body),
+            hex::encode(mac.as_ref())
+        )
     }
 
     /// Verifies signature and expiry. Every failure is `Unauthenticated` and says why without
@@ -157,7 +161,11 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
         "h" => n * 3600,
         "d" => n * 86400,
         "ms" => return Ok(std::time::Duration::from_millis(n)),
-        _ => return Err(Error::InvalidArgument(format!("bad duration unit in {s:?}"))),
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "bad duration unit in {s:?}"
+            )));
+        }
     };
     Ok(std::time::Duration::from_secs(secs))
 }
@@ -183,15 +191,24 @@ mod tests {
         assert!(matches!(b.verify(&t), Err(Error::Unauthenticated(_))));
         let expired = a.issue(&claims("ws", Role::Write, unix_now() - 1));
         assert!(matches!(a.verify(&expired), Err(Error::Unauthenticated(_))));
-        assert!(matches!(a.verify("garbage"), Err(Error::Unauthenticated(_))));
+        assert!(matches!(
+            a.verify("garbage"),
+            Err(Error::Unauthenticated(_))
+        ));
     }
 
     #[test]
     fn scope_is_checked_by_workspace_pattern_and_role() {
         let c = claims("team-*", Role::Read, 0);
         assert!(c.require("team-a", Role::Read).is_ok());
-        assert!(matches!(c.require("team-a", Role::Write), Err(Error::PermissionDenied(_))));
-        assert!(matches!(c.require("other", Role::Read), Err(Error::PermissionDenied(_))));
+        assert!(matches!(
+            c.require("team-a", Role::Write),
+            Err(Error::PermissionDenied(_))
+        ));
+        assert!(matches!(
+            c.require("other", Role::Read),
+            Err(Error::PermissionDenied(_))
+        ));
     }
 
     #[test]

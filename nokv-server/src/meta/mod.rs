@@ -185,7 +185,9 @@ macro_rules! readable {
 
             pub fn replay(&self, ws: &str, request_id: &str) -> MetaResult<Option<ReplayRecord>> {
                 let t = self.txn.open_table(REQUESTS)?;
-                t.get((ws, request_id))?.map(|v| decode(v.value())).transpose()
+                t.get((ws, request_id))?
+                    .map(|v| decode(v.value()))
+                    .transpose()
             }
 
             pub fn upload(&self, id: &str) -> MetaResult<Option<UploadRecord>> {
@@ -195,7 +197,9 @@ macro_rules! readable {
 
             pub fn block(&self, upload: &str, index: u32) -> MetaResult<Option<BlockRecord>> {
                 let t = self.txn.open_table(BLOCKS)?;
-                t.get((upload, index))?.map(|v| decode(v.value())).transpose()
+                t.get((upload, index))?
+                    .map(|v| decode(v.value()))
+                    .transpose()
             }
 
             /// Every block record of an upload, by index.
@@ -391,7 +395,13 @@ mod tests {
     fn list_stays_inside_workspace_and_prefix_and_pages_after_cursor() {
         let (_d, s) = store();
         s.write(|w| {
-            for (ws, p) in [("a", "x/1"), ("a", "x/2"), ("a", "x/3"), ("a", "y"), ("b", "x/0")] {
+            for (ws, p) in [
+                ("a", "x/1"),
+                ("a", "x/2"),
+                ("a", "x/3"),
+                ("a", "y"),
+                ("b", "x/0"),
+            ] {
                 w.put_entry(ws, p, &EntryRecord::default())?;
             }
             Ok::<_, MetaError>(())

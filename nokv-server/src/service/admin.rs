@@ -24,7 +24,9 @@ impl AdminService {
     fn admit<T>(&self, req: &Request<T>) -> Result<()> {
         let claims = authenticate(&self.node.signer, req)?;
         if claims.role < Role::Admin {
-            return Err(Error::PermissionDenied("admin calls need an admin token".into()));
+            return Err(Error::PermissionDenied(
+                "admin calls need an admin token".into(),
+            ));
         }
         Ok(())
     }
@@ -32,7 +34,10 @@ impl AdminService {
 
 #[tonic::async_trait]
 impl Admin for AdminService {
-    async fn health(&self, req: Request<pb::HealthRequest>) -> Result<Response<pb::HealthResponse>, Status> {
+    async fn health(
+        &self,
+        req: Request<pb::HealthRequest>,
+    ) -> Result<Response<pb::HealthResponse>, Status> {
         self.admit(&req)?;
         let mut shards = Vec::new();
         for s in self.node.shards() {

@@ -40,91 +40,144 @@ type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::ReadBlockChunk, Status>>
 
 #[tonic::async_trait]
 impl Workspace for WorkspaceService {
-    async fn stat(&self, req: Request<pb::StatRequest>) -> Result<Response<pb::StatResponse>, Status> {
-        reply(async {
-            let r = req.get_ref();
-            self.admit(&req, &r.workspace, Role::Read)?;
-            names::path(&r.path)?;
-            let entry = self.node.shard_for(&r.workspace).stat(&r.workspace, &r.path).await?;
-            Ok(pb::StatResponse { entry: Some(entry) })
-        }
-        .await)
+    async fn stat(
+        &self,
+        req: Request<pb::StatRequest>,
+    ) -> Result<Response<pb::StatResponse>, Status> {
+        reply(
+            async {
+                let r = req.get_ref();
+                self.admit(&req, &r.workspace, Role::Read)?;
+                names::path(&r.path)?;
+                let entry = self
+                    .node
+                    .shard_for(&r.workspace)
+                    .stat(&r.workspace, &r.path)
+                    .await?;
+                Ok(pb::StatResponse { entry: Some(entry) })
+            }
+            .await,
+        )
     }
 
-    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
-        reply(async {
-            let r = req.get_ref();
-            self.admit(&req, &r.workspace, Role::Read)?;
-            names::prefix(&r.prefix)?;
-            self.node
-                .shard_for(&r.workspace)
-                .list(&r.workspace, &r.prefix, r.limit, &r.cursor)
-                .await
-        }
-        .await)
+    async fn list(
+        &self,
+        req: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        reply(
+            async {
+                let r = req.get_ref();
+                self.admit(&req, &r.workspace, Role::Read)?;
+                names::prefix(&r.prefix)?;
+                self.node
+                    .shard_for(&r.workspace)
+                    .list(&r.workspace, &r.prefix, r.limit, &r.cursor)
+                    .await
+            }
+            .await,
+        )
     }
 
-    async fn read(&self, req: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
-        reply(async {
-            let r = req.get_ref();
-            self.admit(&req, &r.workspace, Role::Read)?;
-            names::path(&r.path)?;
-            self.node.shard_for(&r.workspace).read(&r.workspace, &r.path).await
-        }
-        .await)
+    async fn read(
+        &self,
+        req: Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadResponse>, Status> {
+        reply(
+            async {
+                let r = req.get_ref();
+                self.admit(&req, &r.workspace, Role::Read)?;
+                names::path(&r.path)?;
+                self.node
+                    .shard_for(&r.workspace)
+                    .read(&r.workspace, &r.path)
+                    .await
+            }
+            .await,
+        )
     }
 
-    async fn write(&self, req: Request<pb::WriteRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        reply(async {
-            let r = req.get_ref();
-            self.admit(&req, &r.workspace, Role::Write)?;
-            names::path(&r.path)?;
-            names::request_id(&r.request_id)?;
-            let shard = self.node.shard_for(&r.workspace).clone();
-            shard.write(req.into_inner()).await
-        }
-        .await)
+    async fn write(
+        &self,
+        req: Request<pb::WriteRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        reply(
+            async {
+                let r = req.get_ref();
+                self.admit(&req, &r.workspace, Role::Write)?;
+                names::path(&r.path)?;
+                names::request_id(&r.request_id)?;
+                let shard = self.node.shard_for(&r.workspace).clone();
+                shard.write(req.into_inner()).await
+            }
+            .await,
+        )
     }
 
-    async fn delete(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, Status> {
-        reply(async {
-            let r = req.get_ref();
-            self.admit(&req, &r.workspace, Role::Write)?;
-            names::path(&r.path)?;
-            names::request_id(&r.request_id)?;
-            let shard = self.node.shard_for(&r.workspace).clone();
-            shard.delete(req.into_inner()).await
-        }
-        .await)
+    async fn delete(
+        &self,
+        req: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        reply(
+            async {
+                let r = req.get_ref();
+                self.admit(&req, &r.workspace, Role::Write)?;
+                names::path(&r.path)?;
+                names::request_id(&r.request_id)?;
+                let shard = self.node.shard_for(&r.workspace).clone();
+                shard.delete(req.into_inner()).await
+            }
+            .await,
+        )
     }
 
-    async fn begin_upload(&self, _req: Request<pb::BeginUploadRequest>) -> Result<Response<pb::BeginUploadResponse>, Status> {
+    async fn begin_upload(
+        &self,
+        _req: Request<pb::BeginUploadRequest>,
+    ) -> Result<Response<pb::BeginUploadResponse>, Status> {
         Err(Status::unimplemented("BeginUpload"))
     }
 
-    async fn put_block(&self, _req: Request<pb::PutBlockRequest>) -> Result<Response<pb::PutBlockResponse>, Status> {
+    async fn put_block(
+        &self,
+        _req: Request<pb::PutBlockRequest>,
+    ) -> Result<Response<pb::PutBlockResponse>, Status> {
         Err(Status::unimplemented("PutBlock"))
     }
 
-    async fn renew_upload(&self, _req: Request<pb::RenewUploadRequest>) -> Result<Response<pb::RenewUploadResponse>, Status> {
+    async fn renew_upload(
+        &self,
+        _req: Request<pb::RenewUploadRequest>,
+    ) -> Result<Response<pb::RenewUploadResponse>, Status> {
         Err(Status::unimplemented("RenewUpload"))
     }
 
-    async fn commit_upload(&self, _req: Request<pb::CommitUploadRequest>) -> Result<Response<pb::CommitUploadResponse>, Status> {
+    async fn commit_upload(
+        &self,
+        _req: Request<pb::CommitUploadRequest>,
+    ) -> Result<Response<pb::CommitUploadResponse>, Status> {
         Err(Status::unimplemented("CommitUpload"))
     }
 
-    async fn abort_upload(&self, _req: Request<pb::AbortUploadRequest>) -> Result<Response<pb::AbortUploadResponse>, Status> {
+    async fn abort_upload(
+        &self,
+        _req: Request<pb::AbortUploadRequest>,
+    ) -> Result<Response<pb::AbortUploadResponse>, Status> {
         Err(Status::unimplemented("AbortUpload"))
     }
 
-    async fn get_manifest(&self, _req: Request<pb::GetManifestRequest>) -> Result<Response<pb::GetManifestResponse>, Status> {
+    async fn get_manifest(
+        &self,
+        _req: Request<pb::GetManifestRequest>,
+    ) -> Result<Response<pb::GetManifestResponse>, Status> {
         Err(Status::unimplemented("GetManifest"))
     }
 
     type ReadBlockStream = ChunkStream;
 
-    async fn read_block(&self, _req: Request<pb::ReadBlockRequest>) -> Result<Response<Self::ReadBlockStream>, Status> {
+    async fn read_block(
+        &self,
+        _req: Request<pb::ReadBlockRequest>,
+    ) -> Result<Response<Self::ReadBlockStream>, Status> {
         Err(Status::unimplemented("ReadBlock"))
     }
 }

@@ -1,0 +1,164 @@
+//! Argument parsing and dispatch of the `nokv` CLI. Exit status: 0 success, 1 the operation
+//! failed (typed reason on stderr), 2 usage error.
+
+mod files;
+mod output;
+mod target;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use nokv_client::{Client, ClientConfig, ClientError};
+
+use output::Output;
+use target::Target;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nokv",
+    version,
+    about = "Client for nokv, the block store for agent workspaces",
+    after_help = "Connection settings come from flags, then NOKV_ENDPOINT / NOKV_CA / NOKV_TOKEN, \
+        then the TOML file at NOKV_CONFIG (or ~/.config/nokv/config.toml). A fresh daemon \
+        prints the NOKV_CONFIG line to use."
+)]
+pub struct Cli {
+    /// Server URL, e.g. https://127.0.0.1:7878.
+    #[arg(long, global = true)]
+    endpoint: Option<String>,
+    /// CA certificate (PEM) that signed the server certificate.
+    #[arg(long, global = true)]
+    ca: Option<PathBuf>,
+    /// Bearer token (prefer NOKV_TOKEN: flags are visible in the process list).
+    #[arg(long, global = true)]
+    token: Option<String>,
+    /// Print one JSON document instead of human text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Write a small file from FILE or stdin.
+    Put {
+        target: Target,
+        /// Source file; `-` or omitted reads stdin.
+        file: Option<PathBuf>,
+        /// Fail with AlreadyExists if the path exists.
+        #[arg(long, conflicts_with = "if_generation")]
+        create_only: bool,
+        /// Replace only if the current generation is N (0 = must not exist).
+        #[arg(long)]
+        if_generation: Option<u64>,
+        /// Request id for safe retries (default: random).
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Read a file or artifact into FILE or stdout.
+    Get {
+        target: Target,
+        /// Destination file; `-` or omitted writes stdout.
+        file: Option<PathBuf>,
+    },
+    /// Show an entry without its body.
+    Stat { target: Target },
+    /// List entries under a prefix.
+    Ls {
+        /// WS: or WS:PREFIX
+        target: Target,
+        /// Page size (1-1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Fetch one page starting at this cursor (default: every page).
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Delete an entry.
+    Rm {
+        target: Target,
+        /// Delete only if the current generation is N.
+        #[arg(long)]
+        if_generation: Option<u64>,
+        /// Request id for safe retries (default: random).
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Operator commands (admin token).
+    #[command(subcommand)]
+    Admin(AdminCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Node status and per-shard counters.
+    Health,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NOKV_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let out = Output { json: cli.json };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(cli, out)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            out.error(&e);
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
+    let cfg = ClientConfig {
+        endpoint: cli.endpoint,
+        ca: cli.ca,
+        token: cli.token,
+    }
+    .resolve()?;
+    let client = Client::connect(&cfg).await?;
+    match cli.command {
+        Command::Put {
+            target,
+            file,
+            create_only,
+            if_generation,
+            request_id,
+        } => {
+            files::put(
+                &client,
+                out,
+                &target,
+                file,
+                create_only,
+                if_generation,
+                request_id,
+            )
+            .await
+        }
+        Command::Get { target, file } => files::get(&client, out, &target, file).await,
+        Command::Stat { target } => files::stat(&client, out, &target).await,
+        Command::Ls {
+            target,
+            limit,
+            cursor,
+        } => files::ls(&client, out, &target, limit, cursor).await,
+        Command::Rm {
+            target,
+            if_generation,
+            request_id,
+        } => files::rm(&client, out, &target, if_generation, request_id).await,
+        Command::Admin(AdminCommand::Health) => files::health(&client, out).await,
+    }
+}

@@ -1,0 +1,135 @@
+//! The CLI's output formatter: human text by default, exactly one JSON document with
+//! `--json`. Errors print their typed reason on one line to stderr (and, with `--json`, as a
+//! JSON document on stdout too).
+
+use nokv_client::ClientError;
+use nokv_proto::v1 as pb;
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, Copy)]
+pub struct Output {
+    pub json: bool,
+}
+
+impl Output {
+    /// Prints a result: `human` when not in JSON mode, else `doc`.
+    pub fn emit(&self, doc: Value, human: impl FnOnce() -> String) {
+        if self.json {
+            println!("{doc}");
+        } else {
+            let text = human();
+            if !text.is_empty() {
+                println!("{text}");
+            }
+        }
+    }
+
+    pub fn error(&self, e: &ClientError) {
+        if self.json {
+            println!(
+                "{}",
+                json!({"error": {"reason": e.reason_name(), "message": e.message}})
+            );
+        }
+        let msg = e.message.as_str();
+        let prefix = format!("{}: ", e.reason_name());
+        let msg = msg.strip_prefix(&prefix).unwrap_or(msg);
+        eprintln!("nokv: {}: {msg}", e.reason_name());
+    }
+}
+
+pub fn kind_name(kind: i32) -> &'static str {
+    match pb::EntryKind::try_from(kind) {
+        Ok(pb::EntryKind::File) => "file",
+        Ok(pb::EntryKind::Artifact) => "artifact",
+        _ => "unknown",
+    }
+}
+
+pub fn entry_json(e: &pb::Entry) -> Value {
+    let mut v = json!({
+        "workspace": e.workspace,
+        "path": e.path,
+        "kind": kind_name(e.kind),
+        "size": e.size,
+        "sha256": hex::encode(&e.sha256),
+        "generation": e.generation,
+        "modified_ms": e.modified_ms,
+    });
+    if e.kind == pb::EntryKind::Artifact as i32 {
+        v["revision"] = json!(e.revision);
+        v["block_count"] = json!(e.block_count);
+        v["manifest_sha256"] = json!(hex::encode(&e.manifest_sha256));
+    }
+    v
+}
+
+pub fn entry_human(e: &pb::Entry) -> String {
+    let mut s = format!(
+        "{}:{}\n  kind        {}\n  size        {} ({})\n  sha256      {}\n  generation  {}\n  modified    {}",
+        e.workspace,
+        e.path,
+        kind_name(e.kind),
+        e.size,
+        human_bytes(e.size),
+        hex::encode(&e.sha256),
+        e.generation,
+        format_ms(e.modified_ms),
+    );
+    if e.kind == pb::EntryKind::Artifact as i32 {
+        s.push_str(&format!(
+            "\n  revision    {}\n  blocks      {}",
+            e.revision, e.block_count
+        ));
+    }
+    s
+}
+
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// UTC `YYYY-MM-DD HH:MM:SS` from epoch milliseconds (civil-from-days, no date crate).
+pub fn format_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_and_sizes_format_for_humans() {
+        assert_eq!(format_ms(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(format_ms(1_798_675_200_000), "2026-12-31 00:00:00 UTC");
+        assert_eq!(human_bytes(4096), "4.0 KiB");
+        assert_eq!(human_bytes(12), "12 B");
+    }
+}

@@ -1,0 +1,60 @@
+//! Where the client connects and with which credentials. Flags win over `NOKV_*`
+//! environment variables, which win over the TOML file at `NOKV_CONFIG` (or
+//! `~/.config/nokv/config.toml`); the daemon writes such a file as `DATA_DIR/client.toml`.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::error::ClientError;
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default)]
+pub struct ClientConfig {
+    pub endpoint: Option<String>,
+    /// PEM file of the CA that signed the server certificate.
+    pub ca: Option<PathBuf>,
+    pub token: Option<String>,
+}
+
+impl ClientConfig {
+    /// Fills unset fields from the environment, then from the config file.
+    pub fn resolve(mut self) -> Result<ResolvedConfig, ClientError> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        self.endpoint = self.endpoint.or_else(|| env("NOKV_ENDPOINT"));
+        self.ca = self.ca.or_else(|| env("NOKV_CA").map(PathBuf::from));
+        self.token = self.token.or_else(|| env("NOKV_TOKEN"));
+        let file = env("NOKV_CONFIG").map(PathBuf::from).or_else(|| {
+            let home = env("HOME")?;
+            let p = PathBuf::from(home).join(".config/nokv/config.toml");
+            p.exists().then_some(p)
+        });
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| ClientError::local(format!("{}: {e}", path.display())))?;
+            let f: ClientConfig = toml::from_str(&text)
+                .map_err(|e| ClientError::local(format!("{}: {e}", path.display())))?;
+            self.endpoint = self.endpoint.or(f.endpoint);
+            self.ca = self.ca.or(f.ca);
+            self.token = self.token.or(f.token);
+        }
+        Ok(ResolvedConfig {
+            endpoint: self
+                .endpoint
+                .unwrap_or_else(|| "https://127.0.0.1:7878".into()),
+            ca: self.ca.ok_or_else(|| {
+                ClientError::local(
+                    "no CA certificate: pass --ca, set NOKV_CA, or export NOKV_CONFIG=DATA_DIR/client.toml",
+                )
+            })?,
+            token: self.token,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ResolvedConfig {
+    pub endpoint: String,
+    pub ca: PathBuf,
+    pub token: Option<String>,
+}

@@ -1,0 +1,229 @@
+//! The SDK client. Every mutation gets a request id (random unless the caller supplies one)
+//! and is retried with that same id while the server is unavailable or the outcome is
+//! unknown; the server's replay records make those retries safe.
+
+use std::future::Future;
+use std::time::Duration;
+
+use nokv_proto::v1 as pb;
+use pb::admin_client::AdminClient;
+use pb::workspace_client::WorkspaceClient;
+use ring::rand::{SecureRandom, SystemRandom};
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{Request, Status};
+
+use crate::config::ResolvedConfig;
+use crate::error::ClientError;
+
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// gRPC message limit, matching the server's: one 4 MiB block plus framing.
+pub const MAX_MESSAGE: usize = 4 * 1024 * 1024 + 64 * 1024;
+
+/// Adds the bearer token to every call. The token is held only here and never printed.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Svc = InterceptedService<Channel, Bearer>;
+
+/// How many times and how patiently a retryable call is repeated.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub attempts: u32,
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 8,
+            first_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Client {
+    ws: WorkspaceClient<Svc>,
+    admin: AdminClient<Svc>,
+    retry: RetryPolicy,
+}
+
+impl Client {
+    /// Builds a TLS channel to the endpoint, trusting only the configured CA. The connection
+    /// is made lazily, so a server that is briefly down is covered by the retry policy.
+    pub async fn connect(cfg: &ResolvedConfig) -> Result<Client> {
+        let ca = std::fs::read(&cfg.ca)
+            .map_err(|e| ClientError::local(format!("{}: {e}", cfg.ca.display())))?;
+        let endpoint = Endpoint::from_shared(cfg.endpoint.clone())
+            .map_err(|e| ClientError::local(format!("endpoint {:?}: {e}", cfg.endpoint)))?;
+        let endpoint = if cfg.endpoint.starts_with("https://") {
+            endpoint.tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?
+        } else {
+            endpoint
+        };
+        let channel = endpoint
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Ok(Self::from_channel(channel, cfg.token.as_deref()))
+    }
+
+    pub fn from_channel(channel: Channel, token: Option<&str>) -> Client {
+        let bearer = Bearer(token.and_then(|t| format!("Bearer {t}").parse().ok()));
+        Client {
+            ws: WorkspaceClient::with_interceptor(channel.clone(), bearer.clone())
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+            admin: AdminClient::with_interceptor(channel, bearer),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Client {
+        self.retry = retry;
+        self
+    }
+
+    pub fn workspace_client(&self) -> WorkspaceClient<Svc> {
+        self.ws.clone()
+    }
+
+    /// Runs `call` until it succeeds, fails for good, or the attempts run out. The closure
+    /// must resend the *same* request (same request id) every time.
+    pub async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, Status>>,
+    {
+        let mut backoff = self.retry.first_backoff;
+        let mut attempt = 1;
+        loop {
+            match call().await.map_err(ClientError::from) {
+                Ok(v) => return Ok(v),
+                Err(e) if e.is_retryable() && attempt < self.retry.attempts => {
+                    tracing::debug!(attempt, error = %e, "retrying with the same request id");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.retry.max_backoff);
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub async fn stat(&self, ws: &str, path: &str) -> Result<pb::Entry> {
+        let req = pb::StatRequest {
+            workspace: ws.into(),
+            path: path.into(),
+        };
+        let r = self
+            .retrying(|| {
+                let mut c = self.ws.clone();
+                let req = req.clone();
+                async move { c.stat(req).await }
+            })
+            .await?;
+        Ok(r.into_inner().entry.unwrap_or_default())
+    }
+
+    pub async fn list(
+        &self,
+        ws: &str,
+        prefix: &str,
+        limit: u32,
+        cursor: &str,
+    ) -> Result<pb::ListResponse> {
+        let req = pb::ListRequest {
+            workspace: ws.into(),
+            prefix: prefix.into(),
+            limit,
+            cursor: cursor.into(),
+        };
+        let r = self
+            .retrying(|| {
+                let mut c = self.ws.clone();
+                let req = req.clone();
+                async move { c.list(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    pub async fn read(&self, ws: &str, path: &str) -> Result<pb::ReadResponse> {
+        let req = pb::ReadRequest {
+            workspace: ws.into(),
+            path: path.into(),
+        };
+        let r = self
+            .retrying(|| {
+                let mut c = self.ws.clone();
+                let req = req.clone();
+                async move { c.read(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    /// Writes a small file. `request_id` defaults to a fresh random id.
+    pub async fn write(&self, mut req: pb::WriteRequest) -> Result<pb::Entry> {
+        if req.request_id.is_empty() {
+            req.request_id = new_request_id();
+        }
+        let r = self
+            .retrying(|| {
+                let mut c = self.ws.clone();
+                let req = req.clone();
+                async move { c.write(req).await }
+            })
+            .await?;
+        Ok(r.into_inner().entry.unwrap_or_default())
+    }
+
+    pub async fn delete(&self, mut req: pb::DeleteRequest) -> Result<u64> {
+        if req.request_id.is_empty() {
+            req.request_id = new_request_id();
+        }
+        let r = self
+            .retrying(|| {
+                let mut c = self.ws.clone();
+                let req = req.clone();
+                async move { c.delete(req).await }
+            })
+            .await?;
+        Ok(r.into_inner().generation)
+    }
+
+    pub async fn health(&self) -> Result<pb::HealthResponse> {
+        let r = self
+            .retrying(|| {
+                let mut c = self.admin.clone();
+                async move { c.health(pb::HealthRequest {}).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+}
+
+/// A fresh random request id (128 bits, hex).
+pub fn new_request_id() -> String {
+    let mut b = [0u8; 16];
+    SystemRandom::new()
+        .fill(&mut b)
+        .expect("the system random source works");
+    hex::encode(b)
+}
