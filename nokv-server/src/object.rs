@@ -16,6 +16,9 @@ use object_store::{
     ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
 };
 
+#[cfg(test)]
+pub mod fault;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
     #[error("object {0} not found")]

@@ -152,6 +152,31 @@ impl CliOutput {
         }
         self
     }
+
+    /// The typed reason of a failed run: `R` from the `nokv: R: message` line on stderr.
+    pub fn reason(&self) -> Option<&str> {
+        let line = self.stderr.lines().find(|l| l.starts_with("nokv: "))?;
+        line["nokv: ".len()..].split(':').next()
+    }
+
+    /// Panics, showing both streams, unless the command exited 1 (operation failed) with
+    /// exactly one stderr line `nokv: <reason>: ...`.
+    #[track_caller]
+    pub fn assert_fails_with(&self, reason: &str) -> &Self {
+        let lines: Vec<&str> = self.stderr.lines().filter(|l| !l.is_empty()).collect();
+        let one_line_with_reason =
+            lines.len() == 1 && lines[0].starts_with(&format!("nokv: {reason}: "));
+        if self.status != 1 || !one_line_with_reason {
+            panic!(
+                "expected exit 1 with one line `nokv: {reason}: ...` on stderr, got exit {}\n\
+                 stderr: {}\nstdout: {}",
+                self.status,
+                self.stderr,
+                self.stdout_str()
+            );
+        }
+        self
+    }
 }
 
 /// A running `nokv-server`, killed (SIGKILL) on drop unless stopped explicitly.

@@ -85,6 +85,7 @@ pub struct Counts {
     pub entries: u64,
     pub uploads: u64,
     pub guards: u64,
+    pub collectable: u64,
 }
 
 pub struct MetaStore {
@@ -228,6 +229,7 @@ macro_rules! readable {
                     entries: self.txn.open_table(ENTRIES)?.len()?,
                     uploads: self.txn.open_table(UPLOADS)?.len()?,
                     guards: self.txn.open_table(GUARDS)?.len()?,
+                    collectable: self.txn.open_table(COLLECTABLE)?.len()?,
                 })
             }
         }
@@ -369,9 +371,9 @@ mod tests {
     #[test]
     fn a_failed_session_changes_nothing() {
         let (_d, s) = store();
-        let r: Result<(), MetaError> = s.write(|w| {
+        let r: Result<(), crate::error::Error> = s.write(|w| {
             w.put_inline("ws", "a", b"x")?;
-            Err(MetaError::Corrupt(prost::DecodeError::new("boom")))
+            Err(crate::error::Error::Internal("the session fails".into()))
         });
         assert!(r.is_err());
         assert_eq!(s.read(|r| r.inline("ws", "a")).unwrap(), None);

@@ -12,6 +12,8 @@ use crate::auth::authenticate;
 use crate::error::Result;
 use crate::names;
 use crate::node::Node;
+use crate::shard::Shard;
+use crate::shard::sequencer::upload_shard;
 use crate::token::{Claims, Role};
 
 pub struct WorkspaceService {
@@ -30,11 +32,22 @@ impl WorkspaceService {
         claims.require(ws, role)?;
         Ok(claims)
     }
+
+    /// Authenticates a call that names only an upload id; the workspace scope is checked by
+    /// the shard against the upload's record, inside its session.
+    fn upload_call<T>(&self, req: &Request<T>, upload_id: &str) -> Result<(Claims, Arc<Shard>)> {
+        let claims = authenticate(&self.node.signer, req)?;
+        let shard = self.node.shard(upload_shard(upload_id)?)?.clone();
+        Ok((claims, shard))
+    }
 }
 
 fn reply<T>(r: Result<T>) -> Result<Response<T>, Status> {
     r.map(Response::new).map_err(Status::from)
 }
+
+/// ReadBlock streams a block in chunks of at most 1 MiB.
+const CHUNK: usize = 1024 * 1024;
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::ReadBlockChunk, Status>> + Send>>;
 
@@ -132,52 +145,113 @@ impl Workspace for WorkspaceService {
 
     async fn begin_upload(
         &self,
-        _req: Request<pb::BeginUploadRequest>,
+        req: Request<pb::BeginUploadRequest>,
     ) -> Result<Response<pb::BeginUploadResponse>, Status> {
-        Err(Status::unimplemented("BeginUpload"))
+        reply(
+            async {
+                let r = req.get_ref();
+                self.admit(&req, &r.workspace, Role::Write)?;
+                names::path(&r.path)?;
+                names::request_id(&r.request_id)?;
+                let shard = self.node.shard_for(&r.workspace).clone();
+                shard.begin_upload(req.into_inner()).await
+            }
+            .await,
+        )
     }
 
     async fn put_block(
         &self,
-        _req: Request<pb::PutBlockRequest>,
+        req: Request<pb::PutBlockRequest>,
     ) -> Result<Response<pb::PutBlockResponse>, Status> {
-        Err(Status::unimplemented("PutBlock"))
+        reply(
+            async {
+                let (claims, shard) = self.upload_call(&req, &req.get_ref().upload_id)?;
+                names::request_id(&req.get_ref().request_id)?;
+                shard.put_block(claims, req.into_inner()).await
+            }
+            .await,
+        )
     }
 
     async fn renew_upload(
         &self,
-        _req: Request<pb::RenewUploadRequest>,
+        req: Request<pb::RenewUploadRequest>,
     ) -> Result<Response<pb::RenewUploadResponse>, Status> {
-        Err(Status::unimplemented("RenewUpload"))
+        reply(
+            async {
+                let (claims, shard) = self.upload_call(&req, &req.get_ref().upload_id)?;
+                shard.renew_upload(claims, req.into_inner()).await
+            }
+            .await,
+        )
     }
 
     async fn commit_upload(
         &self,
-        _req: Request<pb::CommitUploadRequest>,
+        req: Request<pb::CommitUploadRequest>,
     ) -> Result<Response<pb::CommitUploadResponse>, Status> {
-        Err(Status::unimplemented("CommitUpload"))
+        reply(
+            async {
+                let (claims, shard) = self.upload_call(&req, &req.get_ref().upload_id)?;
+                names::request_id(&req.get_ref().request_id)?;
+                shard.commit_upload(claims, req.into_inner()).await
+            }
+            .await,
+        )
     }
 
     async fn abort_upload(
         &self,
-        _req: Request<pb::AbortUploadRequest>,
+        req: Request<pb::AbortUploadRequest>,
     ) -> Result<Response<pb::AbortUploadResponse>, Status> {
-        Err(Status::unimplemented("AbortUpload"))
+        reply(
+            async {
+                let (claims, shard) = self.upload_call(&req, &req.get_ref().upload_id)?;
+                names::request_id(&req.get_ref().request_id)?;
+                shard.abort_upload(claims, req.into_inner()).await
+            }
+            .await,
+        )
     }
 
     async fn get_manifest(
         &self,
-        _req: Request<pb::GetManifestRequest>,
+        req: Request<pb::GetManifestRequest>,
     ) -> Result<Response<pb::GetManifestResponse>, Status> {
-        Err(Status::unimplemented("GetManifest"))
+        reply(
+            async {
+                let r = req.get_ref();
+                self.admit(&req, &r.workspace, Role::Read)?;
+                names::path(&r.path)?;
+                self.node
+                    .shard_for(&r.workspace)
+                    .get_manifest(&r.workspace, &r.path)
+                    .await
+            }
+            .await,
+        )
     }
 
     type ReadBlockStream = ChunkStream;
 
     async fn read_block(
         &self,
-        _req: Request<pb::ReadBlockRequest>,
+        req: Request<pb::ReadBlockRequest>,
     ) -> Result<Response<Self::ReadBlockStream>, Status> {
-        Err(Status::unimplemented("ReadBlock"))
+        let r = req.get_ref();
+        self.admit(&req, &r.workspace, Role::Read)?;
+        let shard = self.node.shard_for(&r.workspace).clone();
+        let data = shard.read_block(&r.workspace, r.revision, r.index).await?;
+        // Chunks are slices of one shared buffer: no copies, at most one block per call.
+        let chunks: Vec<Result<pb::ReadBlockChunk, Status>> = (0..data.len().div_ceil(CHUNK))
+            .map(|i| {
+                let end = ((i + 1) * CHUNK).min(data.len());
+                Ok(pb::ReadBlockChunk {
+                    data: data.slice(i * CHUNK..end).to_vec(),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 }

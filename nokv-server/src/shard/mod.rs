@@ -4,9 +4,11 @@
 //! Every mutation is one short write session (see [`gate`]); the upload sequencer is the one
 //! operation that spans two sessions with provider I/O between them.
 
+pub mod claims;
 pub mod files;
 pub mod gate;
 pub mod replay;
+pub mod sequencer;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -42,11 +44,10 @@ impl Default for ShardConfig {
 pub struct Shard {
     pub id: u32,
     gate: Gate,
-    #[allow(dead_code)]
     object: ObjectProvider,
-    #[allow(dead_code)]
     signer: Signer,
     cfg: ShardConfig,
+    claims: claims::BlockClaims,
 }
 
 impl Shard {
@@ -63,6 +64,7 @@ impl Shard {
             object,
             signer,
             cfg,
+            claims: Default::default(),
         })
     }
 

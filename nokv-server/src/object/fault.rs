@@ -1,0 +1,186 @@
+//! A fault-injecting object store — a fake for tests, named as such. It wraps a real store
+//! (usually in-memory) and can hold every create until released, lose the response of a
+//! create that did land, or fail a create before sending it. It counts creates that reached
+//! the inner store so tests can prove "the provider received no write".
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use tokio::sync::{Notify, Semaphore};
+
+/// Shared switches of a [`FaultyStore`]; clone freely.
+#[derive(Clone, Default)]
+pub struct Faults {
+    inner: Arc<FaultState>,
+}
+
+struct FaultState {
+    hold: AtomicBool,
+    release: Semaphore,
+    arrived: Notify,
+    held_now: AtomicUsize,
+    creates: AtomicUsize,
+    lose_next_response: AtomicBool,
+    refuse_next: AtomicBool,
+}
+
+impl Default for FaultState {
+    fn default() -> Self {
+        FaultState {
+            hold: AtomicBool::new(false),
+            release: Semaphore::new(0),
+            arrived: Notify::new(),
+            held_now: AtomicUsize::new(0),
+            creates: AtomicUsize::new(0),
+            lose_next_response: AtomicBool::new(false),
+            refuse_next: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Faults {
+    /// From now on every create waits until [`Faults::release`] lets it through.
+    pub fn hold_creates(&self) {
+        self.inner.hold.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets `n` held creates proceed and stops holding new ones.
+    pub fn release(&self, n: usize) {
+        self.inner.hold.store(false, Ordering::SeqCst);
+        self.inner.release.add_permits(n);
+    }
+
+    /// Waits until at least `n` creates are being held.
+    pub async fn wait_held(&self, n: usize) {
+        loop {
+            let notified = self.inner.arrived.notified();
+            if self.inner.held_now.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Creates that reached the inner store.
+    pub fn creates(&self) -> usize {
+        self.inner.creates.load(Ordering::SeqCst)
+    }
+
+    /// The next create lands but its caller gets an error (an unknown outcome).
+    pub fn lose_next_response(&self) {
+        self.inner.lose_next_response.store(true, Ordering::SeqCst);
+    }
+
+    /// The next create fails as if the connection was refused (nothing sent).
+    pub fn refuse_next(&self) {
+        self.inner.refuse_next.store(true, Ordering::SeqCst);
+    }
+}
+
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    faults: Faults,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, faults: Faults) -> FaultyStore {
+        FaultyStore { inner, faults }
+    }
+}
+
+impl fmt::Debug for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+impl fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+fn refused() -> object_store::Error {
+    object_store::Error::Generic {
+        store: "faulty",
+        source: Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let s = &self.faults.inner;
+        if s.hold.load(Ordering::SeqCst) {
+            s.held_now.fetch_add(1, Ordering::SeqCst);
+            s.arrived.notify_waiters();
+            let permit = s.release.acquire().await.expect("semaphore open");
+            permit.forget();
+            s.held_now.fetch_sub(1, Ordering::SeqCst);
+        }
+        if s.refuse_next.swap(false, Ordering::SeqCst) {
+            return Err(refused());
+        }
+        s.creates.fetch_add(1, Ordering::SeqCst);
+        let r = self.inner.put_opts(location, payload, opts).await?;
+        if s.lose_next_response.swap(false, Ordering::SeqCst) {
+            return Err(object_store::Error::Generic {
+                store: "faulty",
+                source: "injected: response lost after the write landed".into(),
+            });
+        }
+        Ok(r)
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}

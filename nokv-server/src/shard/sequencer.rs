@@ -1,0 +1,547 @@
+//! The upload sequencer: owner-mediated artifact uploads that never hold the gate across
+//! provider I/O.
+//!
+//! A PutBlock runs in three steps:
+//! 1. **Admit** (one write session): replay a recorded request id; prove the upload current
+//!    — open, token scope, lease unexpired by the shard clock read *after* the gate is taken;
+//!    refuse a wrong length before the owner pays for a write; assign a fresh random attempt
+//!    key and record an unknown-writer cleanup guard for it; renew the lease.
+//! 2. **Write**: one create-if-absent PUT of the block with no lock held, cut off at the lease
+//!    deadline.
+//! 3. **Record** (a second write session at a fresh read version): reload the upload and the
+//!    block, verify the attempt key and the fences, mark the block uploaded, settle the guard,
+//!    record the request outcome.
+//!
+//! Invariants: a key is written at most once and never reused; every key the provider may
+//! hold is referenced by a block or revision, guarded, or collectable; a superseded or expired
+//! attempt can never mark a block uploaded. Digest checks and hashing happen before any gate.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use nokv_proto::v1 as pb;
+use sha2::{Digest, Sha256};
+
+use super::files::{not_found, retire};
+use super::replay::RequestKey;
+use super::{Shard, now_ms, to_entry};
+use crate::bootstrap::random_bytes;
+use crate::error::{Error, Result};
+use crate::meta::{
+    BlockRecord, BlockState, EntryRecord, GuardRecord, KIND_ARTIFACT, RevisionBlock,
+    RevisionRecord, UploadRecord, UploadState, WriteView, WriterState,
+};
+use crate::object::PutOutcome;
+use crate::token::{Claims, Role};
+
+/// Largest artifact accepted: the block index must fit the wire's u32.
+const MAX_ARTIFACT: u64 = 1 << 40;
+
+/// What the admit session decided.
+enum Admit {
+    /// The request (or an identical block) was already recorded: answer without writing.
+    Done(pb::PutBlockResponse),
+    /// Write `key`, then record; the lease allows the write for `lease_left`.
+    Write { key: String, lease_left: Duration },
+}
+
+/// Upload ids name their shard so that calls carrying only the id can be routed.
+pub fn upload_shard(upload_id: &str) -> Result<u32> {
+    upload_id
+        .split_once('.')
+        .and_then(|(s, rest)| (rest.len() == 32).then_some(s))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| Error::InvalidArgument(format!("upload id {upload_id:?} is malformed")))
+}
+
+impl Shard {
+    pub async fn begin_upload(
+        &self,
+        mut req: pb::BeginUploadRequest,
+    ) -> Result<pb::BeginUploadResponse> {
+        if req.size > MAX_ARTIFACT {
+            return Err(Error::InvalidArgument(format!(
+                "artifact size {} exceeds the limit of {MAX_ARTIFACT} bytes",
+                req.size
+            )));
+        }
+        let request_id = std::mem::take(&mut req.request_id);
+        let key = RequestKey::new(&req.workspace, &request_id, "BeginUpload", &req);
+        let block_size = self.cfg.block_size;
+        let block_count = req.size.div_ceil(block_size) as u32;
+        let lease_ms = self.cfg.upload_lease.as_millis() as i64;
+        let upload_id = format!("{}.{}", self.id, hex::encode(random_bytes(16)));
+        let upload_token = self.signer.upload_capability(&upload_id);
+        self.gate
+            .write(move |w| {
+                if let Some(done) = key.recorded(w)? {
+                    return Ok(done);
+                }
+                let now = now_ms();
+                let rec = UploadRecord {
+                    workspace: req.workspace.clone(),
+                    path: req.path.clone(),
+                    size: req.size,
+                    block_count,
+                    state: UploadState::Open as i32,
+                    lease_expires_ms: now + lease_ms,
+                    created_ms: now,
+                    revision: 0,
+                };
+                w.put_upload(&upload_id, &rec)?;
+                let resp = pb::BeginUploadResponse {
+                    upload_id,
+                    upload_token,
+                    block_size,
+                    block_count,
+                    lease_expires_ms: rec.lease_expires_ms,
+                };
+                key.record(w, &resp, now)?;
+                Ok(resp)
+            })
+            .await
+    }
+
+    /// The three-step sequence described in the module docs.
+    pub async fn put_block(
+        &self,
+        claims: Claims,
+        mut req: pb::PutBlockRequest,
+    ) -> Result<pb::PutBlockResponse> {
+        // Before any gate: capability, size bound and the body digest.
+        self.signer
+            .verify_upload_capability(&req.upload_id, &req.upload_token)?;
+        if req.data.len() as u64 > self.cfg.block_size {
+            return Err(Error::InvalidArgument(format!(
+                "block is {} bytes; blocks are at most {} bytes",
+                req.data.len(),
+                self.cfg.block_size
+            )));
+        }
+        let digest = Sha256::digest(&req.data).to_vec();
+        if digest != req.block_sha256 {
+            return Err(Error::DigestMismatch(format!(
+                "block {} body does not match its declared sha256",
+                req.index
+            )));
+        }
+        let data = Bytes::from(std::mem::take(&mut req.data));
+        let request_id = std::mem::take(&mut req.request_id);
+        req.upload_token.clear();
+        // The fingerprint covers the declared digest, which the body was just proven to match.
+        let mut key = RequestKey::new("", &request_id, "PutBlock", &req);
+        let (upload_id, index, length) = (req.upload_id.clone(), req.index, data.len() as u64);
+
+        let _claim = self.claims.claim(&upload_id, index).await;
+
+        // 1. Admit.
+        let (lease_ms, shard, object) = (
+            self.cfg.upload_lease.as_millis() as i64,
+            self.id,
+            self.object.clone(),
+        );
+        let block_size = self.cfg.block_size;
+        let admit = {
+            let (upload_id, digest) = (upload_id.clone(), digest.clone());
+            self.gate
+                .write(move |w| {
+                    let mut upload = load_upload(w, &upload_id)?;
+                    key.workspace = upload.workspace.clone();
+                    if let Some(done) = key.recorded(w)? {
+                        return Ok((Admit::Done(done), key));
+                    }
+                    claims.require(&upload.workspace, Role::Write)?;
+                    let now = now_ms();
+                    require_open_and_live(&upload, now)?;
+                    let block_count = upload.block_count;
+                    if index >= block_count {
+                        return Err(Error::InvalidArgument(format!(
+                            "block index {index} is out of range (upload has {block_count} blocks)"
+                        )));
+                    }
+                    let expected_len = block_len(upload.size, index, block_size);
+                    if length != expected_len {
+                        return Err(Error::InvalidArgument(format!(
+                            "block {index} must be {expected_len} bytes, got {length}"
+                        )));
+                    }
+                    if let Some(b) = w.block(&upload_id, index)?
+                        && b.state == BlockState::Uploaded as i32
+                    {
+                        if b.sha256 != digest {
+                            return Err(Error::DigestMismatch(format!(
+                                "block {index} was already uploaded with different content"
+                            )));
+                        }
+                        let resp = pb::PutBlockResponse {
+                            index,
+                            lease_expires_ms: upload.lease_expires_ms,
+                        };
+                        key.record(w, &resp, now)?;
+                        return Ok((Admit::Done(resp), key));
+                    }
+                    let attempt = hex::encode(random_bytes(12));
+                    let object_key = object.block_key(shard, &upload_id, index, &attempt);
+                    w.put_block(
+                        &upload_id,
+                        index,
+                        &BlockRecord {
+                            length,
+                            sha256: digest,
+                            key: object_key.clone(),
+                            state: BlockState::Pending as i32,
+                        },
+                    )?;
+                    w.put_guard(
+                        &object_key,
+                        &GuardRecord {
+                            upload_id: upload_id.clone(),
+                            writer: WriterState::Unknown as i32,
+                            created_ms: now,
+                            attempts: 0,
+                            last_attempt_ms: 0,
+                        },
+                    )?;
+                    upload.lease_expires_ms = now + lease_ms;
+                    w.put_upload(&upload_id, &upload)?;
+                    Ok((
+                        Admit::Write {
+                            key: object_key,
+                            lease_left: Duration::from_millis(lease_ms as u64),
+                        },
+                        key,
+                    ))
+                })
+                .await?
+        };
+        let (object_key, lease_left, key) = match admit {
+            (Admit::Done(resp), _) => return Ok(resp),
+            (Admit::Write { key: k, lease_left }, key) => (k, lease_left, key),
+        };
+
+        // 2. Write, with no lock held; the lease bounds how long the attempt may take.
+        let outcome =
+            match tokio::time::timeout(lease_left, self.object.create(&object_key, data)).await {
+                Ok(o) => o,
+                Err(_) => PutOutcome::Unknown("provider write outlived the upload lease".into()),
+            };
+
+        // 3. Record.
+        self.gate
+            .write(move |w| {
+                record_block(w, &key, &upload_id, index, &object_key, outcome, lease_ms)
+            })
+            .await
+    }
+
+    pub async fn renew_upload(
+        &self,
+        claims: Claims,
+        req: pb::RenewUploadRequest,
+    ) -> Result<pb::RenewUploadResponse> {
+        self.signer
+            .verify_upload_capability(&req.upload_id, &req.upload_token)?;
+        let lease_ms = self.cfg.upload_lease.as_millis() as i64;
+        self.gate
+            .write(move |w| {
+                let mut upload = load_upload(w, &req.upload_id)?;
+                claims.require(&upload.workspace, Role::Write)?;
+                let now = now_ms();
+                require_open_and_live(&upload, now)?;
+                upload.lease_expires_ms = now + lease_ms;
+                w.put_upload(&req.upload_id, &upload)?;
+                Ok(pb::RenewUploadResponse {
+                    lease_expires_ms: upload.lease_expires_ms,
+                })
+            })
+            .await
+    }
+
+    /// Publishes atomically: every block recorded → one session creates the immutable
+    /// revision, points the path at it with a new generation and makes the previous
+    /// revision's blocks collectable.
+    pub async fn commit_upload(
+        &self,
+        claims: Claims,
+        mut req: pb::CommitUploadRequest,
+    ) -> Result<pb::CommitUploadResponse> {
+        self.signer
+            .verify_upload_capability(&req.upload_id, &req.upload_token)?;
+        if req.sha256.len() != 32 {
+            return Err(Error::InvalidArgument("sha256 must be 32 bytes".into()));
+        }
+        let request_id = std::mem::take(&mut req.request_id);
+        req.upload_token.clear();
+        let mut key = RequestKey::new("", &request_id, "CommitUpload", &req);
+        let block_size = self.cfg.block_size;
+        self.gate
+            .write(move |w| {
+                let mut upload = load_upload(w, &req.upload_id)?;
+                key.workspace = upload.workspace.clone();
+                if let Some(done) = key.recorded(w)? {
+                    return Ok(done);
+                }
+                claims.require(&upload.workspace, Role::Write)?;
+                let now = now_ms();
+                require_open_and_live(&upload, now)?;
+                if upload.size == 0 && req.sha256 != Sha256::digest(b"").to_vec() {
+                    return Err(Error::DigestMismatch(
+                        "declared sha256 is not the digest of an empty body".into(),
+                    ));
+                }
+                let blocks = w.blocks(&req.upload_id)?;
+                let mut manifest = Sha256::new();
+                let mut rev_blocks = Vec::with_capacity(blocks.len());
+                for i in 0..upload.block_count {
+                    let b = blocks
+                        .iter()
+                        .find(|(idx, b)| *idx == i && b.state == BlockState::Uploaded as i32)
+                        .map(|(_, b)| b)
+                        .ok_or_else(|| {
+                            Error::FailedPrecondition(format!("block {i} has not been uploaded"))
+                        })?;
+                    manifest.update(&b.sha256);
+                    rev_blocks.push(RevisionBlock {
+                        length: b.length,
+                        sha256: b.sha256.clone(),
+                        key: b.key.clone(),
+                    });
+                }
+                let manifest = manifest.finalize().to_vec();
+                let (ws, path) = (upload.workspace.clone(), upload.path.clone());
+                let revision = w.next_sequence("revision")?;
+                w.put_revision(
+                    revision,
+                    &RevisionRecord {
+                        workspace: ws.clone(),
+                        path: path.clone(),
+                        size: upload.size,
+                        sha256: req.sha256.clone(),
+                        manifest_sha256: manifest.clone(),
+                        block_size,
+                        blocks: rev_blocks,
+                        created_ms: now,
+                    },
+                )?;
+                if let Some(old) = w.entry(&ws, &path)? {
+                    retire(w, &old)?;
+                    w.remove_inline(&ws, &path)?;
+                }
+                let entry = EntryRecord {
+                    kind: KIND_ARTIFACT,
+                    size: upload.size,
+                    sha256: req.sha256.clone(),
+                    generation: w.next_generation(&ws, &path)?,
+                    modified_ms: now,
+                    revision,
+                    block_count: upload.block_count,
+                    manifest_sha256: manifest,
+                };
+                w.put_entry(&ws, &path, &entry)?;
+                upload.state = UploadState::Committed as i32;
+                upload.revision = revision;
+                w.put_upload(&req.upload_id, &upload)?;
+                w.remove_blocks(&req.upload_id)?;
+                let resp = pb::CommitUploadResponse {
+                    entry: Some(to_entry(&ws, &path, &entry)),
+                };
+                key.record(w, &resp, now)?;
+                Ok(resp)
+            })
+            .await
+    }
+
+    /// Ends an open upload; its uploaded blocks become collectable, pending ones keep their
+    /// guards. Aborting an aborted upload succeeds; aborting a committed one is refused.
+    pub async fn abort_upload(
+        &self,
+        claims: Claims,
+        mut req: pb::AbortUploadRequest,
+    ) -> Result<pb::AbortUploadResponse> {
+        self.signer
+            .verify_upload_capability(&req.upload_id, &req.upload_token)?;
+        let request_id = std::mem::take(&mut req.request_id);
+        req.upload_token.clear();
+        let mut key = RequestKey::new("", &request_id, "AbortUpload", &req);
+        self.gate
+            .write(move |w| {
+                let mut upload = load_upload(w, &req.upload_id)?;
+                key.workspace = upload.workspace.clone();
+                if let Some(done) = key.recorded(w)? {
+                    return Ok(done);
+                }
+                claims.require(&upload.workspace, Role::Write)?;
+                match UploadState::try_from(upload.state) {
+                    Ok(UploadState::Committed) => {
+                        return Err(Error::FailedPrecondition(
+                            "upload is already committed".into(),
+                        ));
+                    }
+                    Ok(UploadState::Open) => {
+                        for (_, b) in w.blocks(&req.upload_id)? {
+                            if b.state == BlockState::Uploaded as i32 {
+                                w.add_collectable(&b.key, 0)?;
+                            }
+                        }
+                        w.remove_blocks(&req.upload_id)?;
+                        upload.state = UploadState::Aborted as i32;
+                        w.put_upload(&req.upload_id, &upload)?;
+                    }
+                    _ => {}
+                }
+                let resp = pb::AbortUploadResponse {};
+                key.record(w, &resp, now_ms())?;
+                Ok(resp)
+            })
+            .await
+    }
+
+    pub async fn get_manifest(&self, ws: &str, path: &str) -> Result<pb::GetManifestResponse> {
+        self.gate
+            .read(|r| {
+                let e = r.entry(ws, path)?.ok_or_else(|| not_found(ws, path))?;
+                if e.kind != KIND_ARTIFACT {
+                    return Err(Error::FailedPrecondition(format!(
+                        "{ws}:{path} is a small file, not an artifact"
+                    )));
+                }
+                let rev = r.revision(e.revision)?.ok_or_else(|| {
+                    Error::Internal(format!("revision {} is missing", e.revision))
+                })?;
+                Ok(pb::GetManifestResponse {
+                    revision: e.revision,
+                    size: rev.size,
+                    sha256: rev.sha256.clone(),
+                    block_size: rev.block_size,
+                    blocks: rev
+                        .blocks
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| pb::BlockInfo {
+                            index: i as u32,
+                            length: b.length,
+                            sha256: b.sha256.clone(),
+                        })
+                        .collect(),
+                    entry: Some(to_entry(ws, path, &e)),
+                })
+            })
+            .await
+    }
+
+    /// The bytes of one block of a live revision, read with no lock held.
+    pub async fn read_block(&self, ws: &str, revision: u64, index: u32) -> Result<Bytes> {
+        let key = self
+            .gate
+            .read(|r| {
+                let rev = r
+                    .revision(revision)?
+                    .filter(|rev| rev.workspace == ws)
+                    .ok_or_else(|| Error::NotFound(format!("revision {revision} not found")))?;
+                rev.blocks
+                    .get(index as usize)
+                    .map(|b| b.key.clone())
+                    .ok_or_else(|| Error::NotFound(format!("block {index} not found")))
+            })
+            .await?;
+        Ok(self.object.get(&key).await?)
+    }
+}
+
+/// The length block `index` must have in an artifact of `size` bytes.
+fn block_len(size: u64, index: u32, block_size: u64) -> u64 {
+    size.saturating_sub(u64::from(index) * block_size)
+        .min(block_size)
+}
+
+fn load_upload(w: &WriteView, upload_id: &str) -> Result<UploadRecord> {
+    w.upload(upload_id)?
+        .ok_or_else(|| Error::NotFound(format!("upload {upload_id} not found")))
+}
+
+/// The fences every upload mutation checks inside its session, by the shard clock.
+fn require_open_and_live(upload: &UploadRecord, now: i64) -> Result<()> {
+    match UploadState::try_from(upload.state) {
+        Ok(UploadState::Open) => {}
+        Ok(UploadState::Committed) => {
+            return Err(Error::FailedPrecondition(
+                "upload is already committed".into(),
+            ));
+        }
+        Ok(UploadState::Aborted) => {
+            return Err(Error::FailedPrecondition("upload was aborted".into()));
+        }
+        _ => return Err(Error::LeaseExpired("upload is being cleaned up".into())),
+    }
+    if upload.lease_expires_ms <= now {
+        return Err(Error::LeaseExpired("the upload's lease has expired".into()));
+    }
+    Ok(())
+}
+
+/// The record session of a PutBlock (step 3).
+fn record_block(
+    w: &mut WriteView,
+    key: &RequestKey,
+    upload_id: &str,
+    index: u32,
+    object_key: &str,
+    outcome: PutOutcome,
+    lease_ms: i64,
+) -> Result<pb::PutBlockResponse> {
+    let finished = |w: &mut WriteView| -> Result<()> {
+        if let Some(mut g) = w.guard(object_key)? {
+            g.writer = WriterState::Finished as i32;
+            w.put_guard(object_key, &g)?;
+        }
+        Ok(())
+    };
+    match outcome {
+        PutOutcome::Written => {}
+        PutOutcome::NotWritten(why) => {
+            finished(w)?;
+            return Err(Error::Unavailable(format!(
+                "block write was not sent: {why}"
+            )));
+        }
+        // Unknown: the guard stays an unknown-writer guard; the bytes may still land.
+        PutOutcome::Unknown(why) => {
+            return Err(Error::Unavailable(format!(
+                "block write outcome unknown: {why}"
+            )));
+        }
+    }
+    let mut upload = load_upload(w, upload_id)?;
+    let now = now_ms();
+    let block = w.block(upload_id, index)?;
+    let current = block.as_ref().is_some_and(|b| b.key == object_key);
+    if let Err(e) = require_open_and_live(&upload, now).and_then(|_| {
+        if current {
+            Ok(())
+        } else {
+            Err(Error::FailedPrecondition(format!(
+                "block {index} was superseded by a newer attempt"
+            )))
+        }
+    }) {
+        // The writer finished but may not publish: its bytes are left to the guard.
+        finished(w)?;
+        return Err(e);
+    }
+    let mut block = block.expect("checked current");
+    block.state = BlockState::Uploaded as i32;
+    w.put_block(upload_id, index, &block)?;
+    // The key is now referenced by the block record, which protects it from here on.
+    w.remove_guard(object_key)?;
+    upload.lease_expires_ms = now + lease_ms;
+    w.put_upload(upload_id, &upload)?;
+    let resp = pb::PutBlockResponse {
+        index,
+        lease_expires_ms: upload.lease_expires_ms,
+    };
+    key.record(w, &resp, now)?;
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests;

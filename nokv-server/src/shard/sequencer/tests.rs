@@ -1,0 +1,373 @@
+//! Sequencer tests against a real redb store and a fault-injecting in-memory provider.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nokv_proto::v1 as pb;
+use sha2::{Digest, Sha256};
+
+use crate::error::Error;
+use crate::meta::MetaStore;
+use crate::object::ObjectProvider;
+use crate::object::fault::{Faults, FaultyStore};
+use crate::shard::{Shard, ShardConfig};
+use crate::token::{Claims, Role, Signer};
+
+/// Fails a test that would otherwise hang forever (e.g. on a gate held across provider I/O).
+/// This is a deadlock detector, not a timing assertion: healthy runs finish in milliseconds.
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .expect("operation blocked: was the gate held across provider I/O?")
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    shard: Arc<Shard>,
+    faults: Faults,
+    provider: ObjectProvider,
+}
+
+fn fixture(block_size: u64, lease: Duration) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = MetaStore::open(&dir.path().join("s.redb")).unwrap();
+    let faults = Faults::default();
+    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let faulty: Arc<dyn object_store::ObjectStore> =
+        Arc::new(FaultyStore::new(mem.clone(), faults.clone()));
+    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty, mem);
+    let cfg = ShardConfig {
+        block_size,
+        upload_lease: lease,
+        ..ShardConfig::default()
+    };
+    let shard = Shard::open(3, meta, provider.clone(), Signer::new(b"k"), cfg);
+    Fixture {
+        _dir: dir,
+        shard,
+        faults,
+        provider,
+    }
+}
+
+fn writer() -> Claims {
+    Claims {
+        workspaces: vec!["ws".into()],
+        role: Role::Write,
+        expires: u64::MAX,
+    }
+}
+
+async fn begin(f: &Fixture, path: &str, size: u64) -> pb::BeginUploadResponse {
+    f.shard
+        .begin_upload(pb::BeginUploadRequest {
+            workspace: "ws".into(),
+            path: path.into(),
+            size,
+            request_id: format!("begin-{path}"),
+        })
+        .await
+        .unwrap()
+}
+
+fn block(up: &pb::BeginUploadResponse, index: u32, data: &[u8], rid: &str) -> pb::PutBlockRequest {
+    pb::PutBlockRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        index,
+        block_sha256: Sha256::digest(data).to_vec(),
+        data: data.to_vec(),
+        request_id: rid.into(),
+    }
+}
+
+fn commit(up: &pb::BeginUploadResponse, body: &[u8], rid: &str) -> pb::CommitUploadRequest {
+    pb::CommitUploadRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        sha256: Sha256::digest(body).to_vec(),
+        request_id: rid.into(),
+    }
+}
+
+fn small_write(path: &str) -> pb::WriteRequest {
+    pb::WriteRequest {
+        workspace: "ws".into(),
+        path: path.into(),
+        data: vec![7; 4096],
+        request_id: format!("w-{path}"),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_provider_create_blocks_neither_reads_nor_small_writes_nor_other_uploads() {
+    let f = fixture(8, Duration::from_secs(60));
+    let a = begin(&f, "a.bin", 8).await;
+    let b = begin(&f, "b.bin", 8).await;
+    f.faults.hold_creates();
+
+    let shard = f.shard.clone();
+    let put_a = block(&a, 0, b"aaaaaaaa", "pa");
+    let first = tokio::spawn(async move { shard.put_block(writer(), put_a).await });
+    within(f.faults.wait_held(1)).await;
+
+    // While A's create is in flight the shard keeps serving.
+    within(f.shard.write(small_write("notes.txt")))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(f.shard.stat("ws", "notes.txt")).await.unwrap().size,
+        4096
+    );
+    let listed = within(f.shard.list("ws", "", 0, "")).await.unwrap();
+    assert_eq!(listed.entries.len(), 1);
+
+    // Another upload's block reaches the provider too (both are now held there).
+    let shard = f.shard.clone();
+    let put_b = block(&b, 0, b"bbbbbbbb", "pb");
+    let second = tokio::spawn(async move { shard.put_block(writer(), put_b).await });
+    within(f.faults.wait_held(2)).await;
+
+    f.faults.release(2);
+    within(first).await.unwrap().unwrap();
+    within(second).await.unwrap().unwrap();
+    assert_eq!(f.faults.creates(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_of_one_put_block_write_once_and_share_the_outcome() {
+    let f = fixture(8, Duration::from_secs(60));
+    let up = begin(&f, "a.bin", 8).await;
+    f.faults.hold_creates();
+    let req = block(&up, 0, b"12345678", "same-id");
+    let (s1, s2) = (f.shard.clone(), f.shard.clone());
+    let (r1, r2) = (req.clone(), req.clone());
+    let one = tokio::spawn(async move { s1.put_block(writer(), r1).await });
+    within(f.faults.wait_held(1)).await;
+    let two = tokio::spawn(async move { s2.put_block(writer(), r2).await });
+    f.faults.release(1);
+    let (one, two) = (
+        within(one).await.unwrap().unwrap(),
+        within(two).await.unwrap().unwrap(),
+    );
+    assert_eq!(one, two);
+    assert_eq!(f.faults.creates(), 1, "the duplicate must not write again");
+    assert_eq!(f.shard.claims.held(), 0);
+
+    let reused = block(&up, 0, b"87654321", "same-id");
+    let err = f.shard.put_block(writer(), reused).await.unwrap_err();
+    assert!(matches!(err, Error::RequestIdReused(_)), "{err:?}");
+    assert_eq!(f.faults.creates(), 1);
+}
+
+#[tokio::test]
+async fn a_wrong_digest_or_length_is_refused_before_any_provider_write() {
+    let f = fixture(8, Duration::from_secs(60));
+    let up = begin(&f, "a.bin", 12).await;
+    let mut bad_digest = block(&up, 0, b"12345678", "r1");
+    bad_digest.block_sha256 = Sha256::digest(b"other").to_vec();
+    let err = f.shard.put_block(writer(), bad_digest).await.unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch(_)), "{err:?}");
+    // Block 1 of a 12-byte artifact must be 4 bytes.
+    let err = f
+        .shard
+        .put_block(writer(), block(&up, 1, b"12345678", "r2"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    let err = f
+        .shard
+        .put_block(writer(), block(&up, 2, b"1234", "r3"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert_eq!(f.faults.creates(), 0);
+    assert!(f.provider.list_keys().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_may_arrive_out_of_order_and_commit_waits_for_every_one() {
+    let f = fixture(4, Duration::from_secs(60));
+    let body = b"0123456789abcdefXY";
+    let up = begin(&f, "art", body.len() as u64).await;
+    assert_eq!(up.block_count, 5);
+    let mut tasks = Vec::new();
+    for i in [4u32, 2, 0, 3] {
+        let s = f.shard.clone();
+        let chunk = &body[(i as usize * 4)..((i as usize + 1) * 4).min(body.len())];
+        let req = block(&up, i, chunk, &format!("b{i}"));
+        tasks.push(tokio::spawn(
+            async move { s.put_block(writer(), req).await },
+        ));
+    }
+    for t in tasks {
+        within(t).await.unwrap().unwrap();
+    }
+    let err = f
+        .shard
+        .commit_upload(writer(), commit(&up, body, "c"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::FailedPrecondition(ref m) if m.contains("block 1")),
+        "{err:?}"
+    );
+    f.shard
+        .put_block(writer(), block(&up, 1, b"4567", "b1"))
+        .await
+        .unwrap();
+    let entry = f
+        .shard
+        .commit_upload(writer(), commit(&up, body, "c"))
+        .await
+        .unwrap()
+        .entry
+        .unwrap();
+    assert_eq!(
+        (entry.size, entry.block_count, entry.generation),
+        (18, 5, 1)
+    );
+    // A retried commit with the same request id returns the same entry.
+    let again = f
+        .shard
+        .commit_upload(writer(), commit(&up, body, "c"))
+        .await
+        .unwrap();
+    assert_eq!(again.entry.unwrap(), entry);
+
+    let m = f.shard.get_manifest("ws", "art").await.unwrap();
+    let mut restored = Vec::new();
+    for b in &m.blocks {
+        restored.extend_from_slice(&f.shard.read_block("ws", m.revision, b.index).await.unwrap());
+    }
+    assert_eq!(restored, body);
+}
+
+#[tokio::test]
+async fn commit_after_abort_is_refused_and_its_blocks_become_collectable() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    let abort = pb::AbortUploadRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        request_id: "ab".into(),
+    };
+    f.shard.abort_upload(writer(), abort).await.unwrap();
+    let err = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::FailedPrecondition(_)), "{err:?}");
+    let err = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0-again"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::FailedPrecondition(_)), "{err:?}");
+    assert!(matches!(
+        f.shard.stat("ws", "art").await,
+        Err(Error::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+async fn an_expired_upload_is_refused_at_put_block_and_commit() {
+    let f = fixture(4, Duration::from_millis(200));
+    let up = begin(&f, "art", 4).await;
+    // Let the lease run out on the shard clock (this waits for time itself, not for a signal).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let err = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseExpired(_)), "{err:?}");
+    let err = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseExpired(_)), "{err:?}");
+    assert_eq!(f.faults.creates(), 0);
+}
+
+#[tokio::test]
+async fn a_lost_provider_response_keeps_its_guard_and_a_retry_writes_a_fresh_key() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.faults.lose_next_response();
+    let err = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert_eq!(
+        f.shard.counts().await.unwrap().guards,
+        1,
+        "unknown writer stays guarded"
+    );
+    // The SDK retries with the same request id: a fresh attempt key is written and recorded.
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    let keys = f.provider.list_keys().await.unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(
+        f.shard.counts().await.unwrap().guards,
+        1,
+        "only the lost attempt is guarded"
+    );
+    f.shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_refused_connection_settles_its_guard_as_finished() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.faults.refuse_next();
+    let err = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert_eq!(f.faults.creates(), 0);
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    assert_eq!(f.faults.creates(), 1);
+}
+
+#[tokio::test]
+async fn a_token_for_another_workspace_cannot_touch_the_upload() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    let other = Claims {
+        workspaces: vec!["other".into()],
+        role: Role::Write,
+        expires: u64::MAX,
+    };
+    let err = f
+        .shard
+        .put_block(other, block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
+    let mut forged = block(&up, 0, b"abcd", "b1");
+    forged.upload_token = "00".repeat(32);
+    let err = f.shard.put_block(writer(), forged).await.unwrap_err();
+    assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
+    assert_eq!(f.faults.creates(), 0);
+}
