@@ -12,6 +12,8 @@ pub enum Reason {
     Transport,
     /// Local configuration or I/O.
     Local,
+    /// Downloaded bytes do not match their recorded digest.
+    Integrity,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -31,12 +33,21 @@ impl ClientError {
         }
     }
 
+    pub fn integrity(message: impl Into<String>) -> Self {
+        ClientError {
+            reason: Reason::Integrity,
+            code: None,
+            message: message.into(),
+        }
+    }
+
     /// The reason's name: a server reason, `Transport` or `Local`.
     pub fn reason_name(&self) -> &str {
         match &self.reason {
             Reason::Server(r) => r,
             Reason::Transport => "Transport",
             Reason::Local => "Local",
+            Reason::Integrity => "DigestMismatch",
         }
     }
 
@@ -47,10 +58,11 @@ impl ClientError {
     /// Retryable with the same request id: the server was unavailable, or the outcome is
     /// unknown because the call never got an answer.
     pub fn is_retryable(&self) -> bool {
-        matches!(
+        let transient = matches!(
             self.code,
             Some(Code::Unavailable) | Some(Code::DeadlineExceeded) | Some(Code::Cancelled)
-        ) && !matches!(&self.reason, Reason::Server(r) if r != "Unavailable")
+        ) || (self.code == Some(Code::Unknown) && self.reason == Reason::Transport);
+        transient && !matches!(&self.reason, Reason::Server(r) if r != "Unavailable")
     }
 }
 

@@ -5,6 +5,8 @@
 
 pub mod config;
 pub mod error;
+pub mod publish;
+pub mod restore;
 pub mod sdk;
 
 pub use config::ClientConfig;

@@ -2,7 +2,9 @@
 //! and is retried with that same id while the server is unavailable or the outcome is
 //! unknown; the server's replay records make those retries safe.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nokv_proto::v1 as pb;
@@ -58,9 +60,46 @@ impl Default for RetryPolicy {
 
 #[derive(Clone)]
 pub struct Client {
-    ws: WorkspaceClient<Svc>,
+    pub(crate) ws: WorkspaceClient<Svc>,
     admin: AdminClient<Svc>,
     retry: RetryPolicy,
+    faults: LostResponses,
+}
+
+/// Fault injection for tests (named as such): the next `n` responses of a method are
+/// dropped after the server executed the call, exactly as if the network lost them. The
+/// retry loop then resends the same request, which is what recovery must survive.
+#[derive(Clone, Default)]
+pub struct LostResponses(Arc<Mutex<HashMap<&'static str, u32>>>);
+
+impl LostResponses {
+    pub fn lose(&self, method: &'static str, n: u32) {
+        *self
+            .0
+            .lock()
+            .expect("not poisoned")
+            .entry(method)
+            .or_default() += n;
+    }
+
+    fn take(&self, method: &str) -> bool {
+        let mut map = self.0.lock().expect("not poisoned");
+        match map.get_mut(method) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn error(method: &str) -> ClientError {
+        ClientError {
+            reason: crate::error::Reason::Transport,
+            code: Some(tonic::Code::Unavailable),
+            message: format!("injected fault: the response of {method} was lost"),
+        }
+    }
 }
 
 impl Client {
@@ -91,11 +130,18 @@ impl Client {
                 .max_encoding_message_size(MAX_MESSAGE),
             admin: AdminClient::with_interceptor(channel, bearer),
             retry: RetryPolicy::default(),
+            faults: LostResponses::default(),
         }
     }
 
     pub fn with_retry(mut self, retry: RetryPolicy) -> Client {
         self.retry = retry;
+        self
+    }
+
+    /// Installs a lost-response fault plan (tests only).
+    pub fn with_lost_responses(mut self, faults: LostResponses) -> Client {
+        self.faults = faults;
         self
     }
 
@@ -105,7 +151,7 @@ impl Client {
 
     /// Runs `call` until it succeeds, fails for good, or the attempts run out. The closure
     /// must resend the *same* request (same request id) every time.
-    pub async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T>
+    pub async fn retrying<T, F, Fut>(&self, method: &'static str, mut call: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
@@ -113,7 +159,12 @@ impl Client {
         let mut backoff = self.retry.first_backoff;
         let mut attempt = 1;
         loop {
-            match call().await.map_err(ClientError::from) {
+            let result = call().await.map_err(ClientError::from);
+            let result = match result {
+                Ok(_) if self.faults.take(method) => Err(LostResponses::error(method)),
+                other => other,
+            };
+            match result {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_retryable() && attempt < self.retry.attempts => {
                     tracing::debug!(attempt, error = %e, "retrying with the same request id");
@@ -132,7 +183,7 @@ impl Client {
             path: path.into(),
         };
         let r = self
-            .retrying(|| {
+            .retrying("stat", || {
                 let mut c = self.ws.clone();
                 let req = req.clone();
                 async move { c.stat(req).await }
@@ -155,7 +206,7 @@ impl Client {
             cursor: cursor.into(),
         };
         let r = self
-            .retrying(|| {
+            .retrying("list", || {
                 let mut c = self.ws.clone();
                 let req = req.clone();
                 async move { c.list(req).await }
@@ -170,7 +221,7 @@ impl Client {
             path: path.into(),
         };
         let r = self
-            .retrying(|| {
+            .retrying("read", || {
                 let mut c = self.ws.clone();
                 let req = req.clone();
                 async move { c.read(req).await }
@@ -185,7 +236,7 @@ impl Client {
             req.request_id = new_request_id();
         }
         let r = self
-            .retrying(|| {
+            .retrying("write", || {
                 let mut c = self.ws.clone();
                 let req = req.clone();
                 async move { c.write(req).await }
@@ -199,7 +250,7 @@ impl Client {
             req.request_id = new_request_id();
         }
         let r = self
-            .retrying(|| {
+            .retrying("delete", || {
                 let mut c = self.ws.clone();
                 let req = req.clone();
                 async move { c.delete(req).await }
@@ -210,7 +261,7 @@ impl Client {
 
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
-            .retrying(|| {
+            .retrying("health", || {
                 let mut c = self.admin.clone();
                 async move { c.health(pb::HealthRequest {}).await }
             })

@@ -193,8 +193,11 @@ pub struct Daemon {
     addr: String,
     stdout_log: Arc<Mutex<String>>,
     stderr_log: Arc<Mutex<String>>,
-    /// Joined only when the child has died during startup, to collect all of stderr.
+    /// Joined only when the child has died during startup or was stopped with
+    /// [`Daemon::terminate_collecting_output`], to collect all of stderr.
     stderr_drain: Option<thread::JoinHandle<()>>,
+    /// Joined only by [`Daemon::terminate_collecting_output`], to collect all of stdout.
+    stdout_drain: Option<thread::JoinHandle<()>>,
 }
 
 impl Daemon {
@@ -233,7 +236,7 @@ impl Daemon {
         let (line_tx, line_rx) = mpsc::channel();
         let stdout = child.stdout.take().expect("stdout piped");
         let stderr = child.stderr.take().expect("stderr piped");
-        spawn_drain(stdout, stdout_log.clone(), Some(line_tx));
+        let stdout_drain = spawn_drain(stdout, stdout_log.clone(), Some(line_tx));
         let stderr_drain = spawn_drain(stderr, stderr_log.clone(), None);
         // The guard exists before readiness is awaited so a panic while waiting kills the child.
         let daemon = Daemon {
@@ -244,6 +247,7 @@ impl Daemon {
             stdout_log,
             stderr_log,
             stderr_drain: Some(stderr_drain),
+            stdout_drain: Some(stdout_drain),
         };
         (daemon, line_rx)
     }
@@ -335,6 +339,23 @@ impl Daemon {
         let child = self.child.take().expect("daemon running");
         send_signal(child.id(), "TERM");
         wait_with_deadline(child, STOP_DEADLINE, "nokv-server after SIGTERM")
+    }
+
+    /// Graceful stop like [`Daemon::terminate`], returning the exit status and *everything*
+    /// the daemon printed to stdout and stderr (both pipes are read to EOF first), for tests
+    /// that assert on the complete output.
+    pub fn terminate_collecting_output(mut self) -> (ExitStatus, String, String) {
+        let child = self.child.take().expect("daemon running");
+        send_signal(child.id(), "TERM");
+        let status = wait_with_deadline(child, STOP_DEADLINE, "nokv-server after SIGTERM");
+        // The child is gone, so both pipes reach EOF and the drains finish.
+        for drain in [self.stdout_drain.take(), self.stderr_drain.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = drain.join();
+        }
+        (status, self.stdout(), self.stderr())
     }
 
     /// Crash stop: SIGKILL, then wait for exit.

@@ -74,9 +74,7 @@ pub async fn get(
     let r = client.read(&t.workspace, &t.path).await?;
     let entry = r.entry.unwrap_or_default();
     if entry.kind == pb::EntryKind::Artifact as i32 {
-        return Err(ClientError::local(format!(
-            "{t} is an artifact; use `nokv restore {t} DEST`"
-        )));
+        return super::artifacts::get(client, out, t, file).await;
     }
     if is_stdio(&file) {
         let mut stdout = std::io::stdout().lock();

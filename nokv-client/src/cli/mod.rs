@@ -1,8 +1,10 @@
 //! Argument parsing and dispatch of the `nokv` CLI. Exit status: 0 success, 1 the operation
 //! failed (typed reason on stderr), 2 usage error.
 
+mod artifacts;
 mod files;
 mod output;
+mod progress;
 mod target;
 
 use std::path::PathBuf;
@@ -86,6 +88,29 @@ enum Command {
         #[arg(long)]
         request_id: Option<String>,
     },
+    /// Publish a large file as an artifact, in 4 MiB blocks.
+    Publish {
+        /// Source file; `-` reads stdin.
+        file: PathBuf,
+        target: Target,
+        /// Blocks in flight at once.
+        #[arg(long, default_value_t = 4)]
+        parallel: usize,
+        /// No progress bar.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Restore an artifact into DEST (verified, atomic, resumable).
+    Restore {
+        target: Target,
+        dest: PathBuf,
+        /// Blocks fetched at once.
+        #[arg(long, default_value_t = 4)]
+        parallel: usize,
+        /// No progress bar.
+        #[arg(long, short)]
+        quiet: bool,
+    },
     /// Operator commands (admin token).
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -159,6 +184,18 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
             if_generation,
             request_id,
         } => files::rm(&client, out, &target, if_generation, request_id).await,
+        Command::Publish {
+            file,
+            target,
+            parallel,
+            quiet,
+        } => artifacts::publish(&client, out, &file, &target, parallel, quiet).await,
+        Command::Restore {
+            target,
+            dest,
+            parallel,
+            quiet,
+        } => artifacts::restore(&client, out, &target, &dest, parallel, quiet).await,
         Command::Admin(AdminCommand::Health) => files::health(&client, out).await,
     }
 }

@@ -95,6 +95,7 @@ impl Shard {
                     block_size,
                     block_count,
                     lease_expires_ms: rec.lease_expires_ms,
+                    lease_ms: lease_ms as u64,
                 };
                 key.record(w, &resp, now)?;
                 Ok(resp)

@@ -1,0 +1,155 @@
+//! Artifact commands: publish and restore, and streaming an artifact for `get`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use nokv_client::publish::PublishOptions;
+use nokv_client::{Client, ClientError};
+use serde_json::json;
+
+use super::output::{Output, entry_json, human_bytes};
+use super::progress::Bar;
+use super::target::Target;
+
+fn rate(bytes: u64, started: Instant) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0) / started.elapsed().as_secs_f64().max(1e-9)
+}
+
+pub async fn publish(
+    client: &Client,
+    out: Output,
+    source: &Path,
+    t: &Target,
+    parallel: usize,
+    quiet: bool,
+) -> Result<(), ClientError> {
+    // Stdin has no size up front: spool it to a temporary file first (never into memory).
+    let spooled;
+    let file = if source.as_os_str() == "-" {
+        spooled = spool_stdin().await?;
+        spooled.path().to_path_buf()
+    } else {
+        source.to_path_buf()
+    };
+    let size = std::fs::metadata(&file)
+        .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?
+        .len();
+    let bar = Bar::new(size, quiet, out.json, "publish");
+    let started = Instant::now();
+    let entry = client
+        .publish_file(
+            &t.workspace,
+            &t.path,
+            &file,
+            PublishOptions {
+                parallel,
+                progress: bar.callback(),
+            },
+        )
+        .await;
+    bar.finish();
+    let entry = entry?;
+    let mib_s = rate(size, started);
+    let mut doc = entry_json(&entry);
+    doc["mib_per_s"] = json!(mib_s);
+    out.emit(doc, || {
+        format!(
+            "published {t} ({}, {} blocks, revision {}, generation {}) at {mib_s:.1} MiB/s\n  sha256 {}",
+            human_bytes(entry.size),
+            entry.block_count,
+            entry.revision,
+            entry.generation,
+            hex::encode(&entry.sha256)
+        )
+    });
+    Ok(())
+}
+
+pub async fn restore(
+    client: &Client,
+    out: Output,
+    t: &Target,
+    dest: &Path,
+    parallel: usize,
+    quiet: bool,
+) -> Result<(), ClientError> {
+    let size = client.manifest(&t.workspace, &t.path).await?.size;
+    let bar = Bar::new(size, quiet, out.json, "restore");
+    let started = Instant::now();
+    let r = client
+        .restore(&t.workspace, &t.path, dest, parallel, bar.callback())
+        .await;
+    bar.finish();
+    let r = r?;
+    let mib_s = rate(size, started);
+    let m = &r.manifest;
+    out.emit(
+        json!({
+            "workspace": t.workspace, "path": t.path, "dest": dest.display().to_string(),
+            "size": m.size, "sha256": hex::encode(&m.sha256), "revision": m.revision,
+            "block_count": m.blocks.len(), "resumed_blocks": r.resumed_blocks, "mib_per_s": mib_s,
+        }),
+        || {
+            format!(
+                "restored {t} -> {} ({}, {} blocks verified{}) at {mib_s:.1} MiB/s",
+                dest.display(),
+                human_bytes(m.size),
+                m.blocks.len(),
+                if r.resumed_blocks > 0 {
+                    format!(", {} resumed", r.resumed_blocks)
+                } else {
+                    String::new()
+                }
+            )
+        },
+    );
+    Ok(())
+}
+
+/// `nokv get` of an artifact: to a file via an atomic restore, to stdout as a verified
+/// stream.
+pub async fn get(
+    client: &Client,
+    out: Output,
+    t: &Target,
+    dest: Option<PathBuf>,
+) -> Result<(), ClientError> {
+    match dest {
+        Some(d) if d.as_os_str() != "-" => restore(client, out, t, &d, 4, true).await,
+        _ => {
+            let mut stdout = tokio::io::stdout();
+            client
+                .read_artifact_to(&t.workspace, &t.path, &mut stdout, 4)
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// A temporary file removed on drop.
+struct Spool(PathBuf);
+
+impl Spool {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn spool_stdin() -> Result<Spool, ClientError> {
+    let path =
+        std::env::temp_dir().join(format!("nokv-stdin-{}", nokv_client::sdk::new_request_id()));
+    let spool = Spool(path);
+    let mut f = tokio::fs::File::create(spool.path())
+        .await
+        .map_err(|e| ClientError::local(format!("{}: {e}", spool.path().display())))?;
+    tokio::io::copy(&mut tokio::io::stdin(), &mut f)
+        .await
+        .map_err(|e| ClientError::local(format!("spooling stdin: {e}")))?;
+    Ok(spool)
+}

@@ -1,0 +1,224 @@
+//! Publishing an artifact: the file is streamed once, in blocks, with several blocks in
+//! flight; the whole-body sha256 is computed during that same pass and declared at commit.
+//! Memory is bounded by `parallel` blocks. Every call carries its own request id and is
+//! retried with that id, so a lost response never publishes twice or loses a block.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nokv_proto::v1 as pb;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::error::ClientError;
+use crate::sdk::{Client, Result, new_request_id};
+
+/// Called with the number of bytes just accounted for (read and sent).
+pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
+
+#[derive(Clone)]
+pub struct PublishOptions {
+    /// Blocks in flight at once (default 4).
+    pub parallel: usize,
+    pub progress: Option<Progress>,
+}
+
+impl Default for PublishOptions {
+    fn default() -> Self {
+        PublishOptions {
+            parallel: 4,
+            progress: None,
+        }
+    }
+}
+
+impl Client {
+    /// Publishes a local file as `ws:path`.
+    pub async fn publish_file(
+        &self,
+        ws: &str,
+        path: &str,
+        file: &std::path::Path,
+        opts: PublishOptions,
+    ) -> Result<pb::Entry> {
+        let f = tokio::fs::File::open(file)
+            .await
+            .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?;
+        let size = f
+            .metadata()
+            .await
+            .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?
+            .len();
+        self.publish_reader(ws, path, f, size, opts).await
+    }
+
+    /// Publishes exactly `size` bytes read from `reader`.
+    pub async fn publish_reader<R: AsyncRead + Unpin>(
+        &self,
+        ws: &str,
+        path: &str,
+        mut reader: R,
+        size: u64,
+        opts: PublishOptions,
+    ) -> Result<pb::Entry> {
+        let begin_req = pb::BeginUploadRequest {
+            workspace: ws.into(),
+            path: path.into(),
+            size,
+            request_id: new_request_id(),
+        };
+        let begin = self
+            .retrying("begin_upload", || {
+                let mut c = self.ws.clone();
+                let req = begin_req.clone();
+                async move { c.begin_upload(req).await }
+            })
+            .await?
+            .into_inner();
+
+        let (stop_renewal, renewal) = self.spawn_renewal(&begin);
+        let result = self.send_blocks(&begin, &mut reader, size, &opts).await;
+        let _ = stop_renewal.send(true);
+        let renewal_error = renewal.await.ok().flatten();
+
+        let sha256 = match (result, renewal_error) {
+            (Ok(sha), None) => sha,
+            (Err(e), _) | (Ok(_), Some(e)) => {
+                self.abort_quietly(&begin).await;
+                return Err(e);
+            }
+        };
+        let commit_req = pb::CommitUploadRequest {
+            upload_id: begin.upload_id.clone(),
+            upload_token: begin.upload_token.clone(),
+            sha256,
+            request_id: new_request_id(),
+        };
+        let committed = self
+            .retrying("commit_upload", || {
+                let mut c = self.ws.clone();
+                let req = commit_req.clone();
+                async move { c.commit_upload(req).await }
+            })
+            .await?;
+        Ok(committed.into_inner().entry.unwrap_or_default())
+    }
+
+    /// Reads block after block, hashing as it goes, and keeps up to `parallel` PutBlocks in
+    /// flight. Returns the whole-body sha256.
+    async fn send_blocks<R: AsyncRead + Unpin>(
+        &self,
+        begin: &pb::BeginUploadResponse,
+        reader: &mut R,
+        size: u64,
+        opts: &PublishOptions,
+    ) -> Result<Vec<u8>> {
+        let permits = Arc::new(Semaphore::new(opts.parallel.max(1)));
+        let mut whole = Sha256::new();
+        let mut inflight: JoinSet<Result<()>> = JoinSet::new();
+        for index in 0..begin.block_count {
+            let start = u64::from(index) * begin.block_size;
+            let len = (size - start).min(begin.block_size) as usize;
+            let permit = permits
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("semaphore open");
+            // Surface a failed block before reading further.
+            while let Some(done) = inflight.try_join_next() {
+                done.map_err(|e| ClientError::local(format!("block task: {e}")))??;
+            }
+            let mut data = vec![0u8; len];
+            reader.read_exact(&mut data).await.map_err(|e| {
+                ClientError::local(format!("reading block {index} of the source: {e}"))
+            })?;
+            whole.update(&data);
+            let req = pb::PutBlockRequest {
+                upload_id: begin.upload_id.clone(),
+                upload_token: begin.upload_token.clone(),
+                index,
+                block_sha256: Sha256::digest(&data).to_vec(),
+                data,
+                request_id: new_request_id(),
+            };
+            let client = self.clone();
+            let progress = opts.progress.clone();
+            inflight.spawn(async move {
+                let _permit = permit;
+                client
+                    .retrying("put_block", || {
+                        let mut c = client.ws.clone();
+                        let req = req.clone();
+                        async move { c.put_block(req).await }
+                    })
+                    .await?;
+                if let Some(p) = progress {
+                    p(len as u64);
+                }
+                Ok(())
+            });
+        }
+        while let Some(done) = inflight.join_next().await {
+            done.map_err(|e| ClientError::local(format!("block task: {e}")))??;
+        }
+        let mut extra = [0u8; 1];
+        if reader.read(&mut extra).await.unwrap_or(0) != 0 {
+            return Err(ClientError::local(
+                "the source grew while it was being published",
+            ));
+        }
+        Ok(whole.finalize().to_vec())
+    }
+
+    /// Renews the lease every third of its length until stopped. Returns the error that
+    /// ended renewal early, if any (the upload can no longer be committed then).
+    fn spawn_renewal(
+        &self,
+        begin: &pb::BeginUploadResponse,
+    ) -> (
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<Option<ClientError>>,
+    ) {
+        let (tx, mut rx) = watch::channel(false);
+        let every = Duration::from_millis((begin.lease_ms / 3).max(100));
+        let req = pb::RenewUploadRequest {
+            upload_id: begin.upload_id.clone(),
+            upload_token: begin.upload_token.clone(),
+        };
+        let client = self.clone();
+        let handle = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = rx.changed() => return None,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let r = client
+                    .retrying("renew_upload", || {
+                        let mut c = client.ws.clone();
+                        let req = req.clone();
+                        async move { c.renew_upload(req).await }
+                    })
+                    .await;
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "upload lease renewal failed");
+                    return Some(e);
+                }
+            }
+        });
+        (tx, handle)
+    }
+
+    async fn abort_quietly(&self, begin: &pb::BeginUploadResponse) {
+        let req = pb::AbortUploadRequest {
+            upload_id: begin.upload_id.clone(),
+            upload_token: begin.upload_token.clone(),
+            request_id: new_request_id(),
+        };
+        let mut c = self.ws.clone();
+        if let Err(e) = c.abort_upload(req).await {
+            tracing::debug!(error = %e, "abort after a failed publish did not go through");
+        }
+    }
+}
