@@ -106,20 +106,7 @@ impl Client {
     /// Builds a TLS channel to the endpoint, trusting only the configured CA. The connection
     /// is made lazily, so a server that is briefly down is covered by the retry policy.
     pub async fn connect(cfg: &ResolvedConfig) -> Result<Client> {
-        let ca = std::fs::read(&cfg.ca)
-            .map_err(|e| ClientError::local(format!("{}: {e}", cfg.ca.display())))?;
-        let endpoint = Endpoint::from_shared(cfg.endpoint.clone())
-            .map_err(|e| ClientError::local(format!("endpoint {:?}: {e}", cfg.endpoint)))?;
-        let endpoint = if cfg.endpoint.starts_with("https://") {
-            endpoint.tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?
-        } else {
-            endpoint
-        };
-        let channel = endpoint
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect_lazy();
-        Ok(Self::from_channel(channel, cfg.token.as_deref()))
+        Ok(Self::from_channel(channel(cfg)?, cfg.token.as_deref()))
     }
 
     pub fn from_channel(channel: Channel, token: Option<&str>) -> Client {
@@ -268,6 +255,25 @@ impl Client {
             .await?;
         Ok(r.into_inner())
     }
+}
+
+/// A TLS channel to the endpoint, trusting only the configured CA. The connection is made
+/// lazily, so a server that is briefly down is covered by the retry policy.
+pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
+    let ca = std::fs::read(&cfg.ca)
+        .map_err(|e| ClientError::local(format!("{}: {e}", cfg.ca.display())))?;
+    let endpoint = Endpoint::from_shared(cfg.endpoint.clone())
+        .map_err(|e| ClientError::local(format!("endpoint {:?}: {e}", cfg.endpoint)))?;
+    let endpoint = if cfg.endpoint.starts_with("https://") {
+        endpoint.tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?
+    } else {
+        endpoint
+    };
+    let channel = endpoint
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect_lazy();
+    Ok(channel)
 }
 
 /// A fresh random request id (128 bits, hex).

@@ -35,6 +35,19 @@ pub enum Command {
     /// Manage bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Measure direct provider PUTs of blocks through the same one-attempt create path the
+    /// owner uses — the baseline `nokv bench upload-vs-direct` compares publishing against.
+    /// Prints one JSON line; the blocks are deleted afterwards.
+    ProviderBench {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// Number of 4 MiB blocks to write.
+        #[arg(long, default_value_t = 16)]
+        blocks: u32,
+        /// Blocks in flight at once.
+        #[arg(long, default_value_t = 4)]
+        parallel: usize,
+    },
 }
 
 #[derive(Debug, Subcommand)]

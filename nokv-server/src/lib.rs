@@ -14,6 +14,7 @@ pub mod names;
 pub mod node;
 pub mod object;
 pub mod placement;
+pub mod provider_bench;
 pub mod server;
 pub mod service;
 pub mod shard;

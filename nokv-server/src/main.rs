@@ -18,6 +18,11 @@ fn main() -> ExitCode {
             role,
             ttl,
         })) => issue_token(&data_dir, &workspace, &role, &ttl),
+        Some(Command::ProviderBench {
+            serve,
+            blocks,
+            parallel,
+        }) => provider_bench(serve, blocks, parallel),
         None => serve(cli.serve),
     }
 }
@@ -45,6 +50,35 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("nokv-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn provider_bench(args: nokv_server::config::ServeArgs, blocks: u32, parallel: usize) -> ExitCode {
+    let settings = match args.resolve() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("nokv-server: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(nokv_server::provider_bench::run(
+        &settings, blocks, parallel,
+    )) {
+        Ok(report) => {
+            println!(
+                "{}",
+                serde_json::to_string(&report).expect("report serialises")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("nokv-server provider-bench: {e}");
             ExitCode::FAILURE
         }
     }

@@ -169,13 +169,16 @@ impl ObjectProvider {
         }
     }
 
-    /// Proves at start-up that the provider answers and the bucket and credentials work.
+    /// Proves at start-up that the provider answers and the bucket and credentials work:
+    /// a listing fails on a missing bucket or bad credentials, where a HEAD of an absent key
+    /// would just say "not found".
     pub async fn check(&self) -> Result<(), ObjectError> {
-        let probe = Path::from(format!("{}/.nokv-probe", self.prefix).trim_start_matches('/'));
-        match self.reader.head(&probe).await {
-            Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(ObjectError::Provider(flatten(&e))),
-        }
+        let prefix = (!self.prefix.is_empty()).then(|| Path::from(self.prefix.as_str()));
+        self.reader
+            .list_with_delimiter(prefix.as_ref())
+            .await
+            .map(|_| ())
+            .map_err(|e| ObjectError::Provider(flatten(&e)))
     }
 
     /// One create-if-absent attempt with no client retry.
@@ -262,7 +265,8 @@ fn flatten(e: &(dyn std::error::Error + 'static)) -> String {
         }
         source = s.source();
     }
-    out
+    // Provider bodies (S3 XML) carry newlines; errors are reported on one line.
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn is_loopback_url(url: &str) -> bool {

@@ -33,7 +33,7 @@ pub enum ServeError {
         addr: String,
         source: std::io::Error,
     },
-    #[error("object provider: {0}")]
+    #[error(transparent)]
     Provider(#[from] crate::object::ObjectError),
     #[error("{0}")]
     Node(#[from] crate::error::Error),

@@ -2,6 +2,7 @@
 //! failed (typed reason on stderr), 2 usage error.
 
 mod artifacts;
+mod bench;
 mod files;
 mod output;
 mod progress;
@@ -111,6 +112,9 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Benchmarks and the interference probe's workers.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Operator commands (admin token).
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -150,10 +154,13 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
         endpoint: cli.endpoint,
         ca: cli.ca,
         token: cli.token,
+    };
+    if let Command::Bench(cmd) = cli.command {
+        return bench::run(cmd, async || Client::connect(&cfg.resolve()?).await).await;
     }
-    .resolve()?;
-    let client = Client::connect(&cfg).await?;
+    let client = Client::connect(&cfg.resolve()?).await?;
     match cli.command {
+        Command::Bench(_) => unreachable!("handled above"),
         Command::Put {
             target,
             file,

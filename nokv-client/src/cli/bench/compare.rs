@@ -1,0 +1,330 @@
+//! Side-by-side benchmarks: each starts what it compares on this machine, in one work
+//! directory, measures both sides in the same run and prints the ratio. Nothing here asserts
+//! a timing; figures are printed and written as JSON.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nokv_client::Client;
+use nokv_client::publish::PublishOptions;
+use nokv_proto::v1 as pb;
+use serde_json::{Value, json};
+use tonic::Request;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::{Channel, Endpoint};
+
+use super::harness::{Daemon, Etcd, Moto, Result, Scratch, Summary, f2, print_table, summarize};
+use super::loops::random_data;
+
+/// Settings shared by the self-hosted benchmarks.
+pub struct BenchEnv {
+    pub server_bin: PathBuf,
+    pub work_dir: PathBuf,
+    pub seconds: f64,
+}
+
+impl BenchEnv {
+    fn daemon(&self, scratch: &Scratch, extra: &[String]) -> Result<Daemon> {
+        let dir = scratch.0.join("nokv");
+        Daemon::start(&self.server_bin, &dir, extra)
+    }
+}
+
+/// Runs `op` in a loop on every connection for `seconds`, collecting latencies.
+async fn load<C, F, Fut>(conns: Vec<C>, seconds: f64, op: F) -> Summary
+where
+    C: Clone + Send + 'static,
+    F: Fn(C, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .map(|c| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut i = 0;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    if op(c.clone(), i).await {
+                        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    i += 1;
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap_or_default());
+    }
+    summarize(all, started.elapsed().as_secs_f64())
+}
+
+fn small_write(ws: String, i: u64) -> pb::WriteRequest {
+    pb::WriteRequest {
+        workspace: ws,
+        path: format!("bench/file-{}", i % 64),
+        data: vec![b'x'; 4096],
+        ..Default::default()
+    }
+}
+
+async fn nokv_clients(d: &Daemon, n: usize) -> Result<Vec<(Client, String)>> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let ws = format!("bench-w{i}");
+        let client = Client::connect(&d.config(&d.token(&ws)?)).await?;
+        out.push((client, ws));
+    }
+    Ok(out)
+}
+
+async fn nokv_writes(d: &Daemon, n: usize, seconds: f64) -> Result<Summary> {
+    let conns = nokv_clients(d, n).await?;
+    Ok(
+        load(conns, seconds, |(c, ws): (Client, String), i| async move {
+            c.write(small_write(ws, i)).await.is_ok()
+        })
+        .await,
+    )
+}
+
+/// etcd's `KV/Put`, declared by hand (two fields) to call etcd's own gRPC API without a
+/// code-generation step.
+#[derive(Clone, PartialEq, prost::Message)]
+struct EtcdPut {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct EtcdPutResponse {}
+
+async fn etcd_put(ch: Channel, key: Vec<u8>) -> bool {
+    let mut grpc = tonic::client::Grpc::new(ch);
+    if grpc.ready().await.is_err() {
+        return false;
+    }
+    let req = EtcdPut {
+        key,
+        value: vec![b'x'; 4096],
+    };
+    let codec = tonic_prost::ProstCodec::<EtcdPut, EtcdPutResponse>::default();
+    grpc.unary(
+        Request::new(req),
+        PathAndQuery::from_static("/etcdserverpb.KV/Put"),
+        codec,
+    )
+    .await
+    .is_ok()
+}
+
+fn summary_row(name: &str, clients: usize, s: &Summary) -> Vec<String> {
+    vec![
+        name.into(),
+        clients.to_string(),
+        f2(s.p50_ms),
+        f2(s.p99_ms),
+        format!("{:.0}", s.ops_per_s),
+    ]
+}
+
+pub async fn put_vs_etcd(env: &BenchEnv) -> Result<Value> {
+    let scratch = Scratch::new(&env.work_dir, "put-vs-etcd")?;
+    let daemon = env.daemon(&scratch, &[])?;
+    let etcd = Etcd::start(&scratch.0)?;
+    let mut rows = Vec::new();
+    let mut results = Vec::new();
+    for clients in [1usize, 8] {
+        let nokv = nokv_writes(&daemon, clients, env.seconds).await?;
+        let mut chans = Vec::new();
+        for _ in 0..clients {
+            let ch = Endpoint::from_shared(etcd.endpoint.clone())
+                .map_err(|e| nokv_client::ClientError::local(e.to_string()))?
+                .connect()
+                .await?;
+            chans.push(ch);
+        }
+        let etcd_s = load(chans, env.seconds, |ch: Channel, i| async move {
+            etcd_put(ch, format!("bench/file-{}", i % 64).into_bytes()).await
+        })
+        .await;
+        rows.push(summary_row("nokv", clients, &nokv));
+        rows.push(summary_row("etcd", clients, &etcd_s));
+        results.push(json!({
+            "clients": clients, "nokv": nokv, "etcd": etcd_s,
+            "p50_ratio_nokv_over_etcd": nokv.p50_ms / etcd_s.p50_ms,
+            "p99_ratio_nokv_over_etcd": nokv.p99_ms / etcd_s.p99_ms,
+            "ops_ratio_nokv_over_etcd": nokv.ops_per_s / etcd_s.ops_per_s,
+        }));
+    }
+    print_table(
+        "put-vs-etcd: 4 KiB durable writes (nokv over TLS, etcd plaintext gRPC; same disk)",
+        &["system", "clients", "p50 ms", "p99 ms", "ops/s"],
+        &rows,
+    );
+    for r in &results {
+        println!(
+            "  {} client(s): nokv/etcd p50 ratio {:.2}, p99 ratio {:.2}, ops/s ratio {:.2}",
+            r["clients"],
+            r["p50_ratio_nokv_over_etcd"].as_f64().unwrap_or(f64::NAN),
+            r["p99_ratio_nokv_over_etcd"].as_f64().unwrap_or(f64::NAN),
+            r["ops_ratio_nokv_over_etcd"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    Ok(json!({"bench": "put-vs-etcd", "seconds": env.seconds, "results": results}))
+}
+
+pub async fn stat_vs_rpc(env: &BenchEnv) -> Result<Value> {
+    let scratch = Scratch::new(&env.work_dir, "stat-vs-rpc")?;
+    let daemon = env.daemon(&scratch, &[])?;
+    let cfg = daemon.config(&daemon.admin_token);
+    let channel = nokv_client::sdk::channel(&cfg)?;
+    let client = Client::from_channel(channel.clone(), cfg.token.as_deref());
+    client.write(small_write("bench".into(), 0)).await?;
+    let stat = load(vec![client], env.seconds, |c: Client, _| async move {
+        c.stat("bench", "bench/file-0").await.is_ok()
+    })
+    .await;
+    let health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let rpc = load(vec![health], env.seconds, |mut h, _| async move {
+        let req = tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        };
+        h.check(req).await.is_ok()
+    })
+    .await;
+    let ratio = stat.p50_ms / rpc.p50_ms;
+    print_table(
+        "stat-vs-rpc: one client, sequential calls over the same TLS channel",
+        &["call", "clients", "p50 ms", "p99 ms", "ops/s"],
+        &[
+            summary_row("nokv Stat", 1, &stat),
+            summary_row("grpc.health Check", 1, &rpc),
+        ],
+    );
+    println!("  Stat p50 / bare RPC p50 = {ratio:.2}");
+    Ok(json!({"bench": "stat-vs-rpc", "stat": stat, "bare_rpc": rpc, "p50_ratio": ratio}))
+}
+
+/// Runs `nokv-server provider-bench` against the daemon's provider settings.
+fn direct_put(env: &BenchEnv, data_dir: &Path, extra: &[String], blocks: u32) -> Result<f64> {
+    let out =
+        super::harness::with_test_credentials(&mut std::process::Command::new(&env.server_bin))
+            .arg("provider-bench")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(extra)
+            .args(["--blocks", &blocks.to_string(), "--parallel", "4"])
+            .output()
+            .map_err(|e| nokv_client::ClientError::local(e.to_string()))?;
+    if !out.status.success() {
+        return Err(nokv_client::ClientError::local(
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        ));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| nokv_client::ClientError::local(e.to_string()))?;
+    Ok(v["mib_per_s"].as_f64().unwrap_or(f64::NAN))
+}
+
+pub async fn upload_vs_direct(
+    env: &BenchEnv,
+    size_mib: u64,
+    providers: &[String],
+    rounds: u32,
+) -> Result<Value> {
+    let mut rows = Vec::new();
+    let mut results = Vec::new();
+    for provider in providers {
+        let scratch = Scratch::new(&env.work_dir, "upload-vs-direct")?;
+        let moto = if provider == "s3" {
+            Some(Moto::start()?)
+        } else {
+            None
+        };
+        let extra = moto.as_ref().map(|m| m.server_args()).unwrap_or_default();
+        let daemon = env.daemon(&scratch, &extra)?;
+        let client = Client::connect(&daemon.config(&daemon.admin_token)).await?;
+        let size = size_mib * 1024 * 1024;
+        let src = scratch.0.join("artifact.bin");
+        std::fs::write(&src, random_data(size as usize))
+            .map_err(|e| nokv_client::ClientError::local(e.to_string()))?;
+        let blocks = size.div_ceil(4 * 1024 * 1024) as u32;
+        let (mut publish, mut restore, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let t = Instant::now();
+            client
+                .publish_file(
+                    "bench",
+                    &format!("artifact-{round}"),
+                    &src,
+                    PublishOptions::default(),
+                )
+                .await?;
+            publish.push(size_mib as f64 / t.elapsed().as_secs_f64());
+            let dest = scratch.0.join(format!("restored-{round}"));
+            let t = Instant::now();
+            client
+                .restore("bench", &format!("artifact-{round}"), &dest, 4, None)
+                .await?;
+            restore.push(size_mib as f64 / t.elapsed().as_secs_f64());
+            let _ = std::fs::remove_file(&dest);
+            direct.push(direct_put(env, &daemon.data_dir, &extra, blocks)?);
+        }
+        let best = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::max);
+        let (p, r, d) = (best(&publish), best(&restore), best(&direct));
+        rows.push(vec![provider.clone(), f2(p), f2(r), f2(d), f2(p / d)]);
+        results.push(json!({
+            "provider": provider, "size_mib": size_mib, "rounds": rounds,
+            "publish_mib_s": publish, "restore_mib_s": restore, "direct_put_mib_s": direct,
+            "best_publish_mib_s": p, "best_restore_mib_s": r, "best_direct_put_mib_s": d,
+            "publish_over_direct": p / d,
+        }));
+    }
+    print_table(
+        &format!("upload-vs-direct: {size_mib} MiB, 4 MiB blocks, 4 in flight (best of {rounds})"),
+        &[
+            "provider",
+            "publish MiB/s",
+            "restore MiB/s",
+            "direct PUT MiB/s",
+            "publish/direct",
+        ],
+        &rows,
+    );
+    Ok(json!({"bench": "upload-vs-direct", "results": results}))
+}
+
+pub async fn scaling(env: &BenchEnv) -> Result<Value> {
+    let scratch = Scratch::new(&env.work_dir, "scaling")?;
+    let daemon = env.daemon(&scratch, &[])?;
+    let mut rows = Vec::new();
+    let mut results = Vec::new();
+    let mut base = f64::NAN;
+    for sessions in [1usize, 8, 64] {
+        let s = nokv_writes(&daemon, sessions, env.seconds).await?;
+        if sessions == 1 {
+            base = s.ops_per_s;
+        }
+        let mut row = summary_row("nokv", sessions, &s);
+        row.push(f2(s.ops_per_s / base));
+        rows.push(row);
+        results.push(
+            json!({"sessions": sessions, "summary": s, "ops_ratio_vs_1": s.ops_per_s / base}),
+        );
+    }
+    print_table(
+        "scaling: 4 KiB small writes, one workspace per session",
+        &["system", "sessions", "p50 ms", "p99 ms", "ops/s", "x vs 1"],
+        &rows,
+    );
+    Ok(json!({"bench": "scaling", "seconds": env.seconds, "results": results}))
+}

@@ -1,0 +1,145 @@
+//! The probe's workers. `session` is an agent's tool loop (stat a file, write a 4 KiB file);
+//! `upload` publishes artifacts back to back. Both print one JSON line per operation
+//! (`op`, `start` in Unix seconds, `latency_ms`, `ok`) and stop after `--seconds` or on
+//! SIGTERM/SIGINT, exiting 0.
+
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nokv_client::publish::PublishOptions;
+use nokv_client::{Client, ClientError};
+use nokv_proto::v1 as pb;
+use serde_json::json;
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Resolves when the run should end: the deadline passes or a stop signal arrives.
+async fn stop(seconds: Option<f64>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let deadline = async {
+        match seconds {
+            Some(s) => tokio::time::sleep(Duration::from_secs_f64(s)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = deadline => {}
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn emit(line: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+async fn timed<T>(op: &str, f: impl std::future::Future<Output = Result<T, ClientError>>) -> bool {
+    let (start, t) = (unix_now(), Instant::now());
+    let r = f.await;
+    let mut line = json!({"op": op, "start": start,
+        "latency_ms": t.elapsed().as_secs_f64() * 1000.0, "ok": r.is_ok()});
+    if let Err(e) = &r {
+        line["error"] = json!(e.reason_name());
+    }
+    emit(line);
+    r.is_ok()
+}
+
+pub async fn session(client: &Client, ws: &str, seconds: Option<f64>, file_size: usize) {
+    let probe = "session/stat-target.txt";
+    let _ = client
+        .write(pb::WriteRequest {
+            workspace: ws.into(),
+            path: probe.into(),
+            data: b"probe".to_vec(),
+            ..Default::default()
+        })
+        .await;
+    let body = vec![b'x'; file_size];
+    let work = async {
+        for i in 0u64.. {
+            timed("stat", client.stat(ws, probe)).await;
+            let req = pb::WriteRequest {
+                workspace: ws.into(),
+                path: format!("session/file-{}.txt", i % 16),
+                data: body.clone(),
+                ..Default::default()
+            };
+            timed("put", client.write(req)).await;
+        }
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = stop(seconds) => {}
+    }
+}
+
+pub async fn upload(
+    client: &Client,
+    ws: &str,
+    size_mib: u64,
+    pace: Option<f64>,
+    seconds: Option<f64>,
+) {
+    let size = size_mib * 1024 * 1024;
+    let data = std::sync::Arc::new(random_data(size as usize));
+    let began = Instant::now();
+    let work = async {
+        let mut sent = 0u64;
+        for i in 0u64.. {
+            let (start, t) = (unix_now(), Instant::now());
+            let r = client
+                .publish_reader(
+                    ws,
+                    &format!("uploads/artifact-{}", i % 4),
+                    std::io::Cursor::new(data.as_slice()),
+                    size,
+                    PublishOptions::default(),
+                )
+                .await;
+            let mut line = json!({"op": "upload", "start": start,
+                "latency_ms": t.elapsed().as_secs_f64() * 1000.0, "bytes": size, "ok": r.is_ok()});
+            if let Err(e) = &r {
+                line["error"] = json!(e.reason_name());
+            }
+            emit(line);
+            sent += size;
+            if let Some(mib_s) = pace {
+                let due = Duration::from_secs_f64(sent as f64 / (mib_s * 1024.0 * 1024.0));
+                if let Some(wait) = due.checked_sub(began.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = stop(seconds) => {}
+    }
+}
+
+/// Incompressible bench data (xorshift; speed matters here, not unpredictability).
+pub fn random_data(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15
+        ^ SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}

@@ -1,0 +1,157 @@
+//! `nokv bench`: the probe's workers (`session`, `upload`) and the side-by-side benchmarks.
+
+mod compare;
+mod harness;
+mod loops;
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use nokv_client::{Client, ClientError};
+use serde_json::json;
+
+use compare::BenchEnv;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// An agent's tool loop (stat a file, write a 4 KiB file), one JSON line per operation.
+    Session {
+        #[arg(long)]
+        workspace: String,
+        /// Stop after this many seconds (default: run until SIGTERM/SIGINT).
+        #[arg(long)]
+        seconds: Option<f64>,
+        #[arg(long, default_value_t = 4096)]
+        file_size: usize,
+    },
+    /// Publish artifacts back to back, one JSON line per artifact.
+    Upload {
+        #[arg(long)]
+        workspace: String,
+        #[arg(long, default_value_t = 16)]
+        size_mib: u64,
+        /// Average MiB/s to pace to (default: unpaced).
+        #[arg(long)]
+        pace: Option<f64>,
+        #[arg(long)]
+        seconds: Option<f64>,
+    },
+    /// 4 KiB durable writes, nokv vs etcd, at 1 and 8 clients.
+    PutVsEtcd {
+        #[command(flatten)]
+        env: EnvArgs,
+    },
+    /// nokv Stat p50 vs a bare unary RPC on the same TLS channel.
+    StatVsRpc {
+        #[command(flatten)]
+        env: EnvArgs,
+    },
+    /// Publish through the owner vs direct provider PUTs of the same blocks.
+    UploadVsDirect {
+        #[command(flatten)]
+        env: EnvArgs,
+        #[arg(long, default_value_t = 64)]
+        size_mib: u64,
+        /// Providers to measure: local, s3 (moto, started by the bench).
+        #[arg(long, value_delimiter = ',', default_value = "local,s3")]
+        providers: Vec<String>,
+        #[arg(long, default_value_t = 2)]
+        rounds: u32,
+    },
+    /// Small-write ops/s at 1, 8 and 64 concurrent sessions.
+    Scaling {
+        #[command(flatten)]
+        env: EnvArgs,
+    },
+    /// Every comparison above, in one run.
+    All {
+        #[command(flatten)]
+        env: EnvArgs,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EnvArgs {
+    /// nokv-server binary to start (default: next to this nokv).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Where daemons, etcd and scratch files live (one disk for every store).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Directory for JSON reports.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+impl EnvArgs {
+    fn env(&self) -> BenchEnv {
+        BenchEnv {
+            server_bin: self
+                .server_bin
+                .clone()
+                .unwrap_or_else(harness::default_server_bin),
+            work_dir: self.work_dir.clone().unwrap_or_else(std::env::temp_dir),
+            seconds: self.seconds,
+        }
+    }
+}
+
+/// Worker commands use the CLI's connection settings; comparisons start their own daemon.
+pub async fn run(
+    cmd: BenchCommand,
+    connect: impl AsyncFnOnce() -> Result<Client, ClientError>,
+) -> Result<(), ClientError> {
+    match cmd {
+        BenchCommand::Session {
+            workspace,
+            seconds,
+            file_size,
+        } => {
+            loops::session(&connect().await?, &workspace, seconds, file_size).await;
+            Ok(())
+        }
+        BenchCommand::Upload {
+            workspace,
+            size_mib,
+            pace,
+            seconds,
+        } => {
+            loops::upload(&connect().await?, &workspace, size_mib, pace, seconds).await;
+            Ok(())
+        }
+        BenchCommand::PutVsEtcd { env } => {
+            let r = compare::put_vs_etcd(&env.env()).await?;
+            harness::write_report(&env.out, "put-vs-etcd", &r).map(|_| ())
+        }
+        BenchCommand::StatVsRpc { env } => {
+            let r = compare::stat_vs_rpc(&env.env()).await?;
+            harness::write_report(&env.out, "stat-vs-rpc", &r).map(|_| ())
+        }
+        BenchCommand::UploadVsDirect {
+            env,
+            size_mib,
+            providers,
+            rounds,
+        } => {
+            let r = compare::upload_vs_direct(&env.env(), size_mib, &providers, rounds).await?;
+            harness::write_report(&env.out, "upload-vs-direct", &r).map(|_| ())
+        }
+        BenchCommand::Scaling { env } => {
+            let r = compare::scaling(&env.env()).await?;
+            harness::write_report(&env.out, "scaling", &r).map(|_| ())
+        }
+        BenchCommand::All { env } => {
+            let e = env.env();
+            let all = json!({
+                "put_vs_etcd": compare::put_vs_etcd(&e).await?,
+                "stat_vs_rpc": compare::stat_vs_rpc(&e).await?,
+                "upload_vs_direct": compare::upload_vs_direct(&e, 64, &["local".into(), "s3".into()], 2).await?,
+                "scaling": compare::scaling(&e).await?,
+            });
+            harness::write_report(&env.out, "all", &all).map(|_| ())
+        }
+    }
+}
