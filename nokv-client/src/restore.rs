@@ -146,10 +146,11 @@ impl Client {
             .await
             .map_err(|e| ClientError::local(e.to_string()))??;
         std::fs::rename(&partial, dest).map_err(|e| io(dest, e))?;
-        if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if let Ok(d) = std::fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
+        // Make the rename itself durable.
+        if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty())
+            && let Ok(d) = std::fs::File::open(dir)
+        {
+            let _ = d.sync_all();
         }
         Ok(Restored {
             manifest: m,

@@ -40,7 +40,7 @@ pub enum Command {
     /// Prints one JSON line; the blocks are deleted afterwards.
     ProviderBench {
         #[command(flatten)]
-        serve: ServeArgs,
+        serve: Box<ServeArgs>,
         /// Number of 4 MiB blocks to write.
         #[arg(long, default_value_t = 16)]
         blocks: u32,

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
             serve,
             blocks,
             parallel,
-        }) => provider_bench(serve, blocks, parallel),
+        }) => provider_bench(*serve, blocks, parallel),
         None => serve(cli.serve),
     }
 }
