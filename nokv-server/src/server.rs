@@ -112,6 +112,8 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         client_config.display()
     );
 
+    tokio::spawn(self_check(endpoint.clone(), material.ca_path.clone()));
+
     let shutdown = async move {
         shutdown_signal().await;
         tracing::info!("shutdown requested: draining in-flight requests");
@@ -135,17 +137,72 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Periodic per-shard maintenance until `stop` flips: replay-record pruning.
+/// Proves the freshly started daemon answers over TLS the way a client will reach it: one
+/// standard health check through the advertised endpoint, trusting only the data dir's CA.
+async fn self_check(endpoint: String, ca: std::path::PathBuf) {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let started = std::time::Instant::now();
+    let result = async {
+        let pem = std::fs::read(&ca).map_err(|e| e.to_string())?;
+        let channel = Endpoint::from_shared(endpoint.clone())
+            .map_err(|e| e.to_string())?
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let resp = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .map_err(|e| e.message().to_string())?;
+        Ok::<_, String>(resp.into_inner().status)
+    }
+    .await;
+    match result {
+        Ok(status)
+            if status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 =>
+        {
+            println!(
+                "  self-check: TLS health check answered SERVING in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1000.0
+            );
+        }
+        Ok(status) => tracing::warn!(status, "self-check: health check is not SERVING"),
+        Err(e) => tracing::warn!(error = %e, "self-check: health check over TLS failed"),
+    }
+}
+
+/// Per-shard maintenance until `stop` flips: a reconciler pass at start-up and every 20 s,
+/// and replay-record pruning. The first tick fires at once, which is the start-up scan.
 async fn maintain(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    let mut tick = tokio::time::interval(Duration::from_secs(20));
     loop {
         tokio::select! {
             _ = stop.changed() => return,
             _ = tick.tick() => {}
         }
         for shard in node.shards() {
-            if let Err(e) = shard.prune_replays().await {
-                tracing::warn!(shard = shard.id, error = %e, "replay pruning failed; will retry");
+            let work = async {
+                match shard.reconcile().await {
+                    Ok(pass) if pass != Default::default() => {
+                        tracing::info!(shard = shard.id, ?pass, "reconciled")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(shard = shard.id, error = %e, "reconcile failed; will retry")
+                    }
+                }
+                if let Err(e) = shard.prune_replays().await {
+                    tracing::warn!(shard = shard.id, error = %e, "replay pruning failed; will retry");
+                }
+            };
+            // Shutdown never waits for more than the shard being worked on.
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = work => {}
             }
         }
     }

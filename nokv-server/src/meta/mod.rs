@@ -224,6 +224,45 @@ macro_rules! readable {
                 t.get(key)?.map(|v| decode(v.value())).transpose()
             }
 
+            /// Up to `limit` collectable keys, in key order.
+            pub fn collectable_page(&self, limit: usize) -> MetaResult<Vec<String>> {
+                let t = self.txn.open_table(COLLECTABLE)?;
+                let mut out = Vec::new();
+                for item in t.iter()?.take(limit) {
+                    out.push(item?.0.value().to_string());
+                }
+                Ok(out)
+            }
+
+            /// Every guard with its record (guards are small and few: one per unsettled
+            /// attempt).
+            pub fn guards(&self) -> MetaResult<Vec<(String, GuardRecord)>> {
+                let t = self.txn.open_table(GUARDS)?;
+                let mut out = Vec::new();
+                for item in t.iter()? {
+                    let (k, v) = item?;
+                    out.push((k.value().to_string(), decode(v.value())?));
+                }
+                Ok(out)
+            }
+
+            /// Open uploads whose lease ended before `now_ms`.
+            pub fn expired_uploads(&self, now_ms: i64, limit: usize) -> MetaResult<Vec<String>> {
+                let t = self.txn.open_table(UPLOADS)?;
+                let mut out = Vec::new();
+                for item in t.iter()? {
+                    let (k, v) = item?;
+                    let u: UploadRecord = decode(v.value())?;
+                    if u.state == UploadState::Open as i32 && u.lease_expires_ms <= now_ms {
+                        out.push(k.value().to_string());
+                        if out.len() == limit {
+                            break;
+                        }
+                    }
+                }
+                Ok(out)
+            }
+
             pub fn counts(&self) -> MetaResult<Counts> {
                 Ok(Counts {
                     entries: self.txn.open_table(ENTRIES)?.len()?,
@@ -354,6 +393,11 @@ impl WriteView {
     /// Marks an object key as no longer referenced, so the reconciler may delete it.
     pub fn add_collectable(&mut self, key: &str, revision: u64) -> MetaResult<()> {
         self.txn.open_table(COLLECTABLE)?.insert(key, revision)?;
+        Ok(())
+    }
+
+    pub fn remove_collectable(&mut self, key: &str) -> MetaResult<()> {
+        self.txn.open_table(COLLECTABLE)?.remove(key)?;
         Ok(())
     }
 }

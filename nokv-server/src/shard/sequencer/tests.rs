@@ -371,3 +371,122 @@ async fn a_token_for_another_workspace_cannot_touch_the_upload() {
     assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
     assert_eq!(f.faults.creates(), 0);
 }
+
+// Reconciliation of what uploads leave behind (shard/reconciler.rs).
+
+async fn publish_one(f: &Fixture, path: &str, body: &[u8; 4], rid: &str) {
+    let up = f
+        .shard
+        .begin_upload(pb::BeginUploadRequest {
+            workspace: "ws".into(),
+            path: path.into(),
+            size: 4,
+            request_id: format!("begin-{rid}"),
+        })
+        .await
+        .unwrap();
+    f.shard
+        .put_block(writer(), block(&up, 0, body, &format!("b-{rid}")))
+        .await
+        .unwrap();
+    f.shard
+        .commit_upload(writer(), commit(&up, body, &format!("c-{rid}")))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_replaced_artifacts_blocks_are_deleted_and_the_live_ones_kept() {
+    let f = fixture(4, Duration::from_secs(60));
+    publish_one(&f, "art", b"old!", "1").await;
+    publish_one(&f, "art", b"new!", "2").await;
+    assert_eq!(f.provider.list_keys().await.unwrap().len(), 2);
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!(pass.deleted_keys, 1);
+    assert_eq!(f.provider.list_keys().await.unwrap().len(), 1);
+    let m = f.shard.get_manifest("ws", "art").await.unwrap();
+    assert_eq!(
+        &f.shard.read_block("ws", m.revision, 0).await.unwrap()[..],
+        b"new!"
+    );
+    assert_eq!(f.shard.counts().await.unwrap().collectable, 0);
+}
+
+#[tokio::test]
+async fn an_expired_upload_is_claimed_and_its_blocks_deleted() {
+    let f = fixture(4, Duration::from_millis(300));
+    let up = begin(&f, "art", 8).await;
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.shard.reconcile().await.unwrap().expired_uploads,
+        0,
+        "lease still live"
+    );
+    assert_eq!(f.provider.list_keys().await.unwrap().len(), 1);
+    // Let the lease run out on the shard clock (waiting for time itself, not for a signal).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.expired_uploads, pass.deleted_keys), (1, 1));
+    assert!(f.provider.list_keys().await.unwrap().is_empty());
+    let err = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseExpired(_)), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_key_of_a_live_upload_is_never_deleted_while_its_write_is_in_flight() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.faults.hold_creates();
+    let s = f.shard.clone();
+    let req = block(&up, 0, b"abcd", "b0");
+    let put = tokio::spawn(async move { s.put_block(writer(), req).await });
+    within(f.faults.wait_held(1)).await;
+    let pass = within(f.shard.reconcile()).await.unwrap();
+    assert_eq!(pass.deleted_keys, 0);
+    f.faults.release(1);
+    within(put).await.unwrap().unwrap();
+    f.shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap();
+    f.shard.reconcile().await.unwrap();
+    assert_eq!(
+        f.provider.list_keys().await.unwrap().len(),
+        1,
+        "the published block stays"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_writers_guard_outlives_the_delete_of_its_late_bytes() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.faults.lose_next_response();
+    let err = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)));
+    let abort = pb::AbortUploadRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        request_id: "ab".into(),
+    };
+    f.shard.abort_upload(writer(), abort).await.unwrap();
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.deleted_keys, pass.settled_guards), (1, 0));
+    assert!(f.provider.list_keys().await.unwrap().is_empty());
+    assert_eq!(
+        f.shard.counts().await.unwrap().guards,
+        1,
+        "the writer may still land bytes"
+    );
+}

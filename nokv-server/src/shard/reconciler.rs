@@ -1,0 +1,172 @@
+//! The shard's reconciler: deletes bytes nobody may reference any more, never bytes that are
+//! live. Three passes, each a bounded page:
+//!
+//! * **Expired uploads** are claimed by an atomic state change to `Deleting` after re-checking,
+//!   inside the claiming session, that the upload is still open and its lease has ended —
+//!   so a stale candidate list can never claim an upload that was renewed or committed. The
+//!   claim moves its uploaded block keys to the collectable set; pending attempts keep their
+//!   guards.
+//! * **Collectable keys** (retired revisions, aborted and expired uploads) are deleted from the
+//!   provider with no lock held, then forgotten in one session. Keys are never reused, so a
+//!   collectable key can never become referenced again.
+//! * **Guards** whose upload is no longer live are deleted, oldest-attempted first; the
+//!   attempt is recorded before the I/O. A guard is removed only once its writer is known
+//!   finished *and* the delete succeeded; an unknown writer's guard stays and deletes late
+//!   bytes again on a later pass. A key the upload's revision references is never deleted.
+//!
+//! Failed deletions keep their record and are retried on the next pass.
+
+use super::{Shard, now_ms};
+use crate::error::Result;
+use crate::meta::{GuardRecord, ReadView, UploadState, WriterState};
+
+/// Records handled per pass and kind.
+const PAGE: usize = 100;
+
+/// What one pass did, for logs and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    pub expired_uploads: usize,
+    pub deleted_keys: usize,
+    pub settled_guards: usize,
+    pub failed_deletes: usize,
+}
+
+impl Shard {
+    pub async fn reconcile(&self) -> Result<Pass> {
+        let mut pass = Pass {
+            expired_uploads: self.claim_expired_uploads().await?,
+            ..Pass::default()
+        };
+        self.collect_keys(&mut pass).await?;
+        self.sweep_guards(&mut pass).await?;
+        Ok(pass)
+    }
+
+    async fn claim_expired_uploads(&self) -> Result<usize> {
+        let now = now_ms();
+        let candidates = self
+            .gate
+            .read(|r| Ok(r.expired_uploads(now, PAGE)?))
+            .await?;
+        let mut claimed = 0;
+        for id in candidates {
+            claimed += self
+                .gate
+                .write(move |w| {
+                    let Some(mut u) = w.upload(&id)? else {
+                        return Ok(0);
+                    };
+                    // Re-check inside the claiming session: the candidate list may be stale.
+                    if u.state != UploadState::Open as i32 || u.lease_expires_ms > now_ms() {
+                        return Ok(0);
+                    }
+                    for (_, b) in w.blocks(&id)? {
+                        if w.guard(&b.key)?.is_none() {
+                            w.add_collectable(&b.key, 0)?;
+                        }
+                    }
+                    w.remove_blocks(&id)?;
+                    u.state = UploadState::Deleting as i32;
+                    w.put_upload(&id, &u)?;
+                    Ok(1)
+                })
+                .await?;
+        }
+        Ok(claimed)
+    }
+
+    async fn collect_keys(&self, pass: &mut Pass) -> Result<()> {
+        let keys = self.gate.read(|r| Ok(r.collectable_page(PAGE)?)).await?;
+        let mut deleted = Vec::new();
+        for key in keys {
+            match self.object.delete(&key).await {
+                Ok(()) => deleted.push(key),
+                Err(e) => {
+                    pass.failed_deletes += 1;
+                    tracing::warn!(shard = self.id, error = %e, "collectable delete failed; will retry");
+                }
+            }
+        }
+        pass.deleted_keys += deleted.len();
+        if !deleted.is_empty() {
+            self.gate
+                .write(move |w| {
+                    for k in &deleted {
+                        w.remove_collectable(k)?;
+                    }
+                    Ok(())
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn sweep_guards(&self, pass: &mut Pass) -> Result<()> {
+        let now = now_ms();
+        let mut due = self
+            .gate
+            .read(|r| {
+                let mut out = Vec::new();
+                for (key, g) in r.guards()? {
+                    if !guard_protects_live_bytes(r, &key, &g, now)? {
+                        out.push((key, g));
+                    }
+                }
+                Ok(out)
+            })
+            .await?;
+        due.sort_by_key(|(_, g)| g.last_attempt_ms);
+        due.truncate(PAGE);
+        for (key, _) in due {
+            // Record the attempt before the I/O, so a crash mid-delete is visible.
+            let k = key.clone();
+            self.gate
+                .write(move |w| {
+                    if let Some(mut g) = w.guard(&k)? {
+                        g.attempts += 1;
+                        g.last_attempt_ms = now_ms();
+                        w.put_guard(&k, &g)?;
+                    }
+                    Ok(())
+                })
+                .await?;
+            if let Err(e) = self.object.delete(&key).await {
+                pass.failed_deletes += 1;
+                tracing::warn!(shard = self.id, error = %e, "guarded delete failed; will retry");
+                continue;
+            }
+            pass.deleted_keys += 1;
+            let settled = self
+                .gate
+                .write(move |w| match w.guard(&key)? {
+                    Some(g) if g.writer == WriterState::Finished as i32 => {
+                        w.remove_guard(&key)?;
+                        Ok(true)
+                    }
+                    _ => Ok(false),
+                })
+                .await?;
+            pass.settled_guards += usize::from(settled);
+        }
+        Ok(())
+    }
+}
+
+/// True while the guarded key may still become (or is) referenced: its upload is open with a
+/// live lease (a write may be in flight and about to be recorded), or the upload's revision
+/// references the key.
+fn guard_protects_live_bytes(r: &ReadView, key: &str, g: &GuardRecord, now: i64) -> Result<bool> {
+    let Some(u) = r.upload(&g.upload_id)? else {
+        return Ok(false);
+    };
+    if u.state == UploadState::Open as i32 && u.lease_expires_ms > now {
+        return Ok(true);
+    }
+    if u.state == UploadState::Committed as i32
+        && let Some(rev) = r.revision(u.revision)?
+    {
+        return Ok(rev.blocks.iter().any(|b| b.key == key));
+    }
+    Ok(false)
+}
