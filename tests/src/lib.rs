@@ -203,8 +203,14 @@ pub struct Daemon {
 impl Daemon {
     /// Starts a daemon on a fresh temporary data dir owned by the returned guard.
     pub fn start(extra_args: &[&str]) -> Daemon {
+        Self::start_with_env(extra_args, &[])
+    }
+
+    /// Like [`Daemon::start`] with extra environment variables for the daemon process (e.g.
+    /// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` for the S3 provider).
+    pub fn start_with_env(extra_args: &[&str], envs: &[(&str, &str)]) -> Daemon {
         let tempdir = tempfile::tempdir().expect("create temp data dir");
-        let (mut daemon, lines) = Self::spawn(tempdir.path(), extra_args);
+        let (mut daemon, lines) = Self::spawn(tempdir.path(), extra_args, envs);
         daemon._tempdir = Some(tempdir);
         daemon.wait_ready(lines);
         daemon
@@ -213,19 +219,24 @@ impl Daemon {
     /// Starts a daemon on an existing data dir (e.g. to restart after `terminate`/`kill9`);
     /// the caller keeps ownership of `dir`.
     pub fn start_in(dir: &Path, extra_args: &[&str]) -> Daemon {
-        let (mut daemon, lines) = Self::spawn(dir, extra_args);
+        let (mut daemon, lines) = Self::spawn(dir, extra_args, &[]);
         daemon.wait_ready(lines);
         daemon
     }
 
     /// Spawns the child and its drain threads; the receiver gets each stdout line until the
     /// caller drops it (the drain goes on regardless).
-    fn spawn(dir: &Path, extra_args: &[&str]) -> (Daemon, mpsc::Receiver<String>) {
+    fn spawn(
+        dir: &Path,
+        extra_args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> (Daemon, mpsc::Receiver<String>) {
         let mut child = Command::new(bin("nokv-server"))
             .arg("--data-dir")
             .arg(dir)
             .args(["--listen", "127.0.0.1:0"])
             .args(extra_args)
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -679,6 +690,26 @@ impl Moto {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Test data
+// ---------------------------------------------------------------------------------------------
+
+/// `len` pseudo-random bytes, the same for the same `seed` (splitmix64): incompressible,
+/// reproducible test data with no dependency.
+pub fn pseudo_random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
 // Minimal HTTP/1.1 client
 // ---------------------------------------------------------------------------------------------
 
@@ -800,6 +831,16 @@ mod tests {
         let text = "endpoint = \"https://127.0.0.1:1\"\nca = \"/x/ca.pem\"\ntoken = \"abc.def\"\n";
         assert_eq!(toml_string_value(text, "token").as_deref(), Some("abc.def"));
         assert_eq!(toml_string_value(text, "missing"), None);
+    }
+
+    #[test]
+    fn pseudo_random_bytes_are_reproducible_and_seeded() {
+        let a = pseudo_random_bytes(7, 1001);
+        assert_eq!(a.len(), 1001);
+        assert_eq!(a, pseudo_random_bytes(7, 1001));
+        assert_eq!(&a[..100], &pseudo_random_bytes(7, 100)[..]);
+        assert_ne!(a, pseudo_random_bytes(8, 1001));
+        assert!(pseudo_random_bytes(7, 0).is_empty());
     }
 
     #[test]

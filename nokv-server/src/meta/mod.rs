@@ -263,10 +263,17 @@ macro_rules! readable {
                 Ok(out)
             }
 
+            /// Counters for health: `uploads` counts open uploads only (a scan; admin calls
+            /// are rare).
             pub fn counts(&self) -> MetaResult<Counts> {
+                let mut open = 0;
+                for item in self.txn.open_table(UPLOADS)?.iter()? {
+                    let u: UploadRecord = decode(item?.1.value())?;
+                    open += u64::from(u.state == UploadState::Open as i32);
+                }
                 Ok(Counts {
                     entries: self.txn.open_table(ENTRIES)?.len()?,
-                    uploads: self.txn.open_table(UPLOADS)?.len()?,
+                    uploads: open,
                     guards: self.txn.open_table(GUARDS)?.len()?,
                     collectable: self.txn.open_table(COLLECTABLE)?.len()?,
                 })
