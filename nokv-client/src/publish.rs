@@ -13,7 +13,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::error::ClientError;
-use crate::sdk::{Client, Result, new_request_id};
+use crate::sdk::{Client, Result, new_request_id, unary};
 
 /// Called with the number of bytes just accounted for (read and sent).
 pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
@@ -69,14 +69,7 @@ impl Client {
             size,
             request_id: new_request_id(),
         };
-        let begin = self
-            .retrying("begin_upload", || {
-                let mut c = self.ws.clone();
-                let req = begin_req.clone();
-                async move { c.begin_upload(req).await }
-            })
-            .await?
-            .into_inner();
+        let begin = unary!(self, begin_upload, begin_req)?;
 
         let (stop_renewal, renewal) = self.spawn_renewal(&begin);
         let result = self.send_blocks(&begin, &mut reader, size, &opts).await;
@@ -96,14 +89,8 @@ impl Client {
             sha256,
             request_id: new_request_id(),
         };
-        let committed = self
-            .retrying("commit_upload", || {
-                let mut c = self.ws.clone();
-                let req = commit_req.clone();
-                async move { c.commit_upload(req).await }
-            })
-            .await?;
-        Ok(committed.into_inner().entry.unwrap_or_default())
+        let committed = unary!(self, commit_upload, commit_req)?;
+        Ok(committed.entry.unwrap_or_default())
     }
 
     /// Reads block after block, hashing as it goes, and keeps up to `parallel` PutBlocks in
@@ -147,13 +134,7 @@ impl Client {
             let progress = opts.progress.clone();
             inflight.spawn(async move {
                 let _permit = permit;
-                client
-                    .retrying("put_block", || {
-                        let mut c = client.ws.clone();
-                        let req = req.clone();
-                        async move { c.put_block(req).await }
-                    })
-                    .await?;
+                unary!(client, put_block, req)?;
                 if let Some(p) = progress {
                     p(len as u64);
                 }
@@ -194,13 +175,7 @@ impl Client {
                     _ = rx.changed() => return None,
                     _ = tokio::time::sleep(every) => {}
                 }
-                let r = client
-                    .retrying("renew_upload", || {
-                        let mut c = client.ws.clone();
-                        let req = req.clone();
-                        async move { c.renew_upload(req).await }
-                    })
-                    .await;
+                let r = unary!(client, renew_upload, req.clone());
                 if let Err(e) = r {
                     tracing::warn!(error = %e, "upload lease renewal failed");
                     return Some(e);

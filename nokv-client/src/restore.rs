@@ -14,7 +14,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::error::ClientError;
 use crate::publish::Progress;
-use crate::sdk::{Client, Result};
+use crate::sdk::{Client, Result, unary};
 
 /// What a restore did.
 #[derive(Debug, Clone)]
@@ -40,14 +40,7 @@ impl Client {
             workspace: ws.into(),
             path: path.into(),
         };
-        Ok(self
-            .retrying("get_manifest", || {
-                let mut c = self.ws.clone();
-                let req = req.clone();
-                async move { c.get_manifest(req).await }
-            })
-            .await?
-            .into_inner())
+        unary!(self, get_manifest, req)
     }
 
     /// One block, verified against the manifest's length and digest.

@@ -22,6 +22,24 @@ use crate::error::ClientError;
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// One unary `Workspace` call, retried with the very same request (same request id) while
+/// the failure is retryable; yields the response message.
+macro_rules! unary {
+    ($client:expr, $method:ident, $req:expr) => {{
+        let client = &$client;
+        let req = $req;
+        client
+            .retrying(stringify!($method), || {
+                let mut c = client.ws.clone();
+                let req = req.clone();
+                async move { c.$method(req).await }
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }};
+}
+pub(crate) use unary;
+
 /// gRPC message limit, matching the server's: one 4 MiB block plus framing.
 pub const MAX_MESSAGE: usize = 4 * 1024 * 1024 + 64 * 1024;
 
@@ -169,14 +187,8 @@ impl Client {
             workspace: ws.into(),
             path: path.into(),
         };
-        let r = self
-            .retrying("stat", || {
-                let mut c = self.ws.clone();
-                let req = req.clone();
-                async move { c.stat(req).await }
-            })
-            .await?;
-        Ok(r.into_inner().entry.unwrap_or_default())
+        let r = unary!(self, stat, req)?;
+        Ok(r.entry.unwrap_or_default())
     }
 
     pub async fn list(
@@ -192,14 +204,8 @@ impl Client {
             limit,
             cursor: cursor.into(),
         };
-        let r = self
-            .retrying("list", || {
-                let mut c = self.ws.clone();
-                let req = req.clone();
-                async move { c.list(req).await }
-            })
-            .await?;
-        Ok(r.into_inner())
+        let r = unary!(self, list, req)?;
+        Ok(r)
     }
 
     pub async fn read(&self, ws: &str, path: &str) -> Result<pb::ReadResponse> {
@@ -207,14 +213,8 @@ impl Client {
             workspace: ws.into(),
             path: path.into(),
         };
-        let r = self
-            .retrying("read", || {
-                let mut c = self.ws.clone();
-                let req = req.clone();
-                async move { c.read(req).await }
-            })
-            .await?;
-        Ok(r.into_inner())
+        let r = unary!(self, read, req)?;
+        Ok(r)
     }
 
     /// Writes a small file. `request_id` defaults to a fresh random id.
@@ -222,28 +222,16 @@ impl Client {
         if req.request_id.is_empty() {
             req.request_id = new_request_id();
         }
-        let r = self
-            .retrying("write", || {
-                let mut c = self.ws.clone();
-                let req = req.clone();
-                async move { c.write(req).await }
-            })
-            .await?;
-        Ok(r.into_inner().entry.unwrap_or_default())
+        let r = unary!(self, write, req)?;
+        Ok(r.entry.unwrap_or_default())
     }
 
     pub async fn delete(&self, mut req: pb::DeleteRequest) -> Result<u64> {
         if req.request_id.is_empty() {
             req.request_id = new_request_id();
         }
-        let r = self
-            .retrying("delete", || {
-                let mut c = self.ws.clone();
-                let req = req.clone();
-                async move { c.delete(req).await }
-            })
-            .await?;
-        Ok(r.into_inner().generation)
+        let r = unary!(self, delete, req)?;
+        Ok(r.generation)
     }
 
     pub async fn health(&self) -> Result<pb::HealthResponse> {

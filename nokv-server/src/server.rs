@@ -88,10 +88,13 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     health_reporter
         .set_serving::<pb::admin_server::AdminServer<AdminService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    // v1 for current tools, v1alpha for older grpcurl builds.
+    let (reflection, reflection_alpha) = (reflection().build_v1()?, reflection().build_v1alpha()?);
 
     let workspace = pb::workspace_server::WorkspaceServer::new(WorkspaceService::new(node.clone()))
         .max_decoding_message_size(MAX_MESSAGE)
@@ -125,6 +128,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         )?
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_alpha)
         .add_service(workspace)
         .add_service(admin)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)

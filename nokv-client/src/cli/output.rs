@@ -25,15 +25,15 @@ impl Output {
     }
 
     pub fn error(&self, e: &ClientError) {
+        // The server's message starts with the reason already; say it once.
+        let prefix = format!("{}: ", e.reason_name());
+        let msg = e.message.strip_prefix(&prefix).unwrap_or(&e.message);
         if self.json {
             println!(
                 "{}",
-                json!({"error": {"reason": e.reason_name(), "message": e.message}})
+                json!({"error": {"reason": e.reason_name(), "message": msg}})
             );
         }
-        let msg = e.message.as_str();
-        let prefix = format!("{}: ", e.reason_name());
-        let msg = msg.strip_prefix(&prefix).unwrap_or(msg);
         eprintln!("nokv: {}: {msg}", e.reason_name());
     }
 }

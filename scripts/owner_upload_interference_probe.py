@@ -1,0 +1,1240 @@
+#!/usr/bin/env python3
+"""Owner-upload interference probe for nokv.
+
+Question it answers: while one agent publishes large artifacts through the shard owner, do the
+other agents on that shard keep their interactive latency?
+
+The probe starts a nokv daemon (or connects to one with --endpoint), then, per cycle:
+
+  * starts --sessions long-lived `nokv bench session` processes (a tool loop: stat a file,
+    write a 4 KiB file; one JSON line per operation), each with its own workspace and its
+    own scoped write token, all placed on the uploader's shard by default (--placement);
+  * runs the conditions in order idle, paced, unpaced, idle-again, --seconds each; during
+    paced and unpaced one `nokv bench upload` process publishes 16 MiB artifacts back to back
+    (paced: --pace MiB/s on average; unpaced: as fast as it can);
+  * stops everything and attributes each session operation to the condition whose window
+    contains the operation's start time, dropping --margin seconds at both edges of every
+    window (process start-up, the uploader starting and stopping).
+
+Results are pooled over cycles per condition: stat and put p50/p90/p99, session request rate
+(successful ops/s summed over sessions), uploader MiB/s, plus a 1 s timeline per cycle (ops,
+p50 per bucket, uploader bytes per bucket) so that a stall that does not line up with upload
+traffic is visible as such.
+
+Verdict: QUALIFIED when the unpaced p50 is <= --ratio (1.2) x the idle p50 for both stat and
+put, the unpaced uploader moved data, and no session operation failed in idle or unpaced.
+Paced and idle-again are reported, not judged. Exit status: 0 QUALIFIED, 1 NOT QUALIFIED,
+2 usage error or crash (a daemon, session or uploader process failing counts as a crash),
+130 interrupted.
+
+Percentiles use linear interpolation between closest ranks (numpy's default, Excel's
+PERCENTILE.INC): rank = p/100 * (n - 1) over the sorted samples.
+
+Only the Python standard library is required; matplotlib is used for timeline.png when it can
+be imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+CONDITIONS = ("idle", "paced", "unpaced", "idle-again")
+UPLOAD_CONDITIONS = ("paced", "unpaced")
+SESSION_OPS = ("stat", "put")
+PERCENTILES = (50, 90, 99)
+PERCENTILE_METHOD = "linear interpolation between closest ranks (rank = p/100*(n-1))"
+LISTENING_PREFIX = "nokv-server listening on "
+MIB = 1024 * 1024
+
+EXIT_QUALIFIED = 0
+EXIT_NOT_QUALIFIED = 1
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+# --------------------------------------------------------------------------------------------
+# Pure logic: parsing, statistics, attribution, timeline, verdict. Unit-tested without
+# processes (scripts/tests/test_probe.py).
+# --------------------------------------------------------------------------------------------
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def parse_record(line: str) -> dict | None:
+    """One bench JSON line -> normalised record, or None when the line is not a valid record.
+
+    Valid: a JSON object with a string `op`, numeric `start` (unix seconds) and `latency_ms`
+    (>= 0), and boolean `ok`. `bytes` is optional (defaults to 0) and must be a non-negative
+    number when present.
+    """
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    op, start, lat, ok = obj.get("op"), obj.get("start"), obj.get("latency_ms"), obj.get("ok")
+    if not isinstance(op, str) or not _is_number(start) or not _is_number(lat):
+        return None
+    if not isinstance(ok, bool) or lat < 0:
+        return None
+    nbytes = obj.get("bytes", 0)
+    if nbytes is None:
+        nbytes = 0
+    if not _is_number(nbytes) or nbytes < 0:
+        return None
+    return {
+        "op": op,
+        "start": float(start),
+        "latency_ms": float(lat),
+        "ok": ok,
+        "bytes": int(nbytes),
+    }
+
+
+def parse_lines(lines: Iterable[str]) -> tuple[list[dict], int]:
+    """Parse bench output; returns (records, number of non-empty lines skipped as malformed)."""
+    records: list[dict] = []
+    skipped = 0
+    for line in lines:
+        rec = parse_record(line)
+        if rec is None:
+            if line.strip():
+                skipped += 1
+            continue
+        records.append(rec)
+    return records, skipped
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """p-th percentile (0..100) by linear interpolation between closest ranks; None if empty."""
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile out of range: {p}")
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return float(xs[0])
+    rank = (p / 100.0) * (len(xs) - 1)
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(xs) - 1)
+    frac = rank - lo
+    return float(xs[lo] + (xs[hi] - xs[lo]) * frac)
+
+
+def latency_stats(records: Sequence[dict]) -> dict:
+    """Latency summary of successful records; failed ones are only counted."""
+    ok = [r["latency_ms"] for r in records if r["ok"]]
+    out: dict[str, Any] = {"n": len(ok), "errors": sum(1 for r in records if not r["ok"])}
+    for p in PERCENTILES:
+        out[f"p{p}_ms"] = percentile(ok, p)
+    out["mean_ms"] = (sum(ok) / len(ok)) if ok else None
+    out["max_ms"] = max(ok) if ok else None
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One condition's interval in one cycle, in unix seconds."""
+
+    cycle: int
+    condition: str
+    start: float
+    end: float
+
+    def inner(self, margin: float) -> tuple[float, float]:
+        """The judged part of the window: both edges trimmed by `margin`."""
+        return self.start + margin, self.end - margin
+
+    def effective_seconds(self, margin: float) -> float:
+        a, b = self.inner(margin)
+        return max(0.0, b - a)
+
+
+def window_of(t: float, windows: Sequence[Window], margin: float) -> int | None:
+    """Index of the window whose trimmed interval [start+margin, end-margin) contains t."""
+    for i, w in enumerate(windows):
+        a, b = w.inner(margin)
+        if a <= t < b:
+            return i
+    return None
+
+
+def attribute(
+    records: Iterable[dict], windows: Sequence[Window], margin: float
+) -> tuple[list[list[dict]], int]:
+    """Split records by the window containing their start; returns (per-window lists, dropped)."""
+    per: list[list[dict]] = [[] for _ in windows]
+    dropped = 0
+    for r in records:
+        i = window_of(r["start"], windows, margin)
+        if i is None:
+            dropped += 1
+        else:
+            per[i].append(r)
+    return per, dropped
+
+
+def overlap_bytes(rec: dict, a: float, b: float) -> float:
+    """Bytes of a successful upload attributed to [a, b), pro rata over its [start, end]."""
+    if not rec["ok"] or b <= a:
+        return 0.0
+    s = rec["start"]
+    e = s + rec["latency_ms"] / 1000.0
+    if e <= s:
+        return float(rec["bytes"]) if a <= s < b else 0.0
+    ov = min(e, b) - max(s, a)
+    if ov <= 0:
+        return 0.0
+    return rec["bytes"] * ov / (e - s)
+
+
+def summarize(
+    session_records: Sequence[dict], upload_records: Sequence[dict], seconds: float
+) -> dict:
+    """Figures of one condition (one window, or several pooled): `session_records` are already
+    attributed to it; `upload_records` are all the uploader's records that may overlap it and
+    must carry `_bytes_in` (their bytes attributed to the window(s), see pool())."""
+    out: dict[str, Any] = {"seconds": seconds}
+    for op in SESSION_OPS:
+        out[op] = latency_stats([r for r in session_records if r["op"] == op])
+    ok_ops = sum(1 for r in session_records if r["ok"] and r["op"] in SESSION_OPS)
+    out["session_ops"] = ok_ops
+    out["session_errors"] = sum(1 for r in session_records if not r["ok"])
+    out["ops_per_s"] = (ok_ops / seconds) if seconds > 0 else None
+    up_bytes = sum(r.get("_bytes_in", 0.0) for r in upload_records)
+    started = [r for r in upload_records if r.get("_started_in")]
+    out["upload"] = {
+        "bytes": up_bytes,
+        "mib_per_s": (up_bytes / MIB / seconds) if seconds > 0 else None,
+        "artifacts_started": len(started),
+        "errors": sum(1 for r in started if not r["ok"]),
+        "latency": latency_stats(started),
+    }
+    return out
+
+
+def pool(
+    windows: Sequence[Window],
+    per_window: Sequence[Sequence[dict]],
+    uploads: Sequence[dict],
+    margin: float,
+    condition: str,
+    cycles: Iterable[int] | None = None,
+) -> dict:
+    """Pool one condition over cycles (all cycles, or only `cycles`): session samples are
+    concatenated, durations summed, uploader bytes attributed pro rata to each trimmed window."""
+    wanted = None if cycles is None else set(cycles)
+    sess: list[dict] = []
+    seconds = 0.0
+    ups: dict[int, dict] = {}
+    for w, recs in zip(windows, per_window):
+        if w.condition != condition or (wanted is not None and w.cycle not in wanted):
+            continue
+        sess.extend(recs)
+        seconds += w.effective_seconds(margin)
+        a, b = w.inner(margin)
+        for u in uploads:
+            share = overlap_bytes(u, a, b)
+            started = a <= u["start"] < b
+            if share > 0 or started:
+                entry = ups.setdefault(id(u), dict(u, _bytes_in=0.0, _started_in=False))
+                entry["_bytes_in"] += share
+                entry["_started_in"] = entry["_started_in"] or started
+    return summarize(sess, list(ups.values()), seconds)
+
+
+def timeline(
+    session_records: Sequence[dict],
+    uploads: Sequence[dict],
+    windows: Sequence[Window],
+    t0: float,
+    t1: float,
+    width: float = 1.0,
+) -> list[dict]:
+    """Fixed-width buckets over [t0, t1): per bucket the condition (the window containing the
+    bucket's midpoint, untrimmed; None in gaps), successful session ops, errors, stat and put
+    p50, max latency, and uploader bytes (pro rata) and MiB/s."""
+    if width <= 0:
+        raise ValueError("bucket width must be positive")
+    n = max(0, math.ceil((t1 - t0) / width - 1e-9))
+    buckets: list[list[dict]] = [[] for _ in range(n)]
+    for r in session_records:
+        i = math.floor((r["start"] - t0) / width)
+        if 0 <= i < n:
+            buckets[i].append(r)
+    out = []
+    for i in range(n):
+        a = t0 + i * width
+        b = a + width
+        mid = a + width / 2
+        cond = next((w.condition for w in windows if w.start <= mid < w.end), None)
+        recs = buckets[i]
+        ok = [r for r in recs if r["ok"]]
+        up = sum(overlap_bytes(u, a, b) for u in uploads)
+        out.append(
+            {
+                "t": round(i * width, 6),
+                "condition": cond,
+                "ops": len(ok),
+                "errors": len(recs) - len(ok),
+                "stat_p50_ms": percentile([r["latency_ms"] for r in ok if r["op"] == "stat"], 50),
+                "put_p50_ms": percentile([r["latency_ms"] for r in ok if r["op"] == "put"], 50),
+                "max_ms": max((r["latency_ms"] for r in ok), default=None),
+                "upload_bytes": up,
+                "upload_mib_per_s": up / MIB / width,
+            }
+        )
+    return out
+
+
+@dataclasses.dataclass
+class Verdict:
+    qualified: bool
+    reasons: list[str]
+    ratios: dict[str, float | None]
+
+    @property
+    def text(self) -> str:
+        if self.qualified:
+            return "QUALIFIED"
+        return "NOT QUALIFIED (" + "; ".join(self.reasons) + ")"
+
+    def as_dict(self) -> dict:
+        return {"qualified": self.qualified, "text": self.text, "reasons": self.reasons,
+                "ratios": self.ratios}
+
+
+def judge(conditions: dict, ratio: float = 1.2) -> Verdict:
+    """QUALIFIED iff for stat and put the unpaced p50 <= ratio x idle p50 (idle = the first idle
+    condition, pooled over cycles), the unpaced uploader moved bytes, and no session operation
+    failed in idle or unpaced. Missing samples are NOT QUALIFIED with a reason."""
+    reasons: list[str] = []
+    ratios: dict[str, float | None] = {}
+    idle = conditions.get("idle") or {}
+    unpaced = conditions.get("unpaced") or {}
+    for op in SESSION_OPS:
+        i50 = (idle.get(op) or {}).get("p50_ms")
+        u50 = (unpaced.get(op) or {}).get("p50_ms")
+        ratios[op] = None
+        if i50 is None:
+            reasons.append(f"no {op} samples in idle")
+            continue
+        if u50 is None:
+            reasons.append(f"no {op} samples in unpaced")
+            continue
+        ratios[op] = (u50 / i50) if i50 > 0 else (1.0 if u50 == 0 else math.inf)
+        limit = ratio * i50
+        if u50 > limit:
+            reasons.append(
+                f"unpaced {op} p50 {u50:.2f} ms > {ratio:g} x idle {i50:.2f} ms = {limit:.2f} ms"
+            )
+    up = (unpaced.get("upload") or {}).get("bytes") if unpaced else None
+    if unpaced and not up:
+        reasons.append("the uploader moved no data in unpaced")
+    for cond in ("idle", "unpaced"):
+        errs = (conditions.get(cond) or {}).get("session_errors") or 0
+        if errs:
+            reasons.append(f"{errs} session operation(s) failed in {cond}")
+    return Verdict(qualified=not reasons, reasons=reasons, ratios=ratios)
+
+
+def shard_of(workspace: str, shard_count: int) -> int:
+    """The daemon's default placement (nokv-server/src/placement.rs): FNV-1a 64 mod count."""
+    h = 0xCBF29CE484222325
+    for b in workspace.encode():
+        h ^= b
+        h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h % max(1, shard_count)
+
+
+def session_workspaces(
+    n: int, uploader: str, shard_count: int | None, prefix: str = "probe-s"
+) -> list[str]:
+    """Workspace names for n sessions. With a shard count, every name lands on the uploader's
+    shard (a numeric suffix is searched); without one, plain names (spread over shards)."""
+    if shard_count is None:
+        return [f"{prefix}{i}" for i in range(n)]
+    target = shard_of(uploader, shard_count)
+    names = []
+    for i in range(n):
+        k = 0
+        while shard_of(f"{prefix}{i}-{k}", shard_count) != target:
+            k += 1
+        names.append(f"{prefix}{i}-{k}")
+    return names
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------------------------
+
+
+def _f(v: float | None, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if math.isinf(v):
+        return "inf"
+    return f"{v:.{digits}f}"
+
+
+def format_table(label: str, conditions: dict) -> list[str]:
+    """Text table of one target's pooled conditions."""
+    head = (
+        f"{'condition':<11} {'stat p50':>9} {'p90':>8} {'p99':>8} {'put p50':>9} {'p90':>8} "
+        f"{'p99':>8} {'ops/s':>8} {'errors':>6} {'upload MiB/s':>12}"
+    )
+    lines = [f"[{label}] latency in ms, pooled over cycles", head, "-" * len(head)]
+    for cond in CONDITIONS:
+        c = conditions.get(cond)
+        if not c:
+            continue
+        s, p = c["stat"], c["put"]
+        lines.append(
+            f"{cond:<11} {_f(s['p50_ms']):>9} {_f(s['p90_ms']):>8} {_f(s['p99_ms']):>8} "
+            f"{_f(p['p50_ms']):>9} {_f(p['p90_ms']):>8} {_f(p['p99_ms']):>8} "
+            f"{_f(c['ops_per_s'], 1):>8} {c['session_errors']:>6} "
+            f"{_f(c['upload']['mib_per_s'], 1):>12}"
+        )
+    return lines
+
+
+def format_ratios(conditions: dict, ratio: float) -> str:
+    idle = conditions.get("idle") or {}
+    parts = []
+    for cond in ("paced", "unpaced", "idle-again"):
+        c = conditions.get(cond) or {}
+        for op in SESSION_OPS:
+            i50 = (idle.get(op) or {}).get("p50_ms")
+            c50 = (c.get(op) or {}).get("p50_ms")
+            r = (c50 / i50) if (i50 and c50 is not None) else None
+            parts.append(f"{cond} {op} {_f(r)}x")
+    return f"p50 vs idle (judged: unpaced <= {ratio:g}x): " + ", ".join(parts)
+
+
+def format_side_by_side(cand: dict, base: dict) -> list[str]:
+    """Candidate and baseline pooled figures in adjacent columns."""
+    head = f"{'condition':<11} {'metric':<13} {'candidate':>10} {'baseline':>10} {'cand/base':>10}"
+    lines = ["[candidate vs baseline]", head, "-" * len(head)]
+    metrics = [
+        ("stat p50 ms", lambda c: c["stat"]["p50_ms"]),
+        ("stat p99 ms", lambda c: c["stat"]["p99_ms"]),
+        ("put p50 ms", lambda c: c["put"]["p50_ms"]),
+        ("put p99 ms", lambda c: c["put"]["p99_ms"]),
+        ("ops/s", lambda c: c["ops_per_s"]),
+        ("upload MiB/s", lambda c: c["upload"]["mib_per_s"]),
+    ]
+    for cond in CONDITIONS:
+        if cond not in cand or cond not in base:
+            continue
+        for name, get in metrics:
+            if name == "upload MiB/s" and cond not in UPLOAD_CONDITIONS:
+                continue
+            a, b = get(cand[cond]), get(base[cond])
+            r = (a / b) if (a is not None and b) else None
+            lines.append(f"{cond:<11} {name:<13} {_f(a):>10} {_f(b):>10} {_f(r):>10}")
+    return lines
+
+
+def format_timeline(label: str, cycle_timelines: list[dict]) -> list[str]:
+    lines = []
+    for tl in cycle_timelines:
+        lines.append(f"[{label}] timeline, cycle {tl['cycle']} (1 s buckets, t from session start)")
+        lines.append(
+            f"{'t':>6} {'condition':<11} {'ops':>6} {'err':>4} {'stat p50':>9} {'put p50':>9} "
+            f"{'max':>9} {'upload MiB/s':>12}"
+        )
+        for b in tl["buckets"]:
+            lines.append(
+                f"{b['t']:>6.1f} {b['condition'] or '-':<11} {b['ops']:>6} {b['errors']:>4} "
+                f"{_f(b['stat_p50_ms']):>9} {_f(b['put_p50_ms']):>9} {_f(b['max_ms']):>9} "
+                f"{_f(b['upload_mib_per_s'], 1):>12}"
+            )
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# Processes
+# --------------------------------------------------------------------------------------------
+
+
+class ProbeError(Exception):
+    """A crash of the measurement: a child failed, a daemon did not start, bad input."""
+
+
+class Interrupted(BaseException):
+    """SIGINT / SIGTERM received: unwind, stop every child, exit 130."""
+
+
+def _on_signal(signum, _frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _preexec():
+    # Own process group (so a terminal Ctrl-C reaches only the probe, which stops children in
+    # order), and on Linux die with the probe even if it is SIGKILLed.
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+class Children:
+    """Every child process the probe started; stop_all() terminates them newest first."""
+
+    def __init__(self) -> None:
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def spawn(self, name: str, argv: list[str], env: dict, stdout, stderr) -> subprocess.Popen:
+        try:
+            p = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=_preexec if sys.platform.startswith("linux") else None,
+            )
+        except OSError as e:
+            raise ProbeError(f"cannot start {name} ({argv[0]}): {e}") from e
+        self.procs.append((name, p))
+        return p
+
+    def stop(self, p: subprocess.Popen, timeout: float = 15.0) -> int:
+        """SIGTERM, wait, then SIGKILL. Returns the exit status."""
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = [(n, q) for (n, q) in self.procs if q is not p]
+        return p.returncode
+
+    def stop_all(self) -> None:
+        for _name, p in reversed(list(self.procs)):
+            try:
+                self.stop(p, timeout=10.0)
+            except Exception:
+                pass
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + ln for ln in lines[-n:])
+
+
+def clean_env(extra: dict | None = None) -> dict:
+    """The probe's environment without NOKV_* settings (the probe passes what it means)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOKV_")}
+    if extra:
+        env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_checked(argv: list[str], env: dict, what: str, timeout: float = 60.0) -> str:
+    try:
+        res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ProbeError(f"{what} failed: {e}") from e
+    if res.returncode != 0:
+        raise ProbeError(
+            f"{what} failed (exit {res.returncode}): {shlex.join(argv)}\n{res.stderr.strip()}"
+        )
+    return res.stdout
+
+
+@dataclasses.dataclass
+class Daemon:
+    label: str
+    endpoint: str
+    ca: str
+    data_dir: str
+    admin_token: str | None
+    server_bin: str
+    proc: subprocess.Popen | None = None
+    provider: str = "local"
+
+
+class Moto:
+    """moto's S3 server on a free loopback port."""
+
+    def __init__(self, children: Children, moto_bin: str, log_dir: Path) -> None:
+        port = free_port()
+        self.endpoint = f"http://127.0.0.1:{port}"
+        log = open(log_dir / "moto.log", "wb")
+        self.proc = children.spawn(
+            "moto_server", [moto_bin, "-H", "127.0.0.1", "-p", str(port)], clean_env(), log, log
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise ProbeError(
+                    f"moto_server exited with {self.proc.returncode}:\n{_tail(log_dir / 'moto.log')}"
+                )
+            try:
+                urllib.request.urlopen(self.endpoint + "/", timeout=1).read()
+                break
+            except urllib.error.HTTPError:
+                break  # it answers
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise ProbeError("moto_server did not answer within 30 s")
+                time.sleep(0.1)
+
+    def create_bucket(self, bucket: str) -> None:
+        req = urllib.request.Request(f"{self.endpoint}/{bucket}", method="PUT", data=b"")
+        try:
+            urllib.request.urlopen(req, timeout=10).read()
+        except urllib.error.URLError as e:
+            raise ProbeError(f"cannot create bucket {bucket} on moto: {e}") from e
+
+
+def start_daemon(
+    children: Children,
+    label: str,
+    server_bin: str,
+    data_dir: Path,
+    log_dir: Path,
+    provider_args: list[str],
+    provider: str,
+    env_extra: dict,
+    timeout: float,
+) -> Daemon:
+    argv = [server_bin, "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", *provider_args]
+    out_path = log_dir / f"{label}-server.stdout.log"
+    err_path = log_dir / f"{label}-server.stderr.log"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = children.spawn(f"{label} nokv-server", argv, clean_env(env_extra), out, err)
+    deadline = time.monotonic() + timeout
+    endpoint = None
+    while endpoint is None:
+        try:
+            text = out_path.read_text(errors="replace")
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            if line.startswith(LISTENING_PREFIX):
+                endpoint = line[len(LISTENING_PREFIX):].strip()
+                break
+        if endpoint:
+            break
+        if proc.poll() is not None:
+            raise ProbeError(
+                f"{label} nokv-server exited with {proc.returncode} before listening:\n"
+                f"{_tail(err_path)}"
+            )
+        if time.monotonic() > deadline:
+            raise ProbeError(f"{label} nokv-server did not print its listening line in {timeout} s")
+        time.sleep(0.05)
+    admin = None
+    client_toml = data_dir / "client.toml"
+    try:
+        admin = tomllib.loads(client_toml.read_text()).get("token")
+    except (OSError, tomllib.TOMLDecodeError):
+        pass
+    return Daemon(label=label, endpoint=endpoint, ca=str(data_dir / "tls" / "ca.pem"),
+                  data_dir=str(data_dir), admin_token=admin, server_bin=server_bin, proc=proc,
+                  provider=provider)
+
+
+def cli_env(d: Daemon, token: str) -> dict:
+    return clean_env({"NOKV_ENDPOINT": d.endpoint, "NOKV_CA": d.ca, "NOKV_TOKEN": token})
+
+
+def issue_token(server_bin: str, data_dir: str, workspace: str) -> str:
+    out = run_checked(
+        [server_bin, "token", "issue", "--data-dir", data_dir, "--workspace", workspace,
+         "--role", "write", "--ttl", "1d"],
+        clean_env(), f"issuing a token for {workspace}",
+    )
+    tok = out.strip().splitlines()[-1].strip() if out.strip() else ""
+    if not tok:
+        raise ProbeError(f"token issue printed nothing for {workspace}")
+    return tok
+
+
+def health(cli_bin: str, d: Daemon) -> dict | None:
+    if not d.admin_token:
+        return None
+    try:
+        out = run_checked([cli_bin, "--json", "admin", "health"], cli_env(d, d.admin_token),
+                          "admin health", timeout=20)
+        return json.loads(out)
+    except (ProbeError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Measurement
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Target:
+    """One daemon under test with its workspaces, tokens and collected samples."""
+
+    daemon: Daemon
+    shard_count: int | None
+    shard: int | None
+    sessions: list[tuple[str, str]]  # (workspace, token)
+    uploader: tuple[str, str]
+    windows: list[Window] = dataclasses.field(default_factory=list)
+    session_records: list[dict] = dataclasses.field(default_factory=list)
+    upload_records: list[dict] = dataclasses.field(default_factory=list)
+    cycle_spans: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
+    skipped_lines: int = 0
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    health_before: dict | None = None
+    health_after: dict | None = None
+
+
+def prepare_target(args, d: Daemon, log) -> Target:
+    shard_count = None
+    h = health(args.cli_bin, d)
+    if h and isinstance(h.get("shard_count"), int):
+        shard_count = h["shard_count"]
+    elif args.placement == "same-shard":
+        log(f"[{d.label}] warning: admin health unavailable; assuming 16 shards for placement")
+        shard_count = 16
+    up_ws = args.uploader_workspace
+    shard = shard_of(up_ws, shard_count) if shard_count else None
+    if args.placement == "same-shard":
+        names = session_workspaces(args.sessions, up_ws, shard_count)
+    else:
+        names = session_workspaces(args.sessions, up_ws, None)
+    sessions = [(ws, issue_token(d.server_bin, d.data_dir, ws)) for ws in names]
+    uploader = (up_ws, issue_token(d.server_bin, d.data_dir, up_ws))
+    t = Target(daemon=d, shard_count=shard_count, shard=shard, sessions=sessions,
+               uploader=uploader, health_before=h)
+    return t
+
+
+def _check_alive(t: Target, procs: list[tuple[str, subprocess.Popen, Path]]) -> None:
+    d = t.daemon
+    if d.proc is not None and d.proc.poll() is not None:
+        raise ProbeError(f"[{d.label}] nokv-server exited with {d.proc.returncode} mid-run")
+    for name, p, err in procs:
+        if p.poll() is not None:
+            raise ProbeError(
+                f"[{d.label}] {name} exited early with status {p.returncode}:\n{_tail(err)}"
+            )
+
+
+def _sleep_watching(seconds: float, t: Target, procs) -> None:
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(0.2, left))
+        _check_alive(t, procs)
+
+
+def _stopped_ok(t: Target, name: str, rc: int, err: Path) -> None:
+    if rc == 0:
+        return
+    if rc == -signal.SIGTERM:
+        t.warnings.append(f"{name} died by SIGTERM instead of exiting 0")
+        return
+    raise ProbeError(f"[{t.daemon.label}] {name} stopped with status {rc}:\n{_tail(err)}")
+
+
+def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -> None:
+    label = t.daemon.label
+    cdir = raw / label / f"cycle{cycle}"
+    cdir.mkdir(parents=True, exist_ok=True)
+    # Safety net: children stop by themselves if the probe vanishes without signalling them.
+    cycle_budget = int(args.warmup + 4 * args.seconds + 120)
+    procs: list[tuple[str, subprocess.Popen, Path]] = []
+    files: list[Path] = []
+    t_begin = time.time()
+    for i, (ws, tok) in enumerate(t.sessions):
+        outp, errp = cdir / f"session{i}.jsonl", cdir / f"session{i}.stderr.log"
+        argv = [args.cli_bin, "bench", "session", "--workspace", ws,
+                "--file-size", str(args.file_size), "--seconds", str(cycle_budget)]
+        with open(outp, "wb") as o, open(errp, "wb") as e:
+            p = children.spawn(f"session {i}", argv, cli_env(t.daemon, tok), o, e)
+        procs.append((f"session {i} ({ws})", p, errp))
+        files.append(outp)
+    log(f"[{label}] cycle {cycle}: {len(procs)} sessions started; warm-up {args.warmup:g} s")
+    _sleep_watching(args.warmup, t, procs)
+    up_files: list[Path] = []
+    for cond in CONDITIONS:
+        up = None
+        if cond in UPLOAD_CONDITIONS:
+            n = len(up_files)
+            outp, errp = cdir / f"upload{n}-{cond}.jsonl", cdir / f"upload{n}-{cond}.stderr.log"
+            argv = [args.cli_bin, "bench", "upload", "--workspace", t.uploader[0],
+                    "--size-mib", str(args.upload_mib),
+                    "--seconds", str(int(args.seconds + 120))]
+            if cond == "paced":
+                argv += ["--pace", f"{args.pace:g}"]
+            ws_start = time.time()
+            with open(outp, "wb") as o, open(errp, "wb") as e:
+                p = children.spawn(f"uploader ({cond})", argv,
+                                   cli_env(t.daemon, t.uploader[1]), o, e)
+            up = (f"uploader ({cond})", p, errp)
+            up_files.append(outp)
+        else:
+            ws_start = time.time()
+        watch = procs + ([up] if up else [])
+        _sleep_watching(args.seconds, t, watch)
+        ws_end = time.time()
+        if up:
+            rc = children.stop(up[1])
+            _stopped_ok(t, up[0], rc, up[2])
+        t.windows.append(Window(cycle, cond, ws_start, ws_end))
+        log(f"[{label}] cycle {cycle}: {cond} done")
+    t_end = time.time()
+    for name, p, err in procs:
+        rc = children.stop(p)
+        _stopped_ok(t, name, rc, err)
+    t.cycle_spans.append((cycle, t_begin, t_end))
+    for f in files:
+        recs, skipped = parse_lines(f.read_text(errors="replace").splitlines())
+        t.skipped_lines += skipped
+        t.session_records.extend(r for r in recs if r["op"] in SESSION_OPS)
+    for f in up_files:
+        recs, skipped = parse_lines(f.read_text(errors="replace").splitlines())
+        t.skipped_lines += skipped
+        t.upload_records.extend(r for r in recs if r["op"] == "upload")
+
+
+def analyse(args, t: Target) -> dict:
+    per, dropped = attribute(t.session_records, t.windows, args.margin)
+    conds = {c: pool(t.windows, per, t.upload_records, args.margin, c) for c in CONDITIONS}
+    cycles = sorted({w.cycle for w in t.windows})
+    per_cycle = [
+        {"cycle": cy,
+         "conditions": {c: pool(t.windows, per, t.upload_records, args.margin, c, [cy])
+                        for c in CONDITIONS}}
+        for cy in cycles
+    ]
+    tls = []
+    for cy, a, b in t.cycle_spans:
+        ws = [w for w in t.windows if w.cycle == cy]
+        sess = [r for r in t.session_records if a <= r["start"] < b]
+        tls.append({"cycle": cy, "t0": a,
+                    "buckets": timeline(sess, t.upload_records, ws, a, b, args.bucket)})
+    v = judge(conds, args.ratio)
+    d = t.daemon
+    placement_seen = None
+    if t.health_after and isinstance(t.health_after.get("shards"), list):
+        before = {s.get("shard"): s.get("entries", 0)
+                  for s in (t.health_before or {}).get("shards", [])}
+        placement_seen = sorted(
+            s.get("shard") for s in t.health_after["shards"]
+            if (s.get("entries") or 0) > (before.get(s.get("shard")) or 0)
+        )
+    if args.placement == "same-shard" and placement_seen and placement_seen != [t.shard]:
+        t.warnings.append(
+            f"entries grew on shards {placement_seen}, expected only shard {t.shard}: "
+            "the daemon's placement differs from the probe's"
+        )
+    return {
+        "label": d.label,
+        "server_bin": d.server_bin,
+        "endpoint": d.endpoint,
+        "provider": d.provider,
+        "shard_count": t.shard_count,
+        "placement": args.placement,
+        "uploader_shard": t.shard,
+        "shards_that_grew": placement_seen,
+        "workspaces": {"sessions": [w for w, _ in t.sessions], "uploader": t.uploader[0]},
+        "windows": [dataclasses.asdict(w) for w in t.windows],
+        "samples": {"session_ops": len(t.session_records),
+                    "session_ops_outside_windows": dropped,
+                    "uploads": len(t.upload_records),
+                    "malformed_lines_skipped": t.skipped_lines},
+        "conditions": conds,
+        "per_cycle": per_cycle,
+        "timeline": tls,
+        "verdict": v.as_dict(),
+        "warnings": t.warnings,
+    }
+
+
+def redacted_command(argv: list[str]) -> str:
+    """The command line for report.json, with the value of --admin-token hidden."""
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("<redacted>")
+            hide = False
+        elif a == "--admin-token":
+            out.append(a)
+            hide = True
+        elif a.startswith("--admin-token="):
+            out.append("--admin-token=<redacted>")
+        else:
+            out.append(a)
+    return shlex.join(out)
+
+
+def machine_facts(args) -> dict:
+    u = platform.uname()
+    facts = {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": sys.version,
+        "uname": {"system": u.system, "node": u.node, "release": u.release,
+                  "version": u.version, "machine": u.machine},
+    }
+    try:
+        with open("/proc/meminfo") as f:
+            facts["meminfo_total"] = f.readline().strip()
+    except OSError:
+        pass
+    for key, binary in (("server_version", args.server_bin), ("cli_version", args.cli_bin)):
+        try:
+            facts[key] = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                        timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            facts[key] = None
+    return facts
+
+
+def write_png(path: Path, results: list[dict]) -> bool:
+    """timeline.png (one row per target and cycle); False when matplotlib is unavailable."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return False
+    rows = [(r["label"], tl, r["windows"]) for r in results for tl in r["timeline"]]
+    if not rows:
+        return False
+    fig, axes = plt.subplots(len(rows), 1, figsize=(12, 3.6 * len(rows)), squeeze=False)
+    colors = {"idle": "#deebf7", "paced": "#fff2cc", "unpaced": "#f8cbad", "idle-again": "#e2efda"}
+    for ax, (label, tl, windows) in zip(axes[:, 0], rows):
+        t0 = tl["t0"]
+        for w in windows:
+            if w["cycle"] == tl["cycle"]:
+                ax.axvspan(w["start"] - t0, w["end"] - t0, color=colors.get(w["condition"]),
+                           alpha=0.8, lw=0)
+                ax.text((w["start"] + w["end"]) / 2 - t0, 1.0, w["condition"], ha="center",
+                        va="bottom", transform=ax.get_xaxis_transform(), fontsize=8)
+        xs = [b["t"] + 0.5 for b in tl["buckets"]]
+        ax.plot(xs, [b["stat_p50_ms"] for b in tl["buckets"]], label="stat p50 ms", lw=1.2)
+        ax.plot(xs, [b["put_p50_ms"] for b in tl["buckets"]], label="put p50 ms", lw=1.2)
+        ax.set_ylabel("latency ms")
+        ax.set_xlabel(f"{label} cycle {tl['cycle']}: seconds from session start")
+        ax2 = ax.twinx()
+        ax2.bar(xs, [b["upload_mib_per_s"] for b in tl["buckets"]], width=0.9, alpha=0.25,
+                color="grey", label="upload MiB/s")
+        ax2.plot(xs, [b["ops"] for b in tl["buckets"]], color="black", lw=0.8, ls=":",
+                 label="session ops/s")
+        ax2.set_ylabel("MiB/s, ops/s")
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Measure interactive session latency on a nokv shard beside an "
+        "owner-mediated uploader (idle, paced, unpaced, idle-again).",
+        epilog="Exit status: 0 QUALIFIED, 1 NOT QUALIFIED, 2 usage error or crash, "
+        "130 interrupted.",
+    )
+    p.add_argument("--sessions", type=int, default=8, help="session processes (default 8)")
+    p.add_argument("--seconds", type=float, default=40.0,
+                   help="seconds per condition (default 40)")
+    p.add_argument("--cycles", type=int, default=2, help="cycles of the 4 conditions (default 2)")
+    p.add_argument("--pace", type=float, default=8.0,
+                   help="uploader MiB/s in the paced condition (default 8)")
+    p.add_argument("--upload-mib", type=int, default=16, help="artifact size in MiB (default 16)")
+    p.add_argument("--file-size", type=int, default=4096,
+                   help="session write size in bytes (default 4096)")
+    p.add_argument("--server-bin", default="target/release/nokv-server")
+    p.add_argument("--cli-bin", default="target/release/nokv")
+    p.add_argument("--baseline-server", metavar="BIN",
+                   help="also run every cycle against this nokv-server (interleaved)")
+    p.add_argument("--provider", choices=("local", "s3"), default="local")
+    p.add_argument("--s3-endpoint", help="existing S3 endpoint (default: start moto_server)")
+    p.add_argument("--s3-bucket", help="bucket at --s3-endpoint (required with it)")
+    p.add_argument("--moto-bin", default="moto_server")
+    p.add_argument("--endpoint", help="use a running daemon at this URL instead of starting one")
+    p.add_argument("--ca", help="CA PEM of the running daemon (with --endpoint)")
+    p.add_argument("--data-dir",
+                   help="data dir of the running daemon (with --endpoint; tokens are issued "
+                   "from its cluster secret)")
+    p.add_argument("--admin-token",
+                   help="admin token of the running daemon (default: DATA_DIR/client.toml); "
+                   "used only to read the shard count")
+    p.add_argument("--placement", choices=("same-shard", "spread"), default="same-shard",
+                   help="same-shard (default): every session workspace is chosen to hash to "
+                   "the uploader's shard; spread: plain names")
+    p.add_argument("--uploader-workspace", default="probe-up")
+    p.add_argument("--ratio", type=float, default=1.2,
+                   help="verdict limit: unpaced p50 <= RATIO x idle p50 (default 1.2)")
+    p.add_argument("--margin", type=float, default=0.5,
+                   help="seconds dropped at each edge of every condition window (default 0.5)")
+    p.add_argument("--warmup", type=float, default=1.0,
+                   help="seconds the sessions run before the first window (default 1)")
+    p.add_argument("--bucket", type=float, default=1.0, help="timeline bucket seconds (default 1)")
+    p.add_argument("--startup-timeout", type=float, default=30.0)
+    p.add_argument("--out", help="output directory (default: probe-out/<timestamp>/)")
+    p.add_argument("--keep-data", action="store_true",
+                   help="keep the temporary daemon data directories")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def validate(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.sessions < 1 or a.cycles < 1:
+        p.error("--sessions and --cycles must be at least 1")
+    if a.seconds <= 2 * a.margin:
+        p.error(f"--seconds must exceed twice --margin ({2 * a.margin:g} s)")
+    if a.pace <= 0 or a.upload_mib < 1 or a.file_size < 0 or a.bucket <= 0 or a.ratio <= 0:
+        p.error("--pace, --upload-mib, --bucket and --ratio must be positive")
+    if a.margin < 0 or a.warmup < 0:
+        p.error("--margin and --warmup must not be negative")
+    if a.endpoint:
+        if not a.ca or not a.data_dir:
+            p.error("--endpoint needs --ca and --data-dir (tokens are issued from its secret)")
+    elif a.ca or a.data_dir or a.admin_token:
+        p.error("--ca, --data-dir and --admin-token only apply with --endpoint")
+    if a.s3_endpoint and not a.s3_bucket:
+        p.error("--s3-endpoint needs --s3-bucket")
+    if (a.s3_endpoint or a.s3_bucket) and a.provider != "s3":
+        p.error("--s3-endpoint / --s3-bucket need --provider s3")
+    for flag, path in (("--server-bin", a.server_bin), ("--cli-bin", a.cli_bin),
+                       ("--baseline-server", a.baseline_server)):
+        if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            p.error(f"{flag} {path}: not an executable file (the probe builds nothing)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    validate(parser, args)
+    log = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("probe-out") / stamp
+    try:
+        out.mkdir(parents=True, exist_ok=bool(args.out))
+    except OSError as e:
+        print(f"probe error: cannot create {out}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    raw = out / "raw"
+    raw.mkdir(exist_ok=True)
+
+    children = Children()
+    temps: list[Path] = []
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run(args, children, temps, out, raw, log)
+    except Interrupted as e:
+        print(f"probe interrupted ({e}); stopping children", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ProbeError as e:
+        print(f"probe error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as e:  # a bug in the probe is a crash too, with its traceback
+        import traceback
+
+        traceback.print_exc()
+        print(f"probe error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        # Ignore further signals while cleaning up, then restore the handlers.
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)
+        children.stop_all()
+        if not args.keep_data:
+            for d in temps:
+                shutil.rmtree(d, ignore_errors=True)
+        elif temps:
+            print("kept data dirs: " + " ".join(map(str, temps)), file=sys.stderr)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log) -> int:
+    # The CLI must have the bench subcommand (the probe builds nothing).
+    res = subprocess.run([args.cli_bin, "bench", "--help"], capture_output=True, text=True,
+                         env=clean_env(), timeout=30)
+    if res.returncode != 0:
+        raise ProbeError(f"{args.cli_bin} has no working `bench` subcommand:\n{res.stderr.strip()}")
+
+    env_extra: dict[str, str] = {}
+    run_id = f"{os.getpid()}-{int(time.time())}"
+    started_utc = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    s3_endpoint: str | None = None
+    moto = None
+    buckets: dict[str, str] = {}
+    if args.provider == "s3":
+        env_extra = {"AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "test"),
+                     "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "test")}
+        if args.s3_endpoint:
+            s3_endpoint = args.s3_endpoint
+            buckets = {"candidate": args.s3_bucket, "baseline": args.s3_bucket}
+        else:
+            moto = Moto(children, args.moto_bin, out)
+            s3_endpoint = moto.endpoint
+            buckets = {"candidate": "nokv-probe", "baseline": "nokv-probe-baseline"}
+            for b in set(buckets.values()):
+                moto.create_bucket(b)
+            log(f"moto_server at {s3_endpoint}")
+
+    def provider_for(label: str) -> list[str]:
+        if args.provider == "local":
+            return ["--provider", "local"]
+        return ["--provider", "s3", "--s3-endpoint", s3_endpoint, "--s3-bucket", buckets[label],
+                "--s3-prefix", f"nokv-probe-{label}-{run_id}"]
+
+    daemons: list[Daemon] = []
+    if args.endpoint:
+        admin = args.admin_token
+        if not admin:
+            try:
+                admin = tomllib.loads((Path(args.data_dir) / "client.toml").read_text()).get(
+                    "token")
+            except (OSError, tomllib.TOMLDecodeError):
+                admin = None
+        daemons.append(Daemon("candidate", args.endpoint, args.ca, args.data_dir, admin,
+                              args.server_bin, None, provider="external"))
+    targets_to_start = [] if args.endpoint else [("candidate", args.server_bin)]
+    if args.baseline_server:
+        targets_to_start.append(("baseline", args.baseline_server))
+    for label, binary in targets_to_start:
+        dd = Path(tempfile.mkdtemp(prefix=f"nokv-probe-{label}-"))
+        temps.append(dd)
+        d = start_daemon(children, label, binary, dd, out, provider_for(label), args.provider,
+                         env_extra, args.startup_timeout)
+        log(f"[{label}] {binary} listening on {d.endpoint} (data {dd})")
+        daemons.append(d)
+
+    targets = [prepare_target(args, d, log) for d in daemons]
+    for t in targets:
+        log(f"[{t.daemon.label}] shards {t.shard_count}, uploader {t.uploader[0]} on shard "
+            f"{t.shard}, sessions {[w for w, _ in t.sessions]}")
+
+    for cycle in range(args.cycles):
+        # Alternate the order each cycle so drift over the run does not favour one binary.
+        order = targets if cycle % 2 == 0 else list(reversed(targets))
+        for t in order:
+            run_cycle(args, children, t, cycle, raw, log)
+
+    results = []
+    for t in targets:
+        t.health_after = health(args.cli_bin, t.daemon)
+        results.append(analyse(args, t))
+
+    # Text report.
+    lines: list[str] = []
+    lines.append(
+        f"owner-upload interference probe: sessions {args.sessions}, {args.seconds:g} s per "
+        f"condition, {args.cycles} cycle(s), provider {args.provider}, paced {args.pace:g} MiB/s, "
+        f"artifacts {args.upload_mib} MiB, margin {args.margin:g} s"
+    )
+    lines.append(f"percentiles: {PERCENTILE_METHOD}")
+    for r in results:
+        lines.append("")
+        lines.append(f"{r['label']}: {r['server_bin']} ({r['endpoint']}); placement "
+                     f"{r['placement']}, uploader shard {r['uploader_shard']} of "
+                     f"{r['shard_count']}")
+        lines.extend(format_table(r["label"], r["conditions"]))
+        lines.append(format_ratios(r["conditions"], args.ratio))
+        for w in r["warnings"]:
+            lines.append(f"warning: {w}")
+    by = {r["label"]: r for r in results}
+    if "baseline" in by:
+        lines.append("")
+        lines.extend(format_side_by_side(by["candidate"]["conditions"],
+                                         by["baseline"]["conditions"]))
+    lines.append("")
+    if "baseline" in by:
+        lines.append(f"baseline verdict: {by['baseline']['verdict']['text']}")
+    lines.append(f"verdict: {by['candidate']['verdict']['text']}")
+    summary = "\n".join(lines)
+    timeline_text = "\n".join(
+        ln for r in results for ln in [""] + format_timeline(r["label"], r["timeline"])
+    )
+    (out / "report.txt").write_text(summary + "\n" + timeline_text + "\n")
+
+    report = {
+        "command": redacted_command([sys.executable, *sys.argv]),
+        "args": {k: ("<redacted>" if k == "admin_token" and v else v)
+                 for k, v in vars(args).items()},
+        "started_utc": started_utc,
+        "machine": machine_facts(args),
+        "percentile_method": PERCENTILE_METHOD,
+        "conditions_order": list(CONDITIONS),
+        "verdict_rule": f"unpaced p50 <= {args.ratio:g} x idle p50 for stat and put; "
+                        "the unpaced uploader moved data; no failed session op in idle/unpaced",
+        "s3_endpoint": s3_endpoint,
+        "targets": by,
+        "verdict": by["candidate"]["verdict"],
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    png = write_png(out / "timeline.png", results)
+
+    print(summary.rsplit("\n", 1)[0])
+    print(f"report: {out / 'report.txt'}, {out / 'report.json'}"
+          + (f", {out / 'timeline.png'}" if png else ""))
+    if not png:
+        print("matplotlib not available; skipping timeline.png")
+    print(summary.rsplit("\n", 1)[1], flush=True)
+    return EXIT_QUALIFIED if by["candidate"]["verdict"]["qualified"] else EXIT_NOT_QUALIFIED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

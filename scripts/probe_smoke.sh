@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Smoke of the owner-upload interference probe (called by scripts/test.sh): 2 sessions, 3 s per
+# condition, 1 cycle against the debug binaries. It must complete and print a `verdict:` line;
+# the verdict itself is not judged here (CI machines are noisy), so QUALIFIED (exit 0) and
+# NOT QUALIFIED (exit 1) both pass. A crash (exit 2 or anything else) or no verdict line fails.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+for bin in target/debug/nokv-server target/debug/nokv; do
+    if [ ! -x "$bin" ]; then
+        echo "probe_smoke: $bin missing; run cargo build --workspace --bins first" >&2
+        exit 1
+    fi
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/nokv-probe-smoke.XXXXXX")
+log="$work/probe.log"
+python3 scripts/owner_upload_interference_probe.py \
+    --sessions 2 --seconds 3 --cycles 1 \
+    --server-bin target/debug/nokv-server --cli-bin target/debug/nokv \
+    --out "$work/out" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+
+fail() {
+    echo "probe_smoke: FAILED: $1 (probe exit status $rc; output kept in $work)" >&2
+    exit 1
+}
+case "$rc" in
+    0|1) ;;
+    *) fail "the probe crashed or was interrupted" ;;
+esac
+grep -q '^verdict: ' "$log" || fail "no 'verdict:' line printed"
+[ -s "$work/out/report.json" ] || fail "no report.json written"
+python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/out/report.json" \
+    || fail "report.json is not valid JSON"
+
+echo "probe_smoke: ok (verdict not judged: $(grep '^verdict: ' "$log"))"
+rm -rf "$work"

@@ -1,0 +1,366 @@
+"""Unit tests of the interference probe's pure logic (no processes are started).
+
+Run: python3 -m unittest discover -s scripts/tests -v
+"""
+
+import json
+import math
+import sys
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import owner_upload_interference_probe as probe  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def rec(op, start, latency_ms, ok=True, nbytes=0):
+    return {"op": op, "start": float(start), "latency_ms": float(latency_ms), "ok": ok,
+            "bytes": nbytes}
+
+
+def cond(stat_p50, put_p50, errors=0, upload_bytes=0.0):
+    """A pooled-condition dict shaped like summarize()'s output, for judge()."""
+    return {
+        "stat": {"p50_ms": stat_p50},
+        "put": {"p50_ms": put_p50},
+        "session_errors": errors,
+        "upload": {"bytes": upload_bytes},
+    }
+
+
+class PercentileTest(unittest.TestCase):
+    def test_empty_is_none(self):
+        self.assertIsNone(probe.percentile([], 50))
+
+    def test_single_value(self):
+        for p in (0, 50, 99, 100):
+            self.assertEqual(probe.percentile([7.5], p), 7.5)
+
+    def test_linear_interpolation(self):
+        xs = [1, 2, 3, 4]
+        self.assertEqual(probe.percentile(xs, 0), 1)
+        self.assertEqual(probe.percentile(xs, 100), 4)
+        self.assertAlmostEqual(probe.percentile(xs, 50), 2.5)  # rank 1.5
+        self.assertAlmostEqual(probe.percentile(xs, 90), 3.7)  # rank 2.7
+
+    def test_unsorted_input_and_odd_median(self):
+        self.assertEqual(probe.percentile([5, 1, 3], 50), 3)
+        self.assertAlmostEqual(probe.percentile(list(range(1, 101)), 99), 99.01)
+
+    def test_matches_statistics_quantiles_inclusive(self):
+        import statistics
+
+        xs = [0.4, 12.0, 3.3, 7.7, 1.1, 9.9, 2.2, 15.5, 6.0, 4.4, 0.9]
+        q = statistics.quantiles(xs, n=100, method="inclusive")
+        for p in (50, 90, 99):
+            self.assertAlmostEqual(probe.percentile(xs, p), q[p - 1])
+
+    def test_out_of_range(self):
+        with self.assertRaises(ValueError):
+            probe.percentile([1], 101)
+
+
+class ParseTest(unittest.TestCase):
+    def test_parses_good_lines_and_skips_malformed(self):
+        lines = [
+            json.dumps({"op": "stat", "start": 100.5, "latency_ms": 0.4, "ok": True}),
+            "not json at all",
+            '{"op": "put", "start": 100.6, "latency_ms": 1.5',  # truncated (killed mid-line)
+            "",
+            "   ",
+            "[1, 2, 3]",
+            json.dumps({"op": "put", "start": "100.7", "latency_ms": 1, "ok": True}),
+            json.dumps({"op": "put", "start": 100.7, "latency_ms": -1, "ok": True}),
+            json.dumps({"op": "put", "start": 100.7, "latency_ms": 1, "ok": "yes"}),
+            json.dumps({"op": "put", "start": True, "latency_ms": 1, "ok": True}),
+            json.dumps({"start": 100.7, "latency_ms": 1, "ok": True}),
+            '{"op": "put", "start": NaN, "latency_ms": 1, "ok": true}',
+            json.dumps({"op": "put", "start": 100.8, "latency_ms": 2, "ok": False}),
+            json.dumps({"op": "upload", "start": 101, "latency_ms": 250, "bytes": 16 * MIB,
+                        "ok": True, "extra": "ignored"}),
+        ]
+        records, skipped = probe.parse_lines(lines)
+        self.assertEqual(skipped, 9)
+        self.assertEqual([r["op"] for r in records], ["stat", "put", "upload"])
+        self.assertEqual(records[0], rec("stat", 100.5, 0.4))
+        self.assertFalse(records[1]["ok"])
+        self.assertEqual(records[2]["bytes"], 16 * MIB)
+        self.assertIsInstance(records[2]["start"], float)
+
+    def test_negative_bytes_rejected(self):
+        line = json.dumps({"op": "upload", "start": 1, "latency_ms": 1, "ok": True, "bytes": -5})
+        self.assertIsNone(probe.parse_record(line))
+
+
+class AttributionTest(unittest.TestCase):
+    def setUp(self):
+        self.windows = [
+            probe.Window(0, "idle", 100.0, 110.0),
+            probe.Window(0, "paced", 110.2, 120.2),
+        ]
+
+    def test_margin_drops_edges(self):
+        records = [
+            rec("stat", 99.0, 1),    # before everything
+            rec("stat", 100.2, 1),   # inside idle's leading margin
+            rec("stat", 100.5, 1),   # exactly at idle's trimmed start: kept
+            rec("put", 105.0, 1),    # idle
+            rec("put", 109.49, 1),   # idle, just before the trimmed end
+            rec("put", 109.5, 1),    # trimmed end is exclusive
+            rec("stat", 110.1, 1),   # gap between windows
+            rec("stat", 110.8, 1),   # paced
+            rec("stat", 119.9, 1),   # paced's trailing margin
+        ]
+        per, dropped = probe.attribute(records, self.windows, 0.5)
+        self.assertEqual([r["start"] for r in per[0]], [100.5, 105.0, 109.49])
+        self.assertEqual([r["start"] for r in per[1]], [110.8])
+        self.assertEqual(dropped, 5)
+
+    def test_zero_margin_keeps_window_start(self):
+        per, dropped = probe.attribute([rec("stat", 100.0, 1), rec("stat", 110.0, 1)],
+                                       self.windows, 0.0)
+        self.assertEqual(len(per[0]), 1)
+        self.assertEqual(dropped, 1)  # 110.0 is idle's end and before paced's start
+
+    def test_effective_seconds(self):
+        self.assertAlmostEqual(self.windows[0].effective_seconds(0.5), 9.0)
+        self.assertEqual(probe.Window(0, "idle", 0, 0.6).effective_seconds(0.5), 0.0)
+
+
+class PoolTest(unittest.TestCase):
+    def test_pools_samples_durations_and_upload_bytes_over_cycles(self):
+        windows = [
+            probe.Window(0, "idle", 0.0, 10.0),
+            probe.Window(0, "unpaced", 10.0, 20.0),
+            probe.Window(1, "idle", 100.0, 110.0),
+            probe.Window(1, "unpaced", 110.0, 120.0),
+        ]
+        sessions = [
+            rec("stat", 1.0, 1.0), rec("stat", 2.0, 3.0), rec("put", 3.0, 10.0),
+            rec("stat", 101.0, 2.0), rec("put", 102.0, 20.0), rec("put", 103.0, 30.0, ok=False),
+            rec("stat", 11.0, 5.0), rec("put", 111.0, 40.0),
+        ]
+        uploads = [
+            # Entirely inside cycle 0's trimmed unpaced window [10.5, 19.5).
+            rec("upload", 11.0, 1000.0, nbytes=16 * MIB),
+            # Straddles cycle 1's trimmed end at 119.5: half of it counts.
+            rec("upload", 119.0, 1000.0, nbytes=16 * MIB),
+            # Failed uploads move no bytes.
+            rec("upload", 112.0, 500.0, ok=False, nbytes=16 * MIB),
+        ]
+        per, _ = probe.attribute(sessions, windows, 0.5)
+        idle = probe.pool(windows, per, uploads, 0.5, "idle")
+        self.assertEqual(idle["seconds"], 18.0)
+        self.assertEqual(idle["stat"]["n"], 3)
+        self.assertAlmostEqual(idle["stat"]["p50_ms"], 2.0)
+        self.assertEqual(idle["put"]["n"], 2)
+        self.assertEqual(idle["put"]["errors"], 1)
+        self.assertAlmostEqual(idle["put"]["p50_ms"], 15.0)
+        self.assertEqual(idle["session_ops"], 5)
+        self.assertEqual(idle["session_errors"], 1)
+        self.assertAlmostEqual(idle["ops_per_s"], 5 / 18.0)
+        self.assertEqual(idle["upload"]["bytes"], 0)
+
+        unpaced = probe.pool(windows, per, uploads, 0.5, "unpaced")
+        self.assertAlmostEqual(unpaced["upload"]["bytes"], 24 * MIB)
+        self.assertAlmostEqual(unpaced["upload"]["mib_per_s"], 24 / 18.0)
+        self.assertEqual(unpaced["upload"]["artifacts_started"], 3)
+        self.assertEqual(unpaced["upload"]["errors"], 1)
+        self.assertEqual(unpaced["upload"]["latency"]["n"], 2)
+
+        only1 = probe.pool(windows, per, uploads, 0.5, "unpaced", cycles=[1])
+        self.assertEqual(only1["seconds"], 9.0)
+        self.assertEqual(only1["put"]["n"], 1)
+        self.assertAlmostEqual(only1["upload"]["bytes"], 8 * MIB)
+
+    def test_empty_condition(self):
+        c = probe.pool([], [], [], 0.5, "idle")
+        self.assertEqual(c["seconds"], 0.0)
+        self.assertIsNone(c["stat"]["p50_ms"])
+        self.assertIsNone(c["ops_per_s"])
+
+
+class OverlapTest(unittest.TestCase):
+    def test_pro_rata(self):
+        u = rec("upload", 10.0, 2000.0, nbytes=100)
+        self.assertAlmostEqual(probe.overlap_bytes(u, 0, 100), 100)
+        self.assertAlmostEqual(probe.overlap_bytes(u, 11, 100), 50)
+        self.assertAlmostEqual(probe.overlap_bytes(u, 10.5, 11), 25)
+        self.assertEqual(probe.overlap_bytes(u, 12, 20), 0)
+        self.assertEqual(probe.overlap_bytes(rec("upload", 10, 0, nbytes=7), 10, 11), 7)
+
+
+class TimelineTest(unittest.TestCase):
+    def test_buckets(self):
+        windows = [probe.Window(0, "idle", 100.0, 102.0), probe.Window(0, "unpaced", 102.0, 104.0)]
+        sessions = [
+            rec("stat", 100.1, 1.0), rec("stat", 100.9, 3.0), rec("put", 100.5, 10.0),
+            rec("put", 101.2, 12.0, ok=False),
+            rec("stat", 103.999, 4.0),
+            rec("stat", 104.0, 9.0),   # at t1: outside
+            rec("stat", 99.9, 9.0),    # before t0: outside
+        ]
+        uploads = [rec("upload", 102.5, 1000.0, nbytes=2 * MIB)]
+        tl = probe.timeline(sessions, uploads, windows, 100.0, 104.0, 1.0)
+        self.assertEqual(len(tl), 4)
+        self.assertEqual([b["t"] for b in tl], [0, 1, 2, 3])
+        self.assertEqual([b["condition"] for b in tl], ["idle", "idle", "unpaced", "unpaced"])
+        self.assertEqual([b["ops"] for b in tl], [3, 0, 0, 1])
+        self.assertEqual([b["errors"] for b in tl], [0, 1, 0, 0])
+        self.assertAlmostEqual(tl[0]["stat_p50_ms"], 2.0)
+        self.assertAlmostEqual(tl[0]["put_p50_ms"], 10.0)
+        self.assertEqual(tl[0]["max_ms"], 10.0)
+        self.assertIsNone(tl[1]["stat_p50_ms"])
+        self.assertIsNone(tl[1]["max_ms"])
+        self.assertAlmostEqual(tl[2]["upload_bytes"], MIB)
+        self.assertAlmostEqual(tl[3]["upload_mib_per_s"], 1.0)
+        self.assertEqual(tl[0]["upload_bytes"], 0)
+
+    def test_partial_last_bucket_and_gap_label(self):
+        windows = [probe.Window(0, "idle", 0.0, 1.0), probe.Window(0, "paced", 2.0, 3.0)]
+        tl = probe.timeline([rec("stat", 3.2, 1)], [], windows, 0.0, 3.5, 1.0)
+        self.assertEqual(len(tl), 4)
+        self.assertEqual([b["condition"] for b in tl], ["idle", None, "paced", None])
+        self.assertEqual(tl[3]["ops"], 1)
+
+    def test_half_second_buckets(self):
+        tl = probe.timeline([rec("put", 0.7, 1)], [], [], 0.0, 1.0, 0.5)
+        self.assertEqual([b["ops"] for b in tl], [0, 1])
+        self.assertEqual([b["t"] for b in tl], [0.0, 0.5])
+
+
+class VerdictTest(unittest.TestCase):
+    def test_qualified(self):
+        v = probe.judge({"idle": cond(7.0, 14.0), "paced": cond(50.0, 90.0, upload_bytes=1),
+                         "unpaced": cond(7.1, 14.77, upload_bytes=MIB),
+                         "idle-again": cond(100.0, 100.0)})
+        self.assertTrue(v.qualified, v.reasons)
+        self.assertEqual(v.text, "QUALIFIED")
+        self.assertAlmostEqual(v.ratios["put"], 14.77 / 14.0)
+
+    def test_exactly_at_the_limit_qualifies(self):
+        v = probe.judge({"idle": cond(10.0, 10.0), "unpaced": cond(12.0, 12.0, upload_bytes=1)})
+        self.assertTrue(v.qualified, v.reasons)
+
+    def test_not_qualified_on_stat(self):
+        v = probe.judge({"idle": cond(5.83, 12.67), "unpaced": cond(7.31, 13.0, upload_bytes=1)})
+        self.assertFalse(v.qualified)
+        self.assertEqual(len(v.reasons), 1)
+        self.assertIn("unpaced stat p50 7.31 ms > 1.2 x idle 5.83 ms", v.reasons[0])
+        self.assertTrue(v.text.startswith("NOT QUALIFIED ("))
+
+    def test_not_qualified_on_put(self):
+        v = probe.judge({"idle": cond(5.83, 12.67), "unpaced": cond(6.0, 17.09, upload_bytes=1)})
+        self.assertFalse(v.qualified)
+        self.assertEqual(len(v.reasons), 1)
+        self.assertIn("unpaced put p50 17.09 ms", v.reasons[0])
+
+    def test_custom_ratio(self):
+        conds = {"idle": cond(10.0, 10.0), "unpaced": cond(14.0, 14.0, upload_bytes=1)}
+        self.assertFalse(probe.judge(conds).qualified)
+        self.assertTrue(probe.judge(conds, ratio=1.5).qualified)
+
+    def test_paced_is_not_judged(self):
+        v = probe.judge({"idle": cond(1.0, 1.0), "paced": cond(99.0, 99.0, upload_bytes=1),
+                         "unpaced": cond(1.0, 1.0, upload_bytes=1)})
+        self.assertTrue(v.qualified)
+
+    def test_missing_data(self):
+        v = probe.judge({"idle": cond(None, 10.0), "unpaced": cond(5.0, None, upload_bytes=1)})
+        self.assertFalse(v.qualified)
+        self.assertIn("no stat samples in idle", v.reasons)
+        self.assertIn("no put samples in unpaced", v.reasons)
+        self.assertIsNone(v.ratios["stat"])
+
+    def test_missing_conditions(self):
+        v = probe.judge({})
+        self.assertFalse(v.qualified)
+        self.assertIn("no stat samples in idle", v.reasons)
+        self.assertIn("no put samples in idle", v.reasons)
+
+    def test_uploader_moved_nothing(self):
+        v = probe.judge({"idle": cond(1.0, 1.0), "unpaced": cond(1.0, 1.0, upload_bytes=0)})
+        self.assertFalse(v.qualified)
+        self.assertIn("the uploader moved no data in unpaced", v.reasons)
+
+    def test_failed_session_ops(self):
+        v = probe.judge({"idle": cond(1.0, 1.0),
+                         "unpaced": cond(1.0, 1.0, errors=3, upload_bytes=1)})
+        self.assertFalse(v.qualified)
+        self.assertIn("3 session operation(s) failed in unpaced", v.reasons)
+
+    def test_zero_idle_latency(self):
+        v = probe.judge({"idle": cond(0.0, 0.0), "unpaced": cond(0.0, 0.1, upload_bytes=1)})
+        self.assertFalse(v.qualified)
+        self.assertEqual(v.ratios["stat"], 1.0)
+        self.assertTrue(math.isinf(v.ratios["put"]))
+
+
+class PlacementTest(unittest.TestCase):
+    def test_fnv1a_matches_the_daemon(self):
+        # Same vectors as nokv-server/src/placement.rs's test.
+        self.assertEqual(probe.shard_of("", 16), 0xCBF29CE484222325 % 16)
+        self.assertEqual(probe.shard_of("alpha", 16), probe.shard_of("alpha", 16))
+        self.assertEqual(len({probe.shard_of(f"ws{i}", 16) for i in range(200)}), 16)
+        # FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c (published test vector).
+        self.assertEqual(probe.shard_of("a", 1 << 64), 0xAF63DC4C8601EC8C)
+
+    def test_same_shard_workspaces(self):
+        names = probe.session_workspaces(8, "probe-up", 16)
+        self.assertEqual(len(set(names)), 8)
+        target = probe.shard_of("probe-up", 16)
+        self.assertTrue(all(probe.shard_of(n, 16) == target for n in names))
+
+    def test_spread_workspaces(self):
+        self.assertEqual(probe.session_workspaces(2, "probe-up", None), ["probe-s0", "probe-s1"])
+
+
+class FormatTest(unittest.TestCase):
+    def test_table_and_side_by_side_render(self):
+        windows = [probe.Window(0, c, i * 10.0, i * 10.0 + 10) for i, c in
+                   enumerate(probe.CONDITIONS)]
+        sessions = [rec(op, w.start + 1 + k * 0.01, 1 + k % 5) for w in windows
+                    for op in ("stat", "put") for k in range(50)]
+        uploads = [rec("upload", 12.0, 500, nbytes=16 * MIB)]
+        per, _ = probe.attribute(sessions, windows, 0.5)
+        conds = {c: probe.pool(windows, per, uploads, 0.5, c) for c in probe.CONDITIONS}
+        table = probe.format_table("candidate", conds)
+        self.assertEqual(len(table), 3 + 4)
+        self.assertTrue(table[3].startswith("idle"))
+        side = probe.format_side_by_side(conds, conds)
+        self.assertTrue(any(line.startswith("unpaced") and "upload MiB/s" in line
+                            for line in side))
+        self.assertIn("unpaced stat 1.00x", probe.format_ratios(conds, 1.2))
+        json.dumps(conds)  # report.json must serialise
+
+
+class CliTest(unittest.TestCase):
+    def test_endpoint_requires_ca_and_data_dir(self):
+        parser = probe.build_parser()
+        args = parser.parse_args(["--endpoint", "https://127.0.0.1:1", "--ca", "x"])
+        import contextlib
+        import io
+
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as cm:
+            probe.validate(parser, args)
+        self.assertEqual(cm.exception.code, 2)
+
+    def test_admin_token_is_redacted(self):
+        cmd = probe.redacted_command(["probe.py", "--admin-token", "secret1",
+                                      "--admin-token=secret2", "--sessions", "2"])
+        self.assertNotIn("secret", cmd)
+        self.assertIn("--sessions 2", cmd)
+
+    def test_defaults(self):
+        a = probe.build_parser().parse_args([])
+        self.assertEqual((a.sessions, a.seconds, a.cycles, a.provider),
+                         (8, 40.0, 2, "local"))
+        self.assertEqual(a.server_bin, "target/release/nokv-server")
+        self.assertEqual(a.cli_bin, "target/release/nokv")
+
+
+if __name__ == "__main__":
+    unittest.main()
