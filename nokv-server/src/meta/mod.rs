@@ -39,7 +39,8 @@ store_err!(
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
-    redb::CommitError
+    redb::CommitError,
+    redb::SetDurabilityError
 );
 
 impl From<MetaError> for crate::error::Error {
@@ -49,6 +50,15 @@ impl From<MetaError> for crate::error::Error {
 }
 
 type MetaResult<T> = Result<T, MetaError>;
+
+/// How a write session commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// fsync before returning.
+    Durable,
+    /// Atomic and visible, durable only after a later durable commit or flush.
+    Deferred,
+}
 type Bytes = &'static [u8];
 
 /// (workspace, path) -> EntryRecord
@@ -127,11 +137,35 @@ impl MetaStore {
         &self,
         f: impl FnOnce(&mut WriteView) -> Result<T, E>,
     ) -> Result<T, E> {
-        let txn = self.db.begin_write().map_err(MetaError::from)?;
+        self.write_with(Commit::Durable, f)
+    }
+
+    /// Like [`MetaStore::write`], but a `Deferred` commit is atomic and visible to later
+    /// sessions without being durable yet: it becomes durable with the next `Durable` commit
+    /// or [`MetaStore::flush`]. Used for group commit — nothing may be acknowledged before
+    /// that flush.
+    pub fn write_with<T, E: From<MetaError>>(
+        &self,
+        commit: Commit,
+        f: impl FnOnce(&mut WriteView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut txn = self.db.begin_write().map_err(MetaError::from)?;
+        if commit == Commit::Deferred {
+            txn.set_durability(redb::Durability::None)
+                .map_err(MetaError::from)?;
+        }
         let mut view = WriteView { txn };
         let out = f(&mut view)?;
         view.txn.commit().map_err(MetaError::from)?;
         Ok(out)
+    }
+
+    /// Makes every deferred commit durable (an empty durable commit: redb writes and fsyncs
+    /// the header regardless of content).
+    pub fn flush(&self) -> MetaResult<()> {
+        let txn = self.db.begin_write()?;
+        txn.commit()?;
+        Ok(())
     }
 }
 

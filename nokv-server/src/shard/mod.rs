@@ -61,7 +61,7 @@ impl Shard {
     ) -> Arc<Shard> {
         Arc::new(Shard {
             id,
-            gate: Gate::new(meta),
+            gate: Gate::new(meta, format!("nokv-shard-{id}")),
             object,
             signer,
             cfg,
