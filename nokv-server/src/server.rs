@@ -14,7 +14,7 @@ use std::time::Duration;
 use nokv_proto::v1 as pb;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::bootstrap;
@@ -131,7 +131,11 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         .add_service(reflection_alpha)
         .add_service(workspace)
         .add_service(admin)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            // Small unary calls must not wait for Nagle + delayed ACK (a 40 ms tail).
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await?;
 
     let _ = stop_tx.send(true);
