@@ -260,6 +260,9 @@ pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
     let channel = endpoint
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
+        // Room for whole blocks in flight instead of HTTP/2's 64 KiB default window.
+        .initial_stream_window_size(MAX_MESSAGE as u32)
+        .initial_connection_window_size(4 * MAX_MESSAGE as u32)
         .connect_lazy();
     Ok(channel)
 }

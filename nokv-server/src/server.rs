@@ -122,6 +122,11 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         tracing::info!("shutdown requested: draining in-flight requests");
     };
     Server::builder()
+        // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
+        // round trips. One block per stream and a few blocks per connection bound the memory
+        // a connection can make the server buffer.
+        .initial_stream_window_size(Some(MAX_MESSAGE as u32))
+        .initial_connection_window_size(Some(4 * MAX_MESSAGE as u32))
         .tls_config(
             ServerTlsConfig::new()
                 .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
