@@ -117,17 +117,26 @@ impl Client {
             while let Some(done) = inflight.try_join_next() {
                 done.map_err(|e| ClientError::local(format!("block task: {e}")))??;
             }
-            let mut data = vec![0u8; len];
-            reader.read_exact(&mut data).await.map_err(|e| {
-                ClientError::local(format!("reading block {index} of the source: {e}"))
-            })?;
+            let mut data = Vec::with_capacity(len);
+            (&mut *reader)
+                .take(len as u64)
+                .read_to_end(&mut data)
+                .await
+                .map_err(|e| {
+                    ClientError::local(format!("reading block {index} of the source: {e}"))
+                })?;
+            if data.len() != len {
+                return Err(ClientError::local(
+                    "the source shrank while it was being published",
+                ));
+            }
             whole.update(&data);
             let req = pb::PutBlockRequest {
                 upload_id: begin.upload_id.clone(),
                 upload_token: begin.upload_token.clone(),
                 index,
                 block_sha256: Sha256::digest(&data).to_vec(),
-                data,
+                data: data.into(),
                 request_id: new_request_id(),
             };
             let client = self.clone();

@@ -99,6 +99,9 @@ pub struct ServeArgs {
     /// An upload's lease; clients renew at a third of it [default: 60s].
     #[arg(long, env = "NOKV_UPLOAD_LEASE")]
     pub upload_lease: Option<String>,
+    /// Artifact blocks hashed and written at once on this node (bulk admission) [default: 2].
+    #[arg(long, env = "NOKV_BULK_PARALLEL")]
+    pub bulk_parallel: Option<usize>,
     /// Object provider: local | s3 | memory [default: local, under DATA_DIR/objects].
     #[arg(long, env = "NOKV_PROVIDER")]
     pub provider: Option<String>,
@@ -140,6 +143,7 @@ pub struct Settings {
     pub advertise: Option<String>,
     pub shards: u32,
     pub shard: ShardConfig,
+    pub bulk_parallel: usize,
     pub provider: ProviderConfig,
     pub prefix: String,
     pub log: String,
@@ -169,6 +173,7 @@ impl ServeArgs {
                 inline_max,
                 replay_ttl,
                 upload_lease,
+                bulk_parallel,
                 provider,
                 s3_endpoint,
                 s3_bucket,
@@ -234,6 +239,7 @@ impl ServeArgs {
             advertise: self.advertise,
             shards,
             shard,
+            bulk_parallel: self.bulk_parallel.unwrap_or(2),
             provider,
             prefix: self.s3_prefix.unwrap_or_else(|| "nokv".into()),
             log: self.log.unwrap_or_else(|| "info".into()),

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod bootstrap;
+pub mod bulk;
 pub mod config;
 pub mod error;
 pub mod meta;

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::bulk::Bulk;
 use crate::error::{Error, Result};
 use crate::meta::MetaStore;
 use crate::object::ObjectProvider;
@@ -26,6 +27,7 @@ impl Node {
         data_dir: &std::path::Path,
         shard_count: u32,
         cfg: &ShardConfig,
+        bulk_parallel: usize,
         provider: ObjectProvider,
         signer: Signer,
         name: String,
@@ -33,6 +35,9 @@ impl Node {
         let dir = data_dir.join("shards");
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
+        let bulk = Arc::new(
+            Bulk::new(bulk_parallel).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
+        );
         let shards = (0..shard_count)
             .map(|id| {
                 let meta = MetaStore::open(&dir.join(format!("{id:04}.redb")))?;
@@ -40,6 +45,7 @@ impl Node {
                     id,
                     meta,
                     provider.clone(),
+                    bulk.clone(),
                     signer.clone(),
                     cfg.clone(),
                 ))

@@ -75,6 +75,9 @@ pub struct ObjectProvider {
     prefix: String,
     writer: Arc<dyn ObjectStore>,
     reader: Arc<dyn ObjectStore>,
+    /// Local filesystem only. object_store does not fsync, but `Written` must mean durable as
+    /// it does for S3: a revision references the key as soon as the record session commits.
+    local: Option<Arc<object_store::local::LocalFileSystem>>,
 }
 
 impl std::fmt::Debug for ObjectProvider {
@@ -93,8 +96,11 @@ impl ObjectProvider {
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(root)
                     .map_err(|e| ObjectError::Config(e.to_string()))?
                     .with_automatic_cleanup(true);
-                let fs: Arc<dyn ObjectStore> = Arc::new(fs);
-                Ok(Self::from_stores("local", prefix, fs.clone(), fs))
+                let fs = Arc::new(fs);
+                let store: Arc<dyn ObjectStore> = fs.clone();
+                let mut p = Self::from_stores("local", prefix, store.clone(), store);
+                p.local = Some(fs);
+                Ok(p)
             }
             ProviderConfig::Memory => {
                 let m: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
@@ -151,6 +157,7 @@ impl ObjectProvider {
             prefix,
             writer,
             reader,
+            local: None,
         }
     }
 
@@ -192,9 +199,32 @@ impl ObjectProvider {
             .put_opts(&Path::from(key), PutPayload::from_bytes(data), opts)
             .await
         {
-            Ok(_) => PutOutcome::Written,
+            Ok(_) => match self.sync_local(key).await {
+                Ok(()) => PutOutcome::Written,
+                Err(e) => PutOutcome::Unknown(format!("written but not made durable: {e}")),
+            },
             Err(e) => classify(&e),
         }
+    }
+
+    /// fsyncs a locally written object and its directory (no-op for remote providers).
+    async fn sync_local(&self, key: &str) -> Result<(), String> {
+        let Some(fs) = &self.local else {
+            return Ok(());
+        };
+        let path = fs
+            .path_to_filesystem(&Path::from(key))
+            .map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::File::open(&path)?.sync_all()?;
+            if let Some(dir) = path.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
     }
 
     pub async fn get(&self, key: &str) -> Result<Bytes, ObjectError> {

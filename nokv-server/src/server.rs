@@ -76,6 +76,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         &settings.data_dir,
         settings.shards,
         &settings.shard,
+        settings.bulk_parallel,
         provider,
         material.signer.clone(),
         settings.advertise.clone().unwrap_or_else(|| "local".into()),

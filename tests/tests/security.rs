@@ -343,7 +343,7 @@ async fn a_plaintext_grpc_client_is_refused() {
         let mut req = tonic::Request::new(pb::WriteRequest {
             workspace: "w1".into(),
             path: "plaintext".into(),
-            data: b"x".to_vec(),
+            data: b"x".to_vec().into(),
             request_id: "plaintext-1".into(),
             ..Default::default()
         });
@@ -390,14 +390,14 @@ async fn the_sdk_over_tls_with_the_daemon_ca_gets_health_and_round_trips_a_file(
         .write(pb::WriteRequest {
             workspace: "w1".into(),
             path: "sdk.txt".into(),
-            data: b"via the sdk".to_vec(),
+            data: b"via the sdk".to_vec().into(),
             ..Default::default()
         })
         .await
         .expect("write over TLS");
     assert_eq!(e.generation, 1);
     let r = client.read("w1", "sdk.txt").await.expect("read over TLS");
-    assert_eq!(r.data, b"via the sdk");
+    assert_eq!(&r.data[..], b"via the sdk");
     assert_eq!(admin_get(&d, "w1:sdk.txt"), b"via the sdk");
 }
 
@@ -597,7 +597,7 @@ async fn nul_bytes_and_bad_request_ids_sent_through_the_sdk_are_refused_as_inval
     let write = |ws: &str, path: &str, request_id: &str| pb::WriteRequest {
         workspace: ws.into(),
         path: path.into(),
-        data: b"x".to_vec(),
+        data: b"x".to_vec().into(),
         request_id: request_id.into(),
         ..Default::default()
     };

@@ -49,7 +49,7 @@ pub async fn put(
         .write(pb::WriteRequest {
             workspace: t.workspace.clone(),
             path: t.path.clone(),
-            data,
+            data: data.into(),
             mode: mode as i32,
             if_generation,
             request_id: request_id.unwrap_or_default(),

@@ -248,7 +248,7 @@ impl Workspace for WorkspaceService {
             .map(|i| {
                 let end = ((i + 1) * CHUNK).min(data.len());
                 Ok(pb::ReadBlockChunk {
-                    data: data.slice(i * CHUNK..end).to_vec(),
+                    data: data.slice(i * CHUNK..end),
                 })
             })
             .collect();

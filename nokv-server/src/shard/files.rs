@@ -79,7 +79,7 @@ impl Shard {
                 };
                 Ok(pb::ReadResponse {
                     entry: Some(to_entry(ws, path, &e)),
-                    data,
+                    data: data.into(),
                 })
             })
             .await

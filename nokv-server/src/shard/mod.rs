@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nokv_proto::v1 as pb;
 
+use crate::bulk::Bulk;
 use crate::meta::{EntryRecord, MetaStore};
 use crate::object::ObjectProvider;
 use crate::token::Signer;
@@ -46,6 +47,7 @@ pub struct Shard {
     pub id: u32,
     gate: Gate,
     object: ObjectProvider,
+    bulk: Arc<Bulk>,
     signer: Signer,
     cfg: ShardConfig,
     claims: claims::BlockClaims,
@@ -56,6 +58,7 @@ impl Shard {
         id: u32,
         meta: MetaStore,
         object: ObjectProvider,
+        bulk: Arc<Bulk>,
         signer: Signer,
         cfg: ShardConfig,
     ) -> Arc<Shard> {
@@ -63,6 +66,7 @@ impl Shard {
             id,
             gate: Gate::new(meta, format!("nokv-shard-{id}")),
             object,
+            bulk,
             signer,
             cfg,
             claims: Default::default(),

@@ -119,14 +119,23 @@ impl Shard {
                 self.cfg.block_size
             )));
         }
-        let digest = Sha256::digest(&req.data).to_vec();
+        // Hash on a bulk thread: 4 MiB of SHA-256 must neither stall the async workers that
+        // serve other requests nor outrank them for the CPU.
+        let body = std::mem::take(&mut req.data);
+        let (body, digest) = self
+            .bulk
+            .run(async move {
+                let digest = Sha256::digest(&body).to_vec();
+                (body, digest)
+            })
+            .await?;
         if digest != req.block_sha256 {
             return Err(Error::DigestMismatch(format!(
                 "block {} body does not match its declared sha256",
                 req.index
             )));
         }
-        let data = Bytes::from(std::mem::take(&mut req.data));
+        let data = body;
         let request_id = std::mem::take(&mut req.request_id);
         req.upload_token.clear();
         // The fingerprint covers the declared digest, which the body was just proven to match.
@@ -220,12 +229,20 @@ impl Shard {
             (Admit::Write { key: k, lease_left }, key) => (k, lease_left, key),
         };
 
-        // 2. Write, with no lock held; the lease bounds how long the attempt may take.
-        let outcome =
-            match tokio::time::timeout(lease_left, self.object.create(&object_key, data)).await {
-                Ok(o) => o,
-                Err(_) => PutOutcome::Unknown("provider write outlived the upload lease".into()),
-            };
+        // 2. Write, with no lock held and at bulk priority; the lease bounds the attempt.
+        let object = self.object.clone();
+        let create_key = object_key.clone();
+        let outcome = self
+            .bulk
+            .run(async move {
+                match tokio::time::timeout(lease_left, object.create(&create_key, data)).await {
+                    Ok(o) => o,
+                    Err(_) => {
+                        PutOutcome::Unknown("provider write outlived the upload lease".into())
+                    }
+                }
+            })
+            .await?;
 
         // 3. Record.
         self.gate

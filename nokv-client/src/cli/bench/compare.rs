@@ -69,7 +69,7 @@ fn small_write(ws: String, i: u64) -> pb::WriteRequest {
     pb::WriteRequest {
         workspace: ws,
         path: format!("bench/file-{}", i % 64),
-        data: vec![b'x'; 4096],
+        data: vec![b'x'; 4096].into(),
         ..Default::default()
     }
 }

@@ -59,11 +59,11 @@ pub async fn session(client: &Client, ws: &str, seconds: Option<f64>, file_size:
         .write(pb::WriteRequest {
             workspace: ws.into(),
             path: probe.into(),
-            data: b"probe".to_vec(),
+            data: bytes::Bytes::from_static(b"probe"),
             ..Default::default()
         })
         .await;
-    let body = vec![b'x'; file_size];
+    let body = bytes::Bytes::from(vec![b'x'; file_size]);
     let work = async {
         for i in 0u64.. {
             timed("stat", client.stat(ws, probe)).await;

@@ -41,7 +41,8 @@ fn fixture(block_size: u64, lease: Duration) -> Fixture {
         upload_lease: lease,
         ..ShardConfig::default()
     };
-    let shard = Shard::open(3, meta, provider.clone(), Signer::new(b"k"), cfg);
+    let bulk = Arc::new(crate::bulk::Bulk::new(2).unwrap());
+    let shard = Shard::open(3, meta, provider.clone(), bulk, Signer::new(b"k"), cfg);
     Fixture {
         _dir: dir,
         shard,
@@ -76,7 +77,7 @@ fn block(up: &pb::BeginUploadResponse, index: u32, data: &[u8], rid: &str) -> pb
         upload_token: up.upload_token.clone(),
         index,
         block_sha256: Sha256::digest(data).to_vec(),
-        data: data.to_vec(),
+        data: data.to_vec().into(),
         request_id: rid.into(),
     }
 }
@@ -94,7 +95,7 @@ fn small_write(path: &str) -> pb::WriteRequest {
     pb::WriteRequest {
         workspace: "ws".into(),
         path: path.into(),
-        data: vec![7; 4096],
+        data: vec![7; 4096].into(),
         request_id: format!("w-{path}"),
         ..Default::default()
     }
