@@ -275,6 +275,14 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_configuration_parses() {
+        let example = include_str!("../../deploy/nokv-server.example.toml");
+        let args: ServeArgs = toml::from_str(example).unwrap();
+        assert_eq!(args.provider.as_deref(), Some("s3"));
+        assert_eq!(args.bulk_parallel, Some(2));
+    }
+
+    #[test]
     fn unknown_file_keys_and_bad_providers_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");

@@ -1,7 +1,7 @@
 //! The probe's workers. `session` is an agent's tool loop (stat a file, write a 4 KiB file);
-//! `upload` publishes artifacts back to back. Both print one JSON line per operation
-//! (`op`, `start` in Unix seconds, `latency_ms`, `ok`) and stop after `--seconds` or on
-//! SIGTERM/SIGINT, exiting 0.
+//! `upload` publishes artifacts back to back. Both print one JSON line per operation —
+//! `op`, `start` (Unix seconds), `latency` (seconds), `latency_ms`, `ok` — and stop after
+//! `--seconds` or on SIGTERM/SIGINT, exiting 0.
 
 use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -44,8 +44,9 @@ fn emit(line: serde_json::Value) {
 async fn timed<T>(op: &str, f: impl std::future::Future<Output = Result<T, ClientError>>) -> bool {
     let (start, t) = (unix_now(), Instant::now());
     let r = f.await;
-    let mut line = json!({"op": op, "start": start,
-        "latency_ms": t.elapsed().as_secs_f64() * 1000.0, "ok": r.is_ok()});
+    let latency = t.elapsed().as_secs_f64();
+    let mut line = json!({"op": op, "start": start, "latency": latency,
+        "latency_ms": latency * 1000.0, "ok": r.is_ok()});
     if let Err(e) = &r {
         line["error"] = json!(e.reason_name());
     }
@@ -105,8 +106,9 @@ pub async fn upload(
                     PublishOptions::default(),
                 )
                 .await;
-            let mut line = json!({"op": "upload", "start": start,
-                "latency_ms": t.elapsed().as_secs_f64() * 1000.0, "bytes": size, "ok": r.is_ok()});
+            let latency = t.elapsed().as_secs_f64();
+            let mut line = json!({"op": "upload", "start": start, "latency": latency,
+                "latency_ms": latency * 1000.0, "bytes": size, "ok": r.is_ok()});
             if let Err(e) = &r {
                 line["error"] = json!(e.reason_name());
             }
