@@ -6,6 +6,7 @@
 //! committer like every other write session; only the byte-heavy step moves here.
 
 use std::future::Future;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -14,14 +15,19 @@ const BULK_NICE: libc::c_int = 10;
 
 pub struct Bulk {
     runtime: Option<tokio::runtime::Runtime>,
+    /// Optional bandwidth budget: the instant the next block may start, advanced by each
+    /// block's share (`bytes / rate`). Pacing, not bursting: a node never moves bulk bytes
+    /// faster than the budget, whatever the number of uploaders.
+    pace: Option<(f64, parking_lot::Mutex<tokio::time::Instant>)>,
     /// Admission: blocks hashed or written at once. Past the machine's spare cores more
     /// parallel bulk work only steals CPU and disk from interactive requests.
     permits: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl Bulk {
-    /// `parallel` bounds how many blocks are hashed and written at once on this node.
-    pub fn new(parallel: usize) -> std::io::Result<Bulk> {
+    /// `parallel` bounds how many blocks are hashed and written at once on this node;
+    /// `mib_per_s` (when set) caps the node's bulk bandwidth.
+    pub fn new(parallel: usize, mib_per_s: Option<f64>) -> std::io::Result<Bulk> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("nokv-bulk")
@@ -30,8 +36,28 @@ impl Bulk {
             .build()?;
         Ok(Bulk {
             runtime: Some(runtime),
+            pace: mib_per_s.filter(|r| *r > 0.0).map(|r| {
+                (
+                    r * 1024.0 * 1024.0,
+                    parking_lot::Mutex::new(tokio::time::Instant::now()),
+                )
+            }),
             permits: std::sync::Arc::new(tokio::sync::Semaphore::new(parallel.max(1))),
         })
+    }
+
+    /// Waits until the bandwidth budget admits `bytes` more (immediately without a budget).
+    pub async fn admit(&self, bytes: u64) {
+        let Some((rate, next)) = &self.pace else {
+            return;
+        };
+        let start = {
+            let mut next = next.lock();
+            let start = (*next).max(tokio::time::Instant::now());
+            *next = start + Duration::from_secs_f64(bytes as f64 / rate);
+            start
+        };
+        tokio::time::sleep_until(start).await;
     }
 
     /// Runs `work` on a bulk thread and waits for it.
@@ -80,5 +106,39 @@ fn lower_priority() {
             tid as libc::c_long,
             prio,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs on tokio's paused clock: time advances only by the sleeps themselves, so the
+    /// assertions are exact, not timing thresholds.
+    #[tokio::test(start_paused = true)]
+    async fn a_bandwidth_budget_spaces_blocks_by_their_share_of_the_rate() {
+        let bulk = Bulk::new(1, Some(4.0)).unwrap();
+        let t0 = tokio::time::Instant::now();
+        let block = 2 * 1024 * 1024;
+        bulk.admit(block).await;
+        assert_eq!(
+            t0.elapsed(),
+            Duration::ZERO,
+            "the first block starts at once"
+        );
+        bulk.admit(block).await;
+        assert_eq!(t0.elapsed(), Duration::from_millis(500));
+        bulk.admit(block).await;
+        assert_eq!(t0.elapsed(), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_budget_blocks_are_admitted_at_once() {
+        let bulk = Bulk::new(1, None).unwrap();
+        let t0 = tokio::time::Instant::now();
+        for _ in 0..10 {
+            bulk.admit(4 << 20).await;
+        }
+        assert_eq!(t0.elapsed(), Duration::ZERO);
     }
 }

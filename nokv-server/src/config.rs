@@ -102,6 +102,13 @@ pub struct ServeArgs {
     /// Artifact blocks hashed and written at once on this node (bulk admission) [default: 2].
     #[arg(long, env = "NOKV_BULK_PARALLEL")]
     pub bulk_parallel: Option<usize>,
+    /// Cap on the node's artifact-block bandwidth in MiB/s, leaving the rest of the machine to
+    /// interactive requests [default: no cap].
+    #[arg(long, env = "NOKV_BULK_MIB_PER_S")]
+    pub bulk_mib_per_s: Option<f64>,
+    /// Async worker threads serving requests [default: one per CPU].
+    #[arg(long, env = "NOKV_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Object provider: local | s3 | memory [default: local, under DATA_DIR/objects].
     #[arg(long, env = "NOKV_PROVIDER")]
     pub provider: Option<String>,
@@ -144,6 +151,8 @@ pub struct Settings {
     pub shards: u32,
     pub shard: ShardConfig,
     pub bulk_parallel: usize,
+    pub worker_threads: Option<usize>,
+    pub bulk_mib_per_s: Option<f64>,
     pub provider: ProviderConfig,
     pub prefix: String,
     pub log: String,
@@ -174,6 +183,8 @@ impl ServeArgs {
                 replay_ttl,
                 upload_lease,
                 bulk_parallel,
+                worker_threads,
+                bulk_mib_per_s,
                 provider,
                 s3_endpoint,
                 s3_bucket,
@@ -240,6 +251,8 @@ impl ServeArgs {
             shards,
             shard,
             bulk_parallel: self.bulk_parallel.unwrap_or(2),
+            worker_threads: self.worker_threads,
+            bulk_mib_per_s: self.bulk_mib_per_s,
             provider,
             prefix: self.s3_prefix.unwrap_or_else(|| "nokv".into()),
             log: self.log.unwrap_or_else(|| "info".into()),

@@ -42,10 +42,11 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = settings.worker_threads {
+        builder.worker_threads(n.max(1));
+    }
+    let runtime = builder.enable_all().build().expect("tokio runtime");
     match runtime.block_on(server::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

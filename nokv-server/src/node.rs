@@ -27,7 +27,7 @@ impl Node {
         data_dir: &std::path::Path,
         shard_count: u32,
         cfg: &ShardConfig,
-        bulk_parallel: usize,
+        bulk: (usize, Option<f64>),
         provider: ObjectProvider,
         signer: Signer,
         name: String,
@@ -36,7 +36,7 @@ impl Node {
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
         let bulk = Arc::new(
-            Bulk::new(bulk_parallel).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
+            Bulk::new(bulk.0, bulk.1).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
         );
         let shards = (0..shard_count)
             .map(|id| {

@@ -76,7 +76,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         &settings.data_dir,
         settings.shards,
         &settings.shard,
-        settings.bulk_parallel,
+        (settings.bulk_parallel, settings.bulk_mib_per_s),
         provider,
         material.signer.clone(),
         settings.advertise.clone().unwrap_or_else(|| "local".into()),

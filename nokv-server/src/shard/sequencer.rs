@@ -119,6 +119,7 @@ impl Shard {
                 self.cfg.block_size
             )));
         }
+        self.bulk.admit(req.data.len() as u64).await;
         // Hash on a bulk thread: 4 MiB of SHA-256 must neither stall the async workers that
         // serve other requests nor outrank them for the CPU.
         let body = std::mem::take(&mut req.data);

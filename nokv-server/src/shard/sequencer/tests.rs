@@ -41,7 +41,7 @@ fn fixture(block_size: u64, lease: Duration) -> Fixture {
         upload_lease: lease,
         ..ShardConfig::default()
     };
-    let bulk = Arc::new(crate::bulk::Bulk::new(2).unwrap());
+    let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
     let shard = Shard::open(3, meta, provider.clone(), bulk, Signer::new(b"k"), cfg);
     Fixture {
         _dir: dir,
