@@ -11,8 +11,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
-use ring::rand::{SecureRandom, SystemRandom};
 
+use crate::ids::random_bytes;
 use crate::token::{Claims, Role, Signer, unix_now};
 
 #[derive(Debug, thiserror::Error)]
@@ -152,14 +152,6 @@ pub fn load_signer(data_dir: &Path) -> Result<Signer> {
     let secret = hex::decode(hex_secret.trim())
         .map_err(|_| BootstrapError::Invalid("cluster.secret is not hex".into()))?;
     Ok(Signer::new(&secret))
-}
-
-pub fn random_bytes(n: usize) -> Vec<u8> {
-    let mut b = vec![0u8; n];
-    SystemRandom::new()
-        .fill(&mut b)
-        .expect("the system random source works");
-    b
 }
 
 /// The CA's parameters are fixed, so the issuer can be rebuilt from the stored key alone.

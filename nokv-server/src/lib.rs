@@ -10,6 +10,7 @@ pub mod bootstrap;
 pub mod bulk;
 pub mod config;
 pub mod error;
+pub mod ids;
 pub mod meta;
 pub mod names;
 pub mod node;

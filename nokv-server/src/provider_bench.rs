@@ -8,8 +8,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::bootstrap::random_bytes;
 use crate::config::Settings;
+use crate::ids::{random_bytes, random_hex};
 use crate::object::{ObjectProvider, PutOutcome};
 
 #[derive(Debug, serde::Serialize)]
@@ -29,7 +29,7 @@ pub async fn run(settings: &Settings, blocks: u32, parallel: usize) -> Result<Re
     provider.check().await.map_err(|e| e.to_string())?;
     let block_size = settings.shard.block_size;
     let base = Bytes::from(random_bytes(block_size as usize));
-    let run_id = format!("bench-direct-{}", hex::encode(random_bytes(8)));
+    let run_id = format!("bench-direct-{}", random_hex(8));
     let keys: Vec<String> = (0..blocks)
         .map(|i| provider.block_key(9999, &run_id, i, "direct"))
         .collect();

@@ -73,10 +73,6 @@ impl Shard {
         })
     }
 
-    pub fn config(&self) -> &ShardConfig {
-        &self.cfg
-    }
-
     pub async fn counts(&self) -> crate::error::Result<crate::meta::Counts> {
         self.gate.read(|r| Ok(r.counts()?)).await
     }

@@ -25,8 +25,8 @@ use sha2::{Digest, Sha256};
 use super::files::{not_found, retire};
 use super::replay::RequestKey;
 use super::{Shard, now_ms, to_entry};
-use crate::bootstrap::random_bytes;
 use crate::error::{Error, Result};
+use crate::ids::random_hex;
 use crate::meta::{
     BlockRecord, BlockState, EntryRecord, GuardRecord, KIND_ARTIFACT, RevisionBlock,
     RevisionRecord, UploadRecord, UploadState, WriteView, WriterState,
@@ -70,7 +70,7 @@ impl Shard {
         let block_size = self.cfg.block_size;
         let block_count = req.size.div_ceil(block_size) as u32;
         let lease_ms = self.cfg.upload_lease.as_millis() as i64;
-        let upload_id = format!("{}.{}", self.id, hex::encode(random_bytes(16)));
+        let upload_id = format!("{}.{}", self.id, random_hex(16));
         let upload_token = self.signer.upload_capability(&upload_id);
         self.gate
             .write(move |w| {
@@ -191,7 +191,7 @@ impl Shard {
                         key.record(w, &resp, now)?;
                         return Ok((Admit::Done(resp), key));
                     }
-                    let attempt = hex::encode(random_bytes(12));
+                    let attempt = random_hex(12);
                     let object_key = object.block_key(shard, &upload_id, index, &attempt);
                     w.put_block(
                         &upload_id,
