@@ -1003,6 +1003,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="session write size in bytes (default 4096)")
     p.add_argument("--server-bin", default="target/release/nokv-server")
     p.add_argument("--cli-bin", default="target/release/nokv")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for every nokv-server the probe starts (repeatable), "
+                        "e.g. --server-arg=--bulk-mib-per-s=48")
     p.add_argument("--baseline-server", metavar="BIN",
                    help="also run every cycle against this nokv-server (interleaved)")
     p.add_argument("--provider", choices=("local", "s3"), default="local")
@@ -1157,7 +1160,8 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
     for label, binary in targets_to_start:
         dd = Path(tempfile.mkdtemp(prefix=f"nokv-probe-{label}-"))
         temps.append(dd)
-        d = start_daemon(children, label, binary, dd, out, provider_for(label), args.provider,
+        d = start_daemon(children, label, binary, dd, out,
+                         provider_for(label) + list(args.server_arg), args.provider,
                          env_extra, args.startup_timeout)
         log(f"[{label}] {binary} listening on {d.endpoint} (data {dd})")
         daemons.append(d)
