@@ -16,6 +16,7 @@
 //! hold is referenced by a block or revision, guarded, or collectable; a superseded or expired
 //! attempt can never mark a block uploaded. Digest checks and hashing happen before any gate.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -105,7 +106,7 @@ impl Shard {
 
     /// The three-step sequence described in the module docs.
     pub async fn put_block(
-        &self,
+        self: &Arc<Self>,
         claims: Claims,
         mut req: pb::PutBlockRequest,
     ) -> Result<pb::PutBlockResponse> {
@@ -143,7 +144,7 @@ impl Shard {
         let mut key = RequestKey::new("", &request_id, "PutBlock", &req);
         let (upload_id, index, length) = (req.upload_id.clone(), req.index, data.len() as u64);
 
-        let _claim = self.claims.claim(&upload_id, index).await;
+        let claim = self.claims.claim(&upload_id, index).await;
 
         // 1. Admit.
         let (lease_ms, shard, object) = (
@@ -230,27 +231,36 @@ impl Shard {
             (Admit::Write { key: k, lease_left }, key) => (k, lease_left, key),
         };
 
-        // 2. Write, with no lock held and at bulk priority; the lease bounds the attempt.
-        let object = self.object.clone();
-        let create_key = object_key.clone();
-        let outcome = self
-            .bulk
-            .run(async move {
-                match tokio::time::timeout(lease_left, object.create(&create_key, data)).await {
-                    Ok(o) => o,
-                    Err(_) => {
-                        PutOutcome::Unknown("provider write outlived the upload lease".into())
+        // 2 and 3 run detached from the caller: once a write is admitted it is written and
+        // recorded even if the caller goes away, so a retry or a waiting duplicate finds the
+        // block recorded instead of paying for another write. The claim travels along.
+        let shard = self.clone();
+        tokio::spawn(async move {
+            let _claim = claim;
+            // 2. Write, with no lock held and at bulk priority; the lease bounds the attempt.
+            let object = shard.object.clone();
+            let create_key = object_key.clone();
+            let outcome = shard
+                .bulk
+                .run(async move {
+                    match tokio::time::timeout(lease_left, object.create(&create_key, data)).await {
+                        Ok(o) => o,
+                        Err(_) => {
+                            PutOutcome::Unknown("provider write outlived the upload lease".into())
+                        }
                     }
-                }
-            })
-            .await?;
-
-        // 3. Record.
-        self.gate
-            .write(move |w| {
-                record_block(w, &key, &upload_id, index, &object_key, outcome, lease_ms)
-            })
-            .await
+                })
+                .await?;
+            // 3. Record.
+            shard
+                .gate
+                .write(move |w| {
+                    record_block(w, &key, &upload_id, index, &object_key, outcome, lease_ms)
+                })
+                .await
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("block sequence task failed: {e}")))?
     }
 
     pub async fn renew_upload(

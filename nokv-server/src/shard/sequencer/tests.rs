@@ -162,6 +162,34 @@ async fn concurrent_duplicates_of_one_put_block_write_once_and_share_the_outcome
     assert_eq!(f.faults.creates(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_block_whose_caller_went_away_is_still_written_and_recorded() {
+    let f = fixture(8, Duration::from_secs(60));
+    let up = begin(&f, "a.bin", 8).await;
+    f.faults.hold_creates();
+    let s = f.shard.clone();
+    let req = block(&up, 0, b"12345678", "gone");
+    let caller = tokio::spawn(async move { s.put_block(writer(), req).await });
+    within(f.faults.wait_held(1)).await;
+    caller.abort();
+    let _ = caller.await;
+    f.faults.release(1);
+    // The retry waits for the detached sequence and answers from what it recorded.
+    let again = within(
+        f.shard
+            .put_block(writer(), block(&up, 0, b"12345678", "gone")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.index, 0);
+    assert_eq!(f.faults.creates(), 1, "the retry did not write again");
+    assert_eq!(
+        f.shard.counts().await.unwrap().guards,
+        0,
+        "the first write was recorded"
+    );
+}
+
 #[tokio::test]
 async fn a_wrong_digest_or_length_is_refused_before_any_provider_write() {
     let f = fixture(8, Duration::from_secs(60));
