@@ -35,6 +35,7 @@ impl Node {
         let dir = data_dir.join("shards");
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
+        check_shard_count(&dir, shard_count)?;
         let bulk = Arc::new(
             Bulk::new(bulk.0, bulk.1).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
         );
@@ -74,5 +75,46 @@ impl Node {
             shard: id,
             hint: String::new(),
         })
+    }
+}
+
+/// The shard count is fixed when a data directory is created: placement hashes workspaces
+/// modulo the count, so starting with another count would silently hide every workspace.
+fn check_shard_count(dir: &std::path::Path, shard_count: u32) -> Result<()> {
+    let path = dir.join("COUNT");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match text.trim().parse::<u32>() {
+            Ok(n) if n == shard_count => Ok(()),
+            Ok(n) => Err(Error::InvalidArgument(format!(
+                "{} was created with {n} shards; start with --shards {n}",
+                dir.display()
+            ))),
+            Err(_) => Err(Error::Internal(format!(
+                "{} is not a number",
+                path.display()
+            ))),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&path, format!("{shard_count}\n"))
+                .map_err(|e| Error::Internal(format!("{}: {e}", path.display())))
+        }
+        Err(e) => Err(Error::Internal(format!("{}: {e}", path.display()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_dir_refuses_a_different_shard_count() {
+        let dir = tempfile::tempdir().unwrap();
+        check_shard_count(dir.path(), 16).unwrap();
+        check_shard_count(dir.path(), 16).unwrap();
+        let err = check_shard_count(dir.path(), 8).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument(ref m) if m.contains("--shards 16")),
+            "{err:?}"
+        );
     }
 }
