@@ -251,7 +251,11 @@ pub async fn upload_vs_direct(
             None
         };
         let extra = moto.as_ref().map(|m| m.server_args()).unwrap_or_default();
-        let daemon = env.daemon(&scratch, &extra)?;
+        // Uncapped: this measures what the owner path costs against a direct PUT, not the
+        // node's bulk bandwidth budget.
+        let mut daemon_args = extra.clone();
+        daemon_args.extend(["--bulk-mib-per-s".to_string(), "0".to_string()]);
+        let daemon = env.daemon(&scratch, &daemon_args)?;
         let client = Client::connect(&daemon.config(&daemon.admin_token)).await?;
         let size = size_mib * 1024 * 1024;
         let src = scratch.0.join("artifact.bin");
@@ -290,7 +294,9 @@ pub async fn upload_vs_direct(
         }));
     }
     print_table(
-        &format!("upload-vs-direct: {size_mib} MiB, 4 MiB blocks, 4 in flight (best of {rounds})"),
+        &format!(
+            "upload-vs-direct: {size_mib} MiB, 4 MiB blocks, 4 in flight, no bulk cap (best of {rounds})"
+        ),
         &[
             "provider",
             "publish MiB/s",
