@@ -494,6 +494,41 @@ fn a_repeated_put_request_id_returns_the_recorded_entry_without_writing_again() 
 }
 
 #[test]
+fn a_refused_request_replays_its_refusal_even_after_the_state_changed() {
+    let d = Daemon::start(&[]);
+    put(&d, "w1:taken", b"first");
+    let create = [
+        "put",
+        "--create-only",
+        "--request-id",
+        "rid-refused",
+        "w1:taken",
+    ];
+    d.cli_stdin(&create, b"second")
+        .assert_fails_with("AlreadyExists");
+    d.cli(&["rm", "w1:taken"]).assert_ok();
+    // The retry of the refused request gets the recorded refusal, not a fresh evaluation.
+    d.cli_stdin(&create, b"second")
+        .assert_fails_with("AlreadyExists");
+    d.cli(&["stat", "w1:taken"]).assert_fails_with("NotFound");
+
+    // The same for a stale if-generation delete: the refusal stays the recorded outcome.
+    let e = put(&d, "w1:g", b"v1");
+    let stale = generation(&e) + 5;
+    let rm = [
+        "rm",
+        "--if-generation",
+        &stale.to_string(),
+        "--request-id",
+        "rid-rm",
+        "w1:g",
+    ];
+    d.cli(&rm).assert_fails_with("GenerationMismatch");
+    d.cli(&rm).assert_fails_with("GenerationMismatch");
+    assert_eq!(get(&d, "w1:g"), b"v1");
+}
+
+#[test]
 fn a_reused_request_id_with_other_content_is_refused_and_changes_nothing() {
     let d = Daemon::start(&[]);
     let first = d

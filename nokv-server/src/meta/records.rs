@@ -39,6 +39,16 @@ pub struct ReplayRecord {
     pub response: Vec<u8>,
     #[prost(int64, tag = "3")]
     pub created_ms: i64,
+    /// Set when the recorded outcome is a refusal (e.g. `AlreadyExists`): its reason name.
+    #[prost(string, tag = "4")]
+    pub refusal: String,
+    #[prost(string, tag = "5")]
+    pub refusal_message: String,
+    /// `GenerationMismatch` refusals: the generations involved.
+    #[prost(uint64, tag = "6")]
+    pub expected: u64,
+    #[prost(uint64, tag = "7")]
+    pub current: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]

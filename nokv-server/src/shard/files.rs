@@ -5,7 +5,7 @@ use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
 use super::replay::RequestKey;
-use super::{Shard, now_ms, to_entry};
+use super::{Shard, to_entry};
 use crate::error::{Error, Result};
 use crate::meta::{EntryRecord, KIND_ARTIFACT, KIND_FILE, WriteView};
 
@@ -100,47 +100,47 @@ impl Shard {
         let sha256 = Sha256::digest(&req.data).to_vec();
         self.gate
             .write(move |w| {
-                if let Some(done) = key.recorded(w)? {
-                    return Ok(done);
-                }
                 let (ws, path) = (req.workspace.as_str(), req.path.as_str());
-                let current = w.entry(ws, path)?;
-                match (mode, &current) {
-                    (pb::WriteMode::CreateOnly, Some(_)) => {
-                        return Err(Error::AlreadyExists(format!("{ws}:{path} already exists")));
-                    }
-                    (pb::WriteMode::IfGeneration, cur) => {
-                        let have = cur.as_ref().map_or(0, |c| c.generation);
-                        if have != req.if_generation {
-                            return Err(Error::GenerationMismatch {
-                                expected: req.if_generation,
-                                current: have,
-                            });
+                let check = |w: &WriteView| {
+                    let current = w.entry(ws, path)?;
+                    match (mode, &current) {
+                        (pb::WriteMode::CreateOnly, Some(_)) => {
+                            Err(Error::AlreadyExists(format!("{ws}:{path} already exists")))
                         }
+                        (pb::WriteMode::IfGeneration, cur) => {
+                            let have = cur.as_ref().map_or(0, |c| c.generation);
+                            if have != req.if_generation {
+                                return Err(Error::GenerationMismatch {
+                                    expected: req.if_generation,
+                                    current: have,
+                                });
+                            }
+                            Ok(current)
+                        }
+                        _ => Ok(current),
                     }
-                    _ => {}
-                }
-                if let Some(old) = &current {
-                    retire(w, old)?;
-                }
-                let now = now_ms();
-                let rec = EntryRecord {
-                    kind: KIND_FILE,
-                    size: req.data.len() as u64,
-                    sha256,
-                    generation: w.next_generation(ws, path)?,
-                    modified_ms: now,
-                    ..Default::default()
                 };
-                w.put_entry(ws, path, &rec)?;
-                w.put_inline(ws, path, &req.data)?;
-                let resp = pb::WriteResponse {
-                    entry: Some(to_entry(ws, path, &rec)),
+                let apply = |w: &mut WriteView, current: Option<EntryRecord>, now| {
+                    if let Some(old) = &current {
+                        retire(w, old)?;
+                    }
+                    let rec = EntryRecord {
+                        kind: KIND_FILE,
+                        size: req.data.len() as u64,
+                        sha256,
+                        generation: w.next_generation(ws, path)?,
+                        modified_ms: now,
+                        ..Default::default()
+                    };
+                    w.put_entry(ws, path, &rec)?;
+                    w.put_inline(ws, path, &req.data)?;
+                    Ok(pb::WriteResponse {
+                        entry: Some(to_entry(ws, path, &rec)),
+                    })
                 };
-                key.record(w, &resp, now)?;
-                Ok(resp)
+                key.execute(w, check, apply)
             })
-            .await
+            .await?
     }
 
     pub async fn delete(&self, mut req: pb::DeleteRequest) -> Result<pb::DeleteResponse> {
@@ -148,26 +148,27 @@ impl Shard {
         let key = RequestKey::new(&req.workspace, &request_id, "Delete", &req);
         self.gate
             .write(move |w| {
-                if let Some(done) = key.recorded(w)? {
-                    return Ok(done);
-                }
                 let (ws, path) = (req.workspace.as_str(), req.path.as_str());
-                let current = w.entry(ws, path)?.ok_or_else(|| not_found(ws, path))?;
-                if req.if_generation != 0 && req.if_generation != current.generation {
-                    return Err(Error::GenerationMismatch {
-                        expected: req.if_generation,
-                        current: current.generation,
-                    });
-                }
-                retire(w, &current)?;
-                w.remove_entry(ws, path)?;
-                let resp = pb::DeleteResponse {
-                    generation: current.generation,
+                let check = |w: &WriteView| {
+                    let current = w.entry(ws, path)?.ok_or_else(|| not_found(ws, path))?;
+                    if req.if_generation != 0 && req.if_generation != current.generation {
+                        return Err(Error::GenerationMismatch {
+                            expected: req.if_generation,
+                            current: current.generation,
+                        });
+                    }
+                    Ok(current)
                 };
-                key.record(w, &resp, now_ms())?;
-                Ok(resp)
+                let apply = |w: &mut WriteView, current: EntryRecord, _now| {
+                    retire(w, &current)?;
+                    w.remove_entry(ws, path)?;
+                    Ok(pb::DeleteResponse {
+                        generation: current.generation,
+                    })
+                };
+                key.execute(w, check, apply)
             })
-            .await
+            .await?
     }
 }
 

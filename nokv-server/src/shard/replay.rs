@@ -1,7 +1,8 @@
 //! Request-id replay: the outcome of every mutation is recorded under (workspace, request id)
 //! together with the request's fingerprint, inside the same write session as the mutation.
-//! A retry with the same id and fingerprint gets the recorded response and changes nothing;
-//! the same id with another fingerprint is refused.
+//! A retry with the same id and fingerprint gets the recorded outcome — the response, or the
+//! refusal (AlreadyExists, NotFound, GenerationMismatch) the state gave at the time — and
+//! changes nothing; the same id with another fingerprint is refused.
 
 use prost::Message;
 use sha2::{Digest, Sha256};
@@ -32,8 +33,9 @@ impl RequestKey {
         }
     }
 
-    /// The recorded response of this request, if any.
-    pub fn recorded<R: Message + Default>(&self, w: &WriteView) -> Result<Option<R>> {
+    /// The recorded outcome of this request, if any: `Some(Ok(response))` or
+    /// `Some(Err(refusal))`. A different request under the same id is `RequestIdReused`.
+    pub fn recorded<R: Message + Default>(&self, w: &WriteView) -> Result<Option<Result<R>>> {
         let Some(rec) = w.replay(&self.workspace, &self.request_id)? else {
             return Ok(None);
         };
@@ -43,9 +45,45 @@ impl RequestKey {
                 self.request_id
             )));
         }
+        if !rec.refusal.is_empty() {
+            return Ok(Some(Err(refusal_from_record(&rec))));
+        }
         R::decode(rec.response.as_slice())
-            .map(Some)
+            .map(|r| Some(Ok(r)))
             .map_err(|e| Error::Internal(format!("recorded outcome is corrupt: {e}")))
+    }
+
+    /// Runs one small-file mutation with replay. `check` reads the state and may refuse the
+    /// request; a refusal is recorded (so a retry sees the same answer even after the state
+    /// changed) and returned as the inner error, with the session still committing the
+    /// record. Only when `check` passes does `apply` write. Storage failures are the outer
+    /// error and abort the session.
+    pub fn execute<S, R: Message + Default>(
+        &self,
+        w: &mut WriteView,
+        check: impl FnOnce(&WriteView) -> Result<S>,
+        apply: impl FnOnce(&mut WriteView, S, i64) -> Result<R>,
+    ) -> Result<Result<R>> {
+        if let Some(outcome) = self.recorded(w)? {
+            return Ok(outcome);
+        }
+        let now = super::now_ms();
+        match check(w) {
+            Ok(state) => {
+                let resp = apply(w, state, now)?;
+                self.record(w, &resp, now)?;
+                Ok(Ok(resp))
+            }
+            Err(e) => match refusal_record(&e) {
+                Some(mut rec) => {
+                    rec.fingerprint = self.fingerprint.clone();
+                    rec.created_ms = now;
+                    w.put_replay(&self.workspace, &self.request_id, &rec)?;
+                    Ok(Err(e))
+                }
+                None => Err(e),
+            },
+        }
     }
 
     pub fn record<R: Message>(&self, w: &mut WriteView, response: &R, now_ms: i64) -> Result<()> {
@@ -53,7 +91,37 @@ impl RequestKey {
             fingerprint: self.fingerprint.clone(),
             response: response.encode_to_vec(),
             created_ms: now_ms,
+            ..Default::default()
         };
         Ok(w.put_replay(&self.workspace, &self.request_id, &rec)?)
+    }
+}
+
+/// The refusals that are outcomes of the state (and so are replayed), as records.
+fn refusal_record(e: &Error) -> Option<ReplayRecord> {
+    let (expected, current) = match e {
+        Error::GenerationMismatch { expected, current } => (*expected, *current),
+        Error::AlreadyExists(_) | Error::NotFound(_) => (0, 0),
+        _ => return None,
+    };
+    Some(ReplayRecord {
+        refusal: e.reason().to_string(),
+        refusal_message: e.to_string(),
+        expected,
+        current,
+        ..Default::default()
+    })
+}
+
+fn refusal_from_record(rec: &ReplayRecord) -> Error {
+    let msg = rec.refusal_message.clone();
+    match rec.refusal.as_str() {
+        "AlreadyExists" => Error::AlreadyExists(msg),
+        "NotFound" => Error::NotFound(msg),
+        "GenerationMismatch" => Error::GenerationMismatch {
+            expected: rec.expected,
+            current: rec.current,
+        },
+        other => Error::Internal(format!("recorded refusal {other:?} is unknown")),
     }
 }

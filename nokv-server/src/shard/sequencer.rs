@@ -76,7 +76,7 @@ impl Shard {
         self.gate
             .write(move |w| {
                 if let Some(done) = key.recorded(w)? {
-                    return Ok(done);
+                    return done;
                 }
                 let now = now_ms();
                 let rec = UploadRecord {
@@ -160,7 +160,7 @@ impl Shard {
                     let mut upload = load_upload(w, &upload_id)?;
                     key.workspace = upload.workspace.clone();
                     if let Some(done) = key.recorded(w)? {
-                        return Ok((Admit::Done(done), key));
+                        return Ok((Admit::Done(done?), key));
                     }
                     claims.require(&upload.workspace, Role::Write)?;
                     let now = now_ms();
@@ -308,7 +308,7 @@ impl Shard {
                 let mut upload = load_upload(w, &req.upload_id)?;
                 key.workspace = upload.workspace.clone();
                 if let Some(done) = key.recorded(w)? {
-                    return Ok(done);
+                    return done;
                 }
                 claims.require(&upload.workspace, Role::Write)?;
                 let now = now_ms();
@@ -397,7 +397,7 @@ impl Shard {
                 let mut upload = load_upload(w, &req.upload_id)?;
                 key.workspace = upload.workspace.clone();
                 if let Some(done) = key.recorded(w)? {
-                    return Ok(done);
+                    return done;
                 }
                 claims.require(&upload.workspace, Role::Write)?;
                 match UploadState::try_from(upload.state) {
