@@ -815,6 +815,28 @@ fn decode_chunked(mut data: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// Every regular file under `dir`, recursively, sorted by path (e.g. the blocks a local
+/// provider holds under `DATA_DIR/objects`).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd {
+            let p = e.expect("dir entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

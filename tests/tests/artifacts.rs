@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use nokv_client::Client;
 use nokv_client::config::ResolvedConfig;
-use nokv_tests::{CliOutput, Daemon, Moto, pseudo_random_bytes};
+use nokv_tests::{CliOutput, Daemon, Moto, files_under, pseudo_random_bytes};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -85,27 +85,6 @@ fn generation(entry: &Value) -> u64 {
     entry["generation"]
         .as_u64()
         .unwrap_or_else(|| panic!("entry without a generation: {entry}"))
-}
-
-/// Every regular file under `dir`, recursively, sorted by path.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// The block objects the local provider holds for this daemon (its `DATA_DIR/objects`).

@@ -11,7 +11,7 @@ use nokv_client::publish::PublishOptions;
 use nokv_client::sdk::{LostResponses, RetryPolicy};
 use nokv_client::{Client, Reason};
 use nokv_proto::v1 as pb;
-use nokv_tests::{Daemon, pseudo_random_bytes};
+use nokv_tests::{Daemon, files_under, pseudo_random_bytes};
 use sha2::{Digest, Sha256};
 
 /// The server's block size (4 MiB).
@@ -25,27 +25,6 @@ async fn connect(d: &Daemon) -> Client {
         token: Some(d.admin_token()),
     };
     Client::connect(&cfg).await.expect("connect")
-}
-
-/// Every regular file under `dir`, recursively.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// Sums of the per-shard (entries, guards) counts of admin health.
