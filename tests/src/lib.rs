@@ -201,6 +201,18 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// An SDK client over TLS to this daemon with its admin token (installs the process's
+    /// rustls crypto provider first, as every nokv process does).
+    pub async fn sdk(&self) -> nokv_client::Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let cfg = nokv_client::config::ResolvedConfig {
+            endpoint: self.endpoint(),
+            ca: self.ca_path(),
+            token: Some(self.admin_token()),
+        };
+        nokv_client::Client::connect(&cfg).await.expect("connect")
+    }
+
     /// Starts a daemon on a fresh temporary data dir owned by the returned guard.
     pub fn start(extra_args: &[&str]) -> Daemon {
         Self::start_with_env(extra_args, &[])

@@ -5,8 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use nokv_client::Client;
-use nokv_client::config::ResolvedConfig;
 use nokv_tests::{CliOutput, Daemon, Moto, files_under, pseudo_random_bytes};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -100,16 +98,6 @@ fn sdk<T>(f: impl std::future::Future<Output = T>) -> T {
         .build()
         .expect("tokio runtime")
         .block_on(f)
-}
-
-async fn connect(d: &Daemon) -> Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let cfg = ResolvedConfig {
-        endpoint: d.endpoint(),
-        ca: d.ca_path(),
-        token: Some(d.admin_token()),
-    };
-    Client::connect(&cfg).await.expect("connect")
 }
 
 /// The round trip: a 16 MiB + 1 byte random file (5 blocks) and an empty file are
@@ -403,7 +391,7 @@ fn an_interrupted_restore_resumes_from_the_verified_blocks_of_its_partial_file()
     // A complete restore through the SDK gives the reference file.
     let good = dir.path().join("good");
     let restored = sdk(async {
-        let client = connect(&d).await;
+        let client = d.sdk().await;
         client
             .restore("ws", "models/m.bin", &good, 4, None)
             .await

@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nokv_client::config::ResolvedConfig;
 use nokv_client::publish::PublishOptions;
 use nokv_client::sdk::{LostResponses, RetryPolicy};
 use nokv_client::{Client, Reason};
@@ -16,16 +15,6 @@ use sha2::{Digest, Sha256};
 
 /// The server's block size (4 MiB).
 const BLOCK: usize = 4 << 20;
-
-async fn connect(d: &Daemon) -> Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let cfg = ResolvedConfig {
-        endpoint: d.endpoint(),
-        ca: d.ca_path(),
-        token: Some(d.admin_token()),
-    };
-    Client::connect(&cfg).await.expect("connect")
-}
 
 /// Sums of the per-shard (entries, guards) counts of admin health.
 async fn health_totals(client: &Client) -> (u64, u64) {
@@ -69,7 +58,8 @@ async fn a_lost_commit_response_without_retries_fails_although_the_server_publis
     let (src, data) = write_source(dir.path(), 1, BLOCK + 1);
     let faults = LostResponses::default();
     faults.lose("commit_upload", 1);
-    let client = connect(&d)
+    let client = d
+        .sdk()
         .await
         .with_retry(RetryPolicy {
             attempts: 1,
@@ -99,7 +89,7 @@ async fn lost_put_block_and_commit_responses_converge_to_one_publish_that_restor
     let faults = LostResponses::default();
     faults.lose("put_block", 2);
     faults.lose("commit_upload", 1);
-    let client = connect(&d).await.with_lost_responses(faults);
+    let client = d.sdk().await.with_lost_responses(faults);
 
     let entry = client
         .publish_file("ws", "ckpt/step-100.bin", &src, PublishOptions::default())
@@ -130,7 +120,7 @@ async fn a_retried_commit_whose_response_was_lost_returns_the_same_entry() {
     let (src, data) = write_source(dir.path(), 3, 2 * BLOCK);
     let faults = LostResponses::default();
     faults.lose("commit_upload", 1);
-    let client = connect(&d).await.with_lost_responses(faults);
+    let client = d.sdk().await.with_lost_responses(faults);
 
     let entry = client
         .publish_file("ws", "out/report.bin", &src, PublishOptions::default())
