@@ -56,8 +56,13 @@ impl ClientError {
     }
 
     /// Retryable with the same request id: the server was unavailable, or the outcome is
-    /// unknown because the call never got an answer.
+    /// unknown because the call never got an answer, or the server's block-memory budget was
+    /// in use (`ResourceExhausted`: nothing was done; unlike `QuotaExceeded`, which shares the
+    /// gRPC code but is not transient).
     pub fn is_retryable(&self) -> bool {
+        if matches!(&self.reason, Reason::Server(r) if r == "ResourceExhausted") {
+            return true;
+        }
         let transient = matches!(
             self.code,
             Some(Code::Unavailable) | Some(Code::DeadlineExceeded) | Some(Code::Cancelled)
@@ -111,5 +116,26 @@ impl From<tonic::transport::Error> for ClientError {
             code: Some(Code::Unavailable),
             message: msg,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: Code, reason: &str) -> Status {
+        let mut s = Status::new(code, format!("{reason}: x"));
+        s.metadata_mut()
+            .insert("nokv-reason", reason.parse().expect("ascii"));
+        s
+    }
+
+    #[test]
+    fn a_server_out_of_block_memory_is_retried_but_an_exceeded_quota_is_not() {
+        let busy = ClientError::from(status(Code::ResourceExhausted, "ResourceExhausted"));
+        assert!(busy.is("ResourceExhausted"));
+        assert!(busy.is_retryable());
+        let quota = ClientError::from(status(Code::ResourceExhausted, "QuotaExceeded"));
+        assert!(!quota.is_retryable());
     }
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
+use crate::memory::{DEFAULT_BLOCK_MEMORY, DEFAULT_WAIT, parse_size};
 use crate::object::ProviderConfig;
+use crate::server::MAX_MESSAGE;
 use crate::shard::ShardConfig;
 use crate::token::parse_duration;
 
@@ -106,6 +108,15 @@ pub struct ServeArgs {
     /// interactive requests; 0 = no cap [default: 16 per CPU, e.g. 32 on 2 CPUs].
     #[arg(long, env = "NOKV_BULK_MIB_PER_S")]
     pub bulk_mib_per_s: Option<f64>,
+    /// Node-wide budget of artifact-block bytes held in memory by ReadBlock and PutBlock, e.g.
+    /// 256MiB or 1GiB; work past it waits, then is refused with ResourceExhausted; at least
+    /// one block [default: 256MiB].
+    #[arg(long, env = "NOKV_BLOCK_MEMORY")]
+    pub block_memory: Option<String>,
+    /// How long a block read or write waits for block memory before it is refused with
+    /// ResourceExhausted [default: 10s].
+    #[arg(long, env = "NOKV_BLOCK_MEMORY_WAIT")]
+    pub block_memory_wait: Option<String>,
     /// Async worker threads serving requests [default: one per CPU].
     #[arg(long, env = "NOKV_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
@@ -163,6 +174,9 @@ pub struct Settings {
     pub bulk_parallel: usize,
     pub worker_threads: Option<usize>,
     pub bulk_mib_per_s: Option<f64>,
+    /// Bytes of the block-memory budget (see [`crate::memory`]).
+    pub block_memory: u64,
+    pub block_memory_wait: Duration,
     pub provider: ProviderConfig,
     pub prefix: String,
     pub log: String,
@@ -195,6 +209,8 @@ impl ServeArgs {
                 bulk_parallel,
                 worker_threads,
                 bulk_mib_per_s,
+                block_memory,
+                block_memory_wait,
                 provider,
                 s3_endpoint,
                 s3_bucket,
@@ -229,6 +245,17 @@ impl ServeArgs {
         if !(1..=4096).contains(&shards) {
             return Err(ConfigError("shards must be 1..=4096".into()));
         }
+        let block_memory = match &self.block_memory {
+            None => DEFAULT_BLOCK_MEMORY,
+            Some(s) => parse_size(s).map_err(|e| ConfigError(format!("block_memory: {e}")))?,
+        };
+        // A budget smaller than one PutBlock message could never admit a block.
+        if block_memory < MAX_MESSAGE as u64 {
+            return Err(ConfigError(format!(
+                "block_memory must be at least one block with framing ({MAX_MESSAGE} bytes)"
+            )));
+        }
+        let block_memory_wait = duration(self.block_memory_wait.take(), DEFAULT_WAIT)?;
         let provider = match self.provider.as_deref().unwrap_or("local") {
             "local" => ProviderConfig::Local {
                 root: data_dir.join("objects"),
@@ -269,6 +296,8 @@ impl ServeArgs {
                 Some(r) => (r > 0.0).then_some(r),
                 None => Some(DEFAULT_BULK_MIB_PER_CPU * cpus() as f64),
             },
+            block_memory,
+            block_memory_wait,
             provider,
             prefix: self.s3_prefix.unwrap_or_else(|| "nokv".into()),
             log: self.log.unwrap_or_else(|| "info".into()),
@@ -322,6 +351,34 @@ mod tests {
         assert!(cli.serve.resolve().is_err());
         let cli = Cli::parse_from(["nokv-server", "--bulk-mib-per-s=-1"]);
         assert!(cli.serve.resolve().is_err());
+    }
+
+    #[test]
+    fn the_block_memory_budget_comes_from_flag_file_or_default_and_must_hold_one_block() {
+        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
+        assert_eq!(s.block_memory, 256 * 1024 * 1024);
+        assert_eq!(s.block_memory_wait, Duration::from_secs(10));
+        let s = Cli::parse_from([
+            "nokv-server",
+            "--block-memory",
+            "1GiB",
+            "--block-memory-wait",
+            "2s",
+        ])
+        .serve
+        .resolve()
+        .unwrap();
+        assert_eq!(s.block_memory, 1 << 30);
+        assert_eq!(s.block_memory_wait, Duration::from_secs(2));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "block_memory = \"64MiB\"\n").unwrap();
+        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap()]);
+        assert_eq!(cli.serve.resolve().unwrap().block_memory, 64 << 20);
+        for bad in ["1MiB", "lots", "0"] {
+            let cli = Cli::parse_from(["nokv-server", "--block-memory", bad]);
+            assert!(cli.serve.resolve().is_err(), "{bad}");
+        }
     }
 
     #[test]

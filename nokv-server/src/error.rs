@@ -43,6 +43,10 @@ pub enum Error {
     /// Retryable: the caller may send the same request (same request id) again.
     #[error("{0}")]
     Unavailable(String),
+    /// The node's block-memory budget stayed in use past the wait deadline; nothing was done
+    /// and the same request may be sent again later.
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -63,6 +67,7 @@ impl Error {
             Error::PermissionDenied(_) => "PermissionDenied",
             Error::FailedPrecondition(_) => "FailedPrecondition",
             Error::Unavailable(_) => "Unavailable",
+            Error::ResourceExhausted(_) => "ResourceExhausted",
             Error::Internal(_) => "Internal",
         }
     }
@@ -82,6 +87,7 @@ impl Error {
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Unavailable(_) => Code::Unavailable,
+            Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Internal(_) => Code::Internal,
         }
     }

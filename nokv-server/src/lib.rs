@@ -11,6 +11,7 @@ pub mod bulk;
 pub mod config;
 pub mod error;
 pub mod ids;
+pub mod memory;
 pub mod meta;
 pub mod names;
 pub mod node;

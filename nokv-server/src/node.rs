@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::bulk::Bulk;
 use crate::error::{Error, Result};
+use crate::memory::BlockMemory;
 use crate::meta::MetaStore;
 use crate::object::ObjectProvider;
 use crate::placement::shard_of;
@@ -18,16 +19,20 @@ pub struct Node {
     shards: Vec<Arc<Shard>>,
     pub signer: Signer,
     pub provider: ObjectProvider,
+    /// The node-wide budget of block bytes held in memory (see [`crate::memory`]).
+    pub memory: BlockMemory,
     pub name: String,
     pub started: Instant,
 }
 
 impl Node {
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         data_dir: &std::path::Path,
         shard_count: u32,
         cfg: &ShardConfig,
         bulk: (usize, Option<f64>),
+        memory: BlockMemory,
         provider: ObjectProvider,
         signer: Signer,
         name: String,
@@ -56,6 +61,7 @@ impl Node {
             shards,
             signer,
             provider,
+            memory,
             name,
             started: Instant::now(),
         })

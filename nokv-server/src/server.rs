@@ -19,9 +19,11 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::bootstrap;
 use crate::config::Settings;
+use crate::memory::BlockMemory;
 use crate::node::Node;
 use crate::object::ObjectProvider;
 use crate::service::admin::AdminService;
+use crate::service::body_admission::BodyAdmission;
 use crate::service::workspace::WorkspaceService;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,9 +45,17 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// gRPC message limit: one 4 MiB block plus generous framing overhead. Memory per
-/// connection is bounded by this frame size.
+/// gRPC message limit: one 4 MiB block plus generous framing overhead.
 pub const MAX_MESSAGE: usize = 4 * 1024 * 1024 + 64 * 1024;
+
+/// HTTP/2 streams (concurrent calls) one connection may have open; a client that opens more
+/// waits for a slot on its side. Together with the windows below this bounds the transport
+/// memory one connection can make the server hold outside the block-memory budget: request
+/// bodies not yet admitted are at most one connection window (`4 * MAX_MESSAGE`, whatever the
+/// number of streams), and response bytes already encoded are at most hyper's per-stream send
+/// buffer (400 KiB) plus one 1 MiB `ReadBlock` chunk per stream, i.e. ~45 MiB per connection.
+/// 32 leaves room for the CLI's parallel blocks (4 by default) many times over.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
 
 /// Serves until SIGINT/SIGTERM.
 pub async fn run(settings: Settings) -> Result<(), ServeError> {
@@ -77,6 +87,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         settings.shards,
         &settings.shard,
         (settings.bulk_parallel, settings.bulk_mib_per_s),
+        BlockMemory::new(settings.block_memory, settings.block_memory_wait),
         provider,
         material.signer.clone(),
         settings.advertise.clone().unwrap_or_else(|| "local".into()),
@@ -100,12 +111,20 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let workspace = pb::workspace_server::WorkspaceServer::new(WorkspaceService::new(node.clone()))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
+    // PutBlock bodies are admitted to the block-memory budget before tonic decodes them.
+    let workspace = BodyAdmission::new(workspace, node.memory.clone(), node.signer.clone());
     let admin = pb::admin_server::AdminServer::new(AdminService::new(node.clone()));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let maintenance = tokio::spawn(maintain(node.clone(), stop_rx.clone()));
 
-    tracing::info!(%endpoint, shards = settings.shards, provider = node.provider.kind(), "serving");
+    tracing::info!(
+        %endpoint,
+        shards = settings.shards,
+        provider = node.provider.kind(),
+        block_memory_mib = settings.block_memory / (1024 * 1024),
+        "serving"
+    );
     println!("nokv-server listening on {endpoint}");
     println!(
         "  data dir {} · {} shards · provider {}\n  \
@@ -125,9 +144,10 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     Server::builder()
         // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
         // round trips. One block per stream and a few blocks per connection bound the memory
-        // a connection can make the server buffer.
+        // a connection can make the server buffer (see MAX_STREAMS_PER_CONNECTION).
         .initial_stream_window_size(Some(MAX_MESSAGE as u32))
         .initial_connection_window_size(Some(4 * MAX_MESSAGE as u32))
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .tls_config(
             ServerTlsConfig::new()
                 .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),

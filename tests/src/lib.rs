@@ -179,6 +179,15 @@ impl CliOutput {
     }
 }
 
+/// Resident memory of a process, in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessMemory {
+    /// Resident now (`VmRSS`).
+    pub rss: u64,
+    /// Peak resident since start or the last reset (`VmHWM`).
+    pub peak: u64,
+}
+
 /// A running `nokv-server`, killed (SIGKILL) on drop unless stopped explicitly.
 ///
 /// Invariant: both output pipes are drained by background threads for the whole life of the
@@ -355,6 +364,32 @@ impl Daemon {
     /// OS process id of the daemon.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("daemon running").id()
+    }
+
+    /// The daemon's resident memory now and its peak (`VmRSS`, `VmHWM` of
+    /// `/proc/PID/status`), in bytes.
+    pub fn memory(&self) -> ProcessMemory {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {name} in {path}"))
+                * 1024
+        };
+        ProcessMemory {
+            rss: field("VmRSS"),
+            peak: field("VmHWM"),
+        }
+    }
+
+    /// Resets the daemon's peak resident memory (`VmHWM`) to its current resident memory
+    /// (Linux `clear_refs` 5), so a later [`Daemon::memory`] shows the peak of what ran since.
+    pub fn reset_peak_memory(&self) {
+        let path = format!("/proc/{}/clear_refs", self.pid());
+        std::fs::write(&path, "5").unwrap_or_else(|e| panic!("write {path}: {e}"));
     }
 
     /// Graceful stop: SIGTERM, then wait (bounded) for exit.

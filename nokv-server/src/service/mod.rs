@@ -2,4 +2,5 @@
 //! route to the owning shard and map the typed error to a status — nothing more.
 
 pub mod admin;
+pub mod body_admission;
 pub mod workspace;

@@ -12,6 +12,7 @@ use crate::auth::authenticate;
 use crate::error::Result;
 use crate::names;
 use crate::node::Node;
+use crate::service::body_admission::BodyReservation;
 use crate::shard::Shard;
 use crate::shard::sequencer::upload_shard;
 use crate::token::{Claims, Role};
@@ -166,9 +167,22 @@ impl Workspace for WorkspaceService {
     ) -> Result<Response<pb::PutBlockResponse>, Status> {
         reply(
             async {
+                // The reservation taken before the body was decoded (see body_admission);
+                // a call that did not pass through it reserves now.
+                let reserved = req
+                    .extensions()
+                    .get::<BodyReservation>()
+                    .and_then(BodyReservation::take);
                 let (claims, shard) = self.upload_call(&req, &req.get_ref().upload_id)?;
                 names::request_id(&req.get_ref().request_id)?;
-                shard.put_block(claims, req.into_inner()).await
+                let mut req = req.into_inner();
+                let reserved = match reserved {
+                    Some(r) => r,
+                    None => self.node.memory.reserve(req.data.len() as u64).await?,
+                };
+                // From here the body's bytes carry their share of the budget wherever they go.
+                req.data = reserved.hold(std::mem::take(&mut req.data));
+                shard.put_block(claims, req).await
             }
             .await,
         )
@@ -242,8 +256,12 @@ impl Workspace for WorkspaceService {
         let r = req.get_ref();
         self.admit(&req, &r.workspace, Role::Read)?;
         let shard = self.node.shard_for(&r.workspace).clone();
-        let data = shard.read_block(&r.workspace, r.revision, r.index).await?;
-        // Chunks are slices of one shared buffer: no copies, at most one block per call.
+        let data = shard
+            .read_block(&r.workspace, r.revision, r.index, &self.node.memory)
+            .await?;
+        // Chunks are slices of one shared buffer: no copies, at most one block per call. The
+        // buffer holds its block-memory reservation until the last chunk has been encoded and
+        // dropped (or the stream is dropped unsent).
         let chunks: Vec<Result<pb::ReadBlockChunk, Status>> = (0..data.len().div_ceil(CHUNK))
             .map(|i| {
                 let end = ((i + 1) * CHUNK).min(data.len());

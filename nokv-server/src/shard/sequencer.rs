@@ -28,6 +28,7 @@ use super::replay::RequestKey;
 use super::{Shard, now_ms, to_entry};
 use crate::error::{Error, Result};
 use crate::ids::random_hex;
+use crate::memory::BlockMemory;
 use crate::meta::{
     BlockRecord, BlockState, EntryRecord, GuardRecord, KIND_ARTIFACT, RevisionBlock,
     RevisionRecord, UploadRecord, UploadState, WriteView, WriterState,
@@ -458,9 +459,16 @@ impl Shard {
             .await
     }
 
-    /// The bytes of one block of a live revision, read with no lock held.
-    pub async fn read_block(&self, ws: &str, revision: u64, index: u32) -> Result<Bytes> {
-        let key = self
+    /// The bytes of one block of a live revision, read with no lock held. The block's length
+    /// is reserved from `memory` before the fetch; the returned bytes carry the reservation.
+    pub async fn read_block(
+        &self,
+        ws: &str,
+        revision: u64,
+        index: u32,
+        memory: &BlockMemory,
+    ) -> Result<Bytes> {
+        let (key, length) = self
             .gate
             .read(|r| {
                 let rev = r
@@ -469,11 +477,12 @@ impl Shard {
                     .ok_or_else(|| Error::NotFound(format!("revision {revision} not found")))?;
                 rev.blocks
                     .get(index as usize)
-                    .map(|b| b.key.clone())
+                    .map(|b| (b.key.clone(), b.length))
                     .ok_or_else(|| Error::NotFound(format!("block {index} not found")))
             })
             .await?;
-        Ok(self.object.get(&key).await?)
+        let reserved = memory.reserve(length).await?;
+        Ok(reserved.hold(self.object.get(&key).await?))
     }
 }
 

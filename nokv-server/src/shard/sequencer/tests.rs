@@ -51,6 +51,11 @@ fn fixture(block_size: u64, lease: Duration) -> Fixture {
     }
 }
 
+/// A block-memory budget that never makes these tests wait.
+fn memory() -> crate::memory::BlockMemory {
+    crate::memory::BlockMemory::new(1 << 30, Duration::from_secs(30))
+}
+
 fn writer() -> Claims {
     Claims {
         workspaces: vec!["ws".into()],
@@ -268,7 +273,12 @@ async fn blocks_may_arrive_out_of_order_and_commit_waits_for_every_one() {
     let m = f.shard.get_manifest("ws", "art").await.unwrap();
     let mut restored = Vec::new();
     for b in &m.blocks {
-        restored.extend_from_slice(&f.shard.read_block("ws", m.revision, b.index).await.unwrap());
+        restored.extend_from_slice(
+            &f.shard
+                .read_block("ws", m.revision, b.index, &memory())
+                .await
+                .unwrap(),
+        );
     }
     assert_eq!(restored, body);
 }
@@ -435,7 +445,10 @@ async fn a_replaced_artifacts_blocks_are_deleted_and_the_live_ones_kept() {
     assert_eq!(f.provider.list_keys().await.unwrap().len(), 1);
     let m = f.shard.get_manifest("ws", "art").await.unwrap();
     assert_eq!(
-        &f.shard.read_block("ws", m.revision, 0).await.unwrap()[..],
+        &f.shard
+            .read_block("ws", m.revision, 0, &memory())
+            .await
+            .unwrap()[..],
         b"new!"
     );
     assert_eq!(f.shard.counts().await.unwrap().collectable, 0);
