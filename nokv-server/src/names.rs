@@ -125,7 +125,46 @@ fn check_chars(p: &str, what: &str) -> Result<()> {
             c as u32
         )));
     }
+    if let Some(c) = p.chars().find(|&c| is_format_char(c)) {
+        return Err(invalid(format!(
+            "{what} contains an invisible format character (U+{:04X}); names that look alike \
+             must be the same name",
+            c as u32
+        )));
+    }
     Ok(())
+}
+
+/// Unicode general category Cf (format characters), Unicode 15.1, from
+/// `extracted/DerivedGeneralCategory.txt` of the UCD (the `; Cf #` lines, 170 code points).
+/// std exposes no general category, and a crate for one table of 21 ranges is not worth it.
+const FORMAT_CHARS: &[(u32, u32)] = &[
+    (0x00AD, 0x00AD),   // SOFT HYPHEN
+    (0x0600, 0x0605),   // ARABIC NUMBER SIGN..ARABIC NUMBER MARK ABOVE
+    (0x061C, 0x061C),   // ARABIC LETTER MARK
+    (0x06DD, 0x06DD),   // ARABIC END OF AYAH
+    (0x070F, 0x070F),   // SYRIAC ABBREVIATION MARK
+    (0x0890, 0x0891),   // ARABIC POUND/PIASTRE MARK ABOVE
+    (0x08E2, 0x08E2),   // ARABIC DISPUTED END OF AYAH
+    (0x180E, 0x180E),   // MONGOLIAN VOWEL SEPARATOR
+    (0x200B, 0x200F),   // ZERO WIDTH SPACE..RIGHT-TO-LEFT MARK
+    (0x202A, 0x202E),   // LEFT-TO-RIGHT EMBEDDING..RIGHT-TO-LEFT OVERRIDE
+    (0x2060, 0x2064),   // WORD JOINER..INVISIBLE PLUS
+    (0x2066, 0x206F),   // LEFT-TO-RIGHT ISOLATE..NOMINAL DIGIT SHAPES
+    (0xFEFF, 0xFEFF),   // ZERO WIDTH NO-BREAK SPACE (BOM)
+    (0xFFF9, 0xFFFB),   // INTERLINEAR ANNOTATION ANCHOR..TERMINATOR
+    (0x110BD, 0x110BD), // KAITHI NUMBER SIGN
+    (0x110CD, 0x110CD), // KAITHI NUMBER SIGN ABOVE
+    (0x13430, 0x1343F), // EGYPTIAN HIEROGLYPH VERTICAL JOINER..END WALLED ENCLOSURE
+    (0x1BCA0, 0x1BCA3), // SHORTHAND FORMAT LETTER OVERLAP..UP STEP
+    (0x1D173, 0x1D17A), // MUSICAL SYMBOL BEGIN BEAM..END PHRASE
+    (0xE0001, 0xE0001), // LANGUAGE TAG
+    (0xE0020, 0xE007F), // TAG SPACE..CANCEL TAG
+];
+
+fn is_format_char(c: char) -> bool {
+    let c = c as u32;
+    FORMAT_CHARS.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
 }
 
 fn invalid(msg: impl Into<String>) -> Error {

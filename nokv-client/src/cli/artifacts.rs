@@ -41,7 +41,7 @@ pub async fn publish_file(
     parallel: usize,
     quiet: bool,
 ) -> Result<(), ClientError> {
-    let size = std::fs::metadata(&file)
+    let size = std::fs::metadata(file)
         .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?
         .len();
     let bar = Bar::new(size, quiet, out.json, "publish");

@@ -207,7 +207,7 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
             request_id,
         } => {
             files::put(
-                &client,
+                client,
                 out,
                 &target,
                 file,
@@ -217,30 +217,30 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
             )
             .await
         }
-        Command::Get { target, file } => files::get(&client, out, &target, file).await,
-        Command::Stat { target } => files::stat(&client, out, &target).await,
+        Command::Get { target, file } => files::get(client, out, &target, file).await,
+        Command::Stat { target } => files::stat(client, out, &target).await,
         Command::Ls {
             target,
             limit,
             cursor,
-        } => files::ls(&client, out, &target, limit, cursor).await,
+        } => files::ls(client, out, &target, limit, cursor).await,
         Command::Rm {
             target,
             if_generation,
             request_id,
-        } => files::rm(&client, out, &target, if_generation, request_id).await,
+        } => files::rm(client, out, &target, if_generation, request_id).await,
         Command::Publish {
             file,
             target,
             parallel,
             quiet,
-        } => artifacts::publish(&client, out, &file, &target, parallel, quiet).await,
+        } => artifacts::publish(client, out, &file, &target, parallel, quiet).await,
         Command::Restore {
             target,
             dest,
             parallel,
             quiet,
-        } => artifacts::restore(&client, out, &target, &dest, parallel, quiet).await,
-        Command::Admin(AdminCommand::Health) => files::health(&client, out).await,
+        } => artifacts::restore(client, out, &target, &dest, parallel, quiet).await,
+        Command::Admin(AdminCommand::Health) => files::health(client, out).await,
     }
 }
