@@ -128,12 +128,29 @@ impl LostResponses {
 impl Client {
     /// Builds a TLS channel to the endpoint, trusting only the configured CA. The connection
     /// is made lazily, so a server that is briefly down is covered by the retry policy.
+    /// A token that cannot travel in a header is refused here rather than dropped, so a call
+    /// never goes out silently without the credentials the caller gave.
     pub async fn connect(cfg: &ResolvedConfig) -> Result<Client> {
-        Ok(Self::from_channel(channel(cfg)?, cfg.token.as_deref()))
+        let token = cfg
+            .token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty());
+        if let Some(t) = token
+            && format!("Bearer {t}")
+                .parse::<MetadataValue<tonic::metadata::Ascii>>()
+                .is_err()
+        {
+            return Err(ClientError::usage(
+                "the token contains characters that cannot be sent: it is not a nokv token",
+            ));
+        }
+        Ok(Self::from_channel(channel(cfg)?, token))
     }
 
+    /// A client over `channel` sending `token` (surrounding whitespace trimmed) with every call.
     pub fn from_channel(channel: Channel, token: Option<&str>) -> Client {
-        let bearer = Bearer(token.and_then(|t| format!("Bearer {t}").parse().ok()));
+        let bearer = Bearer(token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok()));
         Client {
             ws: WorkspaceClient::with_interceptor(channel.clone(), bearer.clone())
                 .max_decoding_message_size(MAX_MESSAGE)

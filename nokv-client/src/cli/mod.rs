@@ -1,8 +1,9 @@
 //! Argument parsing and dispatch of the `nokv` CLI. Exit status: 0 success, 1 the operation
 //! failed (typed reason on stderr), 2 usage error, 130 interrupted (Ctrl-C).
 //!
-//! Ctrl-C does not kill the process outright: the running command's future is dropped, so
-//! every guard it holds (a stdin spool file, an upload's lease renewal) cleans up first.
+//! Ctrl-C (SIGINT) and SIGTERM do not kill the process outright: the running command's future
+//! is dropped, so every guard it holds (a stdin spool file, an upload's lease renewal) cleans
+//! up first.
 
 mod artifacts;
 mod bench;
@@ -154,7 +155,7 @@ pub fn main() -> ExitCode {
         tokio::select! {
             // Polled first, so the SIGINT handler is installed before the command starts.
             biased;
-            _ = tokio::signal::ctrl_c() => None,
+            _ = interrupted() => None,
             r = run(cli, out) => Some(r),
         }
     });
@@ -170,6 +171,22 @@ pub fn main() -> ExitCode {
             eprintln!("nokv: interrupted");
             ExitCode::from(130)
         }
+    }
+}
+
+/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM. The handlers are installed on the first
+/// poll; if they cannot be, the signal keeps its default action (the process dies).
+async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
     }
 }
 
