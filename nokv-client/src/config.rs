@@ -17,13 +17,28 @@ pub struct ClientConfig {
     pub token: Option<String>,
 }
 
+/// Appended to an `Unauthenticated` answer when `NOKV_TOKEN` is set but empty, so the user
+/// learns why the token in the config file was not used.
+pub const EMPTY_TOKEN_NOTE: &str = "NOKV_TOKEN is set but empty, which means no token (the token in the config file is not \
+     used); unset NOKV_TOKEN to use it";
+
+/// Whether `NOKV_TOKEN` is present in the environment with an empty (or blank) value.
+pub fn token_env_is_empty() -> bool {
+    std::env::var("NOKV_TOKEN").is_ok_and(|t| t.trim().is_empty())
+}
+
 impl ClientConfig {
     /// Fills unset fields from the environment, then from the config file.
+    ///
+    /// Tokens are trimmed of surrounding whitespace (a token read from a file or `$(cat ...)`
+    /// usually ends in a newline). A token setting that is present but empty — `--token ''` or
+    /// `NOKV_TOKEN=` — means "no token": it still wins over the lower layers, so an empty
+    /// variable never silently falls back to the admin token of the config file.
     pub fn resolve(mut self) -> Result<ResolvedConfig, ClientError> {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         self.endpoint = self.endpoint.or_else(|| env("NOKV_ENDPOINT"));
         self.ca = self.ca.or_else(|| env("NOKV_CA").map(PathBuf::from));
-        self.token = self.token.or_else(|| env("NOKV_TOKEN"));
+        self.token = self.token.or_else(|| std::env::var("NOKV_TOKEN").ok());
         let file = env("NOKV_CONFIG").map(PathBuf::from).or_else(|| {
             let home = env("HOME")?;
             let p = PathBuf::from(home).join(".config/nokv/config.toml");
@@ -38,6 +53,15 @@ impl ClientConfig {
             self.ca = self.ca.or(f.ca);
             self.token = self.token.or(f.token);
         }
+        let token = match self.token.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(t) if t.bytes().all(|b| b.is_ascii_graphic()) => Some(t.to_string()),
+            Some(_) => {
+                return Err(ClientError::usage(
+                    "the token contains spaces or non-ASCII characters: it is not a nokv token",
+                ));
+            }
+        };
         Ok(ResolvedConfig {
             endpoint: self
                 .endpoint
@@ -47,7 +71,7 @@ impl ClientConfig {
                     "no CA certificate: pass --ca, set NOKV_CA, or export NOKV_CONFIG=DATA_DIR/client.toml",
                 )
             })?,
-            token: self.token,
+            token,
         })
     }
 }

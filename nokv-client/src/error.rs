@@ -14,6 +14,10 @@ pub enum Reason {
     Local,
     /// Downloaded bytes do not match their recorded digest.
     Integrity,
+    /// The command line asks for something that cannot be done as stated (the CLI exits 2).
+    Usage,
+    /// The server's certificate is not signed by the configured CA: retrying cannot help.
+    Untrusted,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -41,14 +45,45 @@ impl ClientError {
         }
     }
 
-    /// The reason's name: a server reason, `Transport` or `Local`.
+    pub fn usage(message: impl Into<String>) -> Self {
+        ClientError {
+            reason: Reason::Usage,
+            code: None,
+            message: message.into(),
+        }
+    }
+
+    /// The reason's name: a server reason, or one of the client's own (`Transport`, `Local`,
+    /// `DigestMismatch`, `Usage`, `CertificateNotTrusted`).
     pub fn reason_name(&self) -> &str {
         match &self.reason {
             Reason::Server(r) => r,
             Reason::Transport => "Transport",
             Reason::Local => "Local",
             Reason::Integrity => "DigestMismatch",
+            Reason::Usage => "Usage",
+            Reason::Untrusted => "CertificateNotTrusted",
         }
+    }
+
+    /// The outcome of a mutation that failed this way is unknown: the request may have been
+    /// applied before the answer was lost. Only resending it with the same request id is safe.
+    pub fn outcome_unknown(&self) -> bool {
+        self.reason == Reason::Transport || self.is("Unavailable")
+    }
+
+    /// For a mutation sent with `request_id`: when its outcome is unknown, says so and how to
+    /// retry it without applying it twice (the server replays the recorded outcome of a
+    /// request id it has seen).
+    pub fn with_retry_hint(mut self, request_id: &str) -> Self {
+        if self.outcome_unknown() {
+            self.message = format!(
+                "{}; the outcome is unknown (the request may have been applied): retry the same \
+                 command with --request-id {request_id} to apply it at most once",
+                self.message
+            );
+        }
+        self
     }
 
     pub fn is(&self, reason: &str) -> bool {
@@ -71,8 +106,39 @@ impl ClientError {
     }
 }
 
+/// The TLS failure in an error's source chain when the server's certificate was rejected (not
+/// signed by the configured CA, or not valid for the endpoint's name), else `None`.
+fn untrusted_certificate(mut e: Option<&(dyn std::error::Error + 'static)>) -> Option<String> {
+    while let Some(err) = e {
+        let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
+            err.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(rustls::Error::InvalidCertificate(why)) = tls {
+            return Some(format!("{why:?}"));
+        }
+        e = err.source();
+    }
+    None
+}
+
+fn untrusted(why: String) -> ClientError {
+    ClientError {
+        reason: Reason::Untrusted,
+        code: None,
+        message: format!(
+            "certificate not trusted: the server's certificate does not verify against the \
+             configured CA ({why}); check --ca / NOKV_CA / the ca of NOKV_CONFIG"
+        ),
+    }
+}
+
 impl From<Status> for ClientError {
     fn from(s: Status) -> Self {
+        if let Some(why) = untrusted_certificate(std::error::Error::source(&s)) {
+            return untrusted(why);
+        }
         let reason = s
             .metadata()
             .get("nokv-reason")
@@ -104,6 +170,9 @@ impl From<Status> for ClientError {
 
 impl From<tonic::transport::Error> for ClientError {
     fn from(e: tonic::transport::Error) -> Self {
+        if let Some(why) = untrusted_certificate(Some(&e)) {
+            return untrusted(why);
+        }
         let mut msg = e.to_string();
         let mut src = std::error::Error::source(&e);
         while let Some(s) = src {

@@ -2,8 +2,20 @@
 //! its recorded digest, then the whole sha256. A restore writes `DEST.partial`, fsyncs and
 //! renames, so DEST either does not exist or is complete and verified. An interrupted restore
 //! resumes: blocks already in `DEST.partial` whose digest verifies are not fetched again.
+//!
+//! Safety of the local files, checked before any block is downloaded:
+//! * DEST must be something a rename can replace: not a directory, in an existing directory.
+//! * `DEST.partial` is opened without following a symbolic link (`O_NOFOLLOW`), created `0600`
+//!   if new, and must be a regular file owned by this user that nobody else can write. A
+//!   partial file planted by someone else (e.g. a link to a file the user can write, in a
+//!   shared directory) would otherwise be overwritten, or resumed from with the planter's
+//!   bytes; it is refused with a message that names it instead.
+//!
+//! A revision that disappears mid-way (the artifact was overwritten or deleted and its old
+//! blocks were collected) cannot be completed: the server answers `NotFound` for the revision,
+//! and the restore fails saying that the artifact was replaced.
 
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -87,16 +99,26 @@ impl Client {
         parallel: usize,
         progress: Option<Progress>,
     ) -> Result<Restored> {
+        check_destination(dest)?;
         let m = self.manifest(ws, path).await?;
+        self.restore_manifest(ws, path, m, dest, parallel, progress)
+            .await
+    }
+
+    /// Restores the revision described by `m` (a manifest of `ws:path` fetched earlier) into
+    /// `dest`, as [`Client::restore`] does.
+    pub async fn restore_manifest(
+        &self,
+        ws: &str,
+        path: &str,
+        m: pb::GetManifestResponse,
+        dest: &Path,
+        parallel: usize,
+        progress: Option<Progress>,
+    ) -> Result<Restored> {
+        check_destination(dest)?;
         let partial = partial_path(dest);
-        let resuming = partial.exists();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&partial)
-            .map_err(|e| io(&partial, e))?;
+        let (file, resuming) = open_partial(&partial)?;
         if file.metadata().map_err(|e| io(&partial, e))?.len() != m.size {
             file.set_len(m.size).map_err(|e| io(&partial, e))?;
         }
@@ -119,7 +141,10 @@ impl Client {
             .map(|(b, offset)| {
                 let (file, progress, partial) = (file.clone(), progress.clone(), partial.clone());
                 async move {
-                    let data = self.fetch_block(ws, m.revision, &b).await?;
+                    let data = self
+                        .fetch_block(ws, m.revision, &b)
+                        .await
+                        .map_err(|e| revision_gone(e, ws, path, m.revision))?;
                     tokio::task::spawn_blocking(move || file.write_all_at(&data, offset))
                         .await
                         .map_err(|e| ClientError::local(e.to_string()))?
@@ -166,7 +191,11 @@ impl Client {
         let mut whole = Sha256::new();
         let revision = m.revision;
         let mut blocks = futures::stream::iter(m.blocks.clone())
-            .map(|b| async move { self.fetch_block(ws, revision, &b).await })
+            .map(|b| async move {
+                self.fetch_block(ws, revision, &b)
+                    .await
+                    .map_err(|e| revision_gone(e, ws, path, revision))
+            })
             .buffered(parallel.max(1));
         while let Some(data) = blocks.next().await {
             let data = data?;
@@ -184,6 +213,103 @@ impl Client {
             ));
         }
         Ok(m)
+    }
+}
+
+/// Refuses a destination that the final rename could not replace, before anything is
+/// downloaded: an existing directory, or a parent that is missing or not a directory.
+fn check_destination(dest: &Path) -> Result<()> {
+    if dest.as_os_str().is_empty() {
+        return Err(ClientError::usage("the destination path is empty"));
+    }
+    match std::fs::symlink_metadata(dest) {
+        Ok(md) if md.is_dir() => {
+            return Err(ClientError::usage(format!(
+                "{} is a directory: restore needs a file path to create or replace (e.g. {}/NAME)",
+                dest.display(),
+                dest.display()
+            )));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(dest, e)),
+    }
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(parent) {
+        Ok(md) if md.is_dir() => Ok(()),
+        Ok(_) => Err(ClientError::usage(format!(
+            "{}: {} is not a directory",
+            dest.display(),
+            parent.display()
+        ))),
+        Err(e) => Err(ClientError::usage(format!(
+            "{}: its directory {}: {e}",
+            dest.display(),
+            parent.display()
+        ))),
+    }
+}
+
+/// Opens (or creates, mode 0600) `DEST.partial` without following a symbolic link, and
+/// refuses it unless it is a regular file owned by this user and writable by nobody else.
+/// Returns the file and whether it existed before (a resume).
+fn open_partial(partial: &Path) -> Result<(std::fs::File, bool)> {
+    let refuse = |why: String| {
+        ClientError::local(format!(
+            "{}: {why}; refusing to use it (remove it if you did not create it)",
+            partial.display()
+        ))
+    };
+    let existed = std::fs::symlink_metadata(partial).is_ok();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(partial)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refuse("is a symbolic link".into()),
+            _ => io(partial, e),
+        })?;
+    let md = file.metadata().map_err(|e| io(partial, e))?;
+    if !md.is_file() {
+        return Err(refuse("is not a regular file".into()));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if md.uid() != me {
+        return Err(refuse(format!(
+            "is owned by uid {}, not by this user (uid {me})",
+            md.uid()
+        )));
+    }
+    if md.permissions().mode() & 0o022 != 0 {
+        return Err(refuse(format!(
+            "is writable by other users (mode {:o})",
+            md.permissions().mode() & 0o7777
+        )));
+    }
+    Ok((file, existed))
+}
+
+/// A `NotFound` for the revision being read means it is gone: the artifact was overwritten
+/// or deleted and the old revision's blocks were collected after the restore began.
+fn revision_gone(e: ClientError, ws: &str, path: &str, revision: u64) -> ClientError {
+    if !e.is("NotFound") {
+        return e;
+    }
+    ClientError {
+        message: format!(
+            "revision {revision} of {ws}:{path} is no longer available: the artifact was \
+             replaced or deleted while it was being restored; run the restore again for the \
+             current revision"
+        ),
+        ..e
     }
 }
 

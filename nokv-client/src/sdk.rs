@@ -40,6 +40,11 @@ macro_rules! unary {
 }
 pub(crate) use unary;
 
+/// The largest body the CLI sends as a small file in one `Write`: the server's default
+/// `--inline-max`. Larger bodies are published as artifacts. A server configured with a
+/// smaller limit refuses a body between the two with `InvalidArgument`, naming its limit.
+pub const INLINE_MAX: usize = 256 * 1024;
+
 /// gRPC message limit, matching the server's: one 4 MiB block plus framing.
 pub const MAX_MESSAGE: usize = 4 * 1024 * 1024 + 64 * 1024;
 
@@ -123,12 +128,29 @@ impl LostResponses {
 impl Client {
     /// Builds a TLS channel to the endpoint, trusting only the configured CA. The connection
     /// is made lazily, so a server that is briefly down is covered by the retry policy.
+    /// A token that cannot travel in a header is refused here rather than dropped, so a call
+    /// never goes out silently without the credentials the caller gave.
     pub async fn connect(cfg: &ResolvedConfig) -> Result<Client> {
-        Ok(Self::from_channel(channel(cfg)?, cfg.token.as_deref()))
+        let token = cfg
+            .token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty());
+        if let Some(t) = token
+            && format!("Bearer {t}")
+                .parse::<MetadataValue<tonic::metadata::Ascii>>()
+                .is_err()
+        {
+            return Err(ClientError::usage(
+                "the token contains characters that cannot be sent: it is not a nokv token",
+            ));
+        }
+        Ok(Self::from_channel(channel(cfg)?, token))
     }
 
+    /// A client over `channel` sending `token` (surrounding whitespace trimmed) with every call.
     pub fn from_channel(channel: Channel, token: Option<&str>) -> Client {
-        let bearer = Bearer(token.and_then(|t| format!("Bearer {t}").parse().ok()));
+        let bearer = Bearer(token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok()));
         Client {
             ws: WorkspaceClient::with_interceptor(channel.clone(), bearer.clone())
                 .max_decoding_message_size(MAX_MESSAGE)
@@ -250,13 +272,10 @@ impl Client {
 pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
     let ca = std::fs::read(&cfg.ca)
         .map_err(|e| ClientError::local(format!("{}: {e}", cfg.ca.display())))?;
+    require_https(&cfg.endpoint)?;
     let endpoint = Endpoint::from_shared(cfg.endpoint.clone())
-        .map_err(|e| ClientError::local(format!("endpoint {:?}: {e}", cfg.endpoint)))?;
-    let endpoint = if cfg.endpoint.starts_with("https://") {
-        endpoint.tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?
-    } else {
-        endpoint
-    };
+        .map_err(|e| ClientError::local(format!("endpoint {:?}: {e}", cfg.endpoint)))?
+        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?;
     let channel = endpoint
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
@@ -265,6 +284,22 @@ pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
         .initial_connection_window_size(4 * MAX_MESSAGE as u32)
         .connect_lazy();
     Ok(channel)
+}
+
+/// nokv speaks only gRPC over TLS: an endpoint without a scheme, or with any scheme but
+/// `https://`, is refused here with a message that says so, instead of failing later with an
+/// HTTP/2 protocol error from a plaintext or non-HTTP peer.
+pub fn require_https(endpoint: &str) -> Result<()> {
+    match endpoint.split_once("://") {
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => Ok(()),
+        Some((scheme, rest)) => Err(ClientError::usage(format!(
+            "endpoint {endpoint:?} uses {scheme}://: `https://` required (nokv serves only TLS), \
+             e.g. https://{rest}"
+        ))),
+        None => Err(ClientError::usage(format!(
+            "endpoint {endpoint:?} has no scheme: `https://` required, e.g. https://{endpoint}"
+        ))),
+    }
 }
 
 /// A fresh random request id (128 bits, hex).

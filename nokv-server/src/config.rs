@@ -163,6 +163,10 @@ fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The largest `inline_max` a `Write` can carry: the transport's message limit less the room
+/// it keeps for framing and the request's other fields (path, workspace, request id).
+pub const MAX_INLINE_MAX: usize = crate::server::MAX_MESSAGE - 64 * 1024;
+
 /// Fully resolved settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -238,6 +242,15 @@ impl ServeArgs {
             upload_lease: duration(self.upload_lease, defaults.upload_lease)?,
             replay_ttl: duration(self.replay_ttl, defaults.replay_ttl)?,
         };
+        if shard.inline_max > MAX_INLINE_MAX {
+            return Err(ConfigError(format!(
+                "inline_max {} is larger than one request can carry: the transport takes at most \
+                 {} bytes per message, so inline_max must be at most {MAX_INLINE_MAX} (4 MiB); \
+                 larger files are published as artifacts",
+                shard.inline_max,
+                crate::server::MAX_MESSAGE
+            )));
+        }
         if shard.upload_lease < Duration::from_secs(1) {
             return Err(ConfigError("upload lease must be at least 1s".into()));
         }
@@ -379,6 +392,20 @@ mod tests {
             let cli = Cli::parse_from(["nokv-server", "--block-memory", bad]);
             assert!(cli.serve.resolve().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_inline_max_larger_than_the_transport_carries_is_refused_at_start_up() {
+        let too_big = (MAX_INLINE_MAX + 1).to_string();
+        let cli = Cli::parse_from(["nokv-server", "--inline-max", too_big.as_str()]);
+        let e = cli.serve.resolve().unwrap_err();
+        assert!(e.0.contains("inline_max"), "{e}");
+        let max = MAX_INLINE_MAX.to_string();
+        let cli = Cli::parse_from(["nokv-server", "--inline-max", max.as_str()]);
+        assert_eq!(
+            cli.serve.resolve().unwrap().shard.inline_max,
+            MAX_INLINE_MAX
+        );
     }
 
     #[test]

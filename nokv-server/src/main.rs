@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use nokv_server::config::{Cli, Command, TokenCommand};
-use nokv_server::token::{Claims, Role, parse_duration, unix_now};
+use nokv_server::token::{Claims, Role, parse_duration, token_expiry};
 use nokv_server::{bootstrap, names, server};
 
 fn main() -> ExitCode {
@@ -93,20 +93,29 @@ fn issue_token(
 ) -> ExitCode {
     let result = (|| -> Result<String, String> {
         for w in workspaces {
-            let name = w.strip_suffix('*').unwrap_or(w);
-            if !name.is_empty() {
-                names::workspace(name).map_err(|e| e.to_string())?;
+            // `*` alone means every workspace; `prefix*` needs a valid prefix; anything else is
+            // one workspace name. An empty pattern would grant nothing and hides a typo.
+            match w.strip_suffix('*') {
+                Some("") => {}
+                Some(prefix) => {
+                    names::workspace(prefix).map_err(|e| format!("--workspace {w:?}: {e}"))?;
+                }
+                None => {
+                    names::workspace(w).map_err(|e| format!("--workspace {w:?}: {e}"))?;
+                }
             }
         }
         let role: Role = role
             .parse()
             .map_err(|e: nokv_server::error::Error| e.to_string())?;
-        let ttl = parse_duration(ttl).map_err(|e| e.to_string())?;
+        let expires = parse_duration(ttl)
+            .and_then(token_expiry)
+            .map_err(|e| e.to_string())?;
         let signer = bootstrap::load_signer(data_dir).map_err(|e| e.to_string())?;
         Ok(signer.issue(&Claims {
             workspaces: workspaces.to_vec(),
             role,
-            expires: unix_now() + ttl.as_secs(),
+            expires,
         }))
     })();
     match result {

@@ -5,6 +5,18 @@
 //! Paths are relative UTF-8 with `/` separators. A single trailing `/` and repeated `/` are
 //! *not* silently fixed: a path names exactly one entry, so ambiguous spellings are refused
 //! rather than normalised into a different key.
+//!
+//! Lookalike names: paths and prefixes are normalised to Unicode NFC here, so the composed and
+//! the decomposed spelling of `é` name the same entry (a user cannot tell them apart in `ls`,
+//! and every common input method produces NFC). Unicode *format* characters (general category
+//! Cf: bidi controls, zero-width joiners and spaces, the BOM, ...) are refused: they are
+//! invisible and exist only to change how text is shown, so a name containing one is a name
+//! that looks like another. Both rules apply to every name before it reaches a shard, so keys,
+//! replay fingerprints and list order only ever see the normalised form.
+
+use std::borrow::Cow;
+
+use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
 
 use crate::error::{Error, Result};
 
@@ -31,8 +43,14 @@ pub fn workspace(name: &str) -> Result<&str> {
     Ok(name)
 }
 
-/// A path naming one entry inside a workspace.
-pub fn path(p: &str) -> Result<&str> {
+/// A path naming one entry inside a workspace, in NFC; the returned form is the entry's key.
+pub fn path(p: &str) -> Result<Cow<'_, str>> {
+    let p = nfc(p);
+    check_path(&p)?;
+    Ok(p)
+}
+
+fn check_path(p: &str) -> Result<()> {
     if p.is_empty() {
         return Err(invalid("path is empty"));
     }
@@ -59,12 +77,13 @@ pub fn path(p: &str) -> Result<&str> {
             _ => {}
         }
     }
-    Ok(p)
+    Ok(())
 }
 
 /// A list prefix: any leading part of a valid path (may end inside a component or with `/`);
-/// empty means the whole workspace.
-pub fn prefix(p: &str) -> Result<&str> {
+/// empty means the whole workspace. Normalised to NFC like paths, so it matches their keys.
+pub fn prefix(p: &str) -> Result<Cow<'_, str>> {
+    let p = nfc(p);
     if p.len() > MAX_PATH_BYTES {
         return Err(invalid(format!(
             "prefix is longer than {MAX_PATH_BYTES} bytes"
@@ -73,8 +92,17 @@ pub fn prefix(p: &str) -> Result<&str> {
     if p.starts_with('/') {
         return Err(invalid("prefix must be relative (starts with '/')"));
     }
-    check_chars(p, "prefix")?;
+    check_chars(&p, "prefix")?;
     Ok(p)
+}
+
+/// `s` in Unicode Normalization Form C; borrowed when it already is (the common case, checked
+/// without allocating).
+fn nfc(s: &str) -> Cow<'_, str> {
+    match is_nfc_quick(s.chars()) {
+        IsNormalized::Yes => Cow::Borrowed(s),
+        _ => Cow::Owned(s.nfc().collect()),
+    }
 }
 
 /// A client-chosen request id: 1..=128 printable ASCII characters.
@@ -97,7 +125,46 @@ fn check_chars(p: &str, what: &str) -> Result<()> {
             c as u32
         )));
     }
+    if let Some(c) = p.chars().find(|&c| is_format_char(c)) {
+        return Err(invalid(format!(
+            "{what} contains an invisible format character (U+{:04X}); names that look alike \
+             must be the same name",
+            c as u32
+        )));
+    }
     Ok(())
+}
+
+/// Unicode general category Cf (format characters), Unicode 15.1, from
+/// `extracted/DerivedGeneralCategory.txt` of the UCD (the `; Cf #` lines, 170 code points).
+/// std exposes no general category, and a crate for one table of 21 ranges is not worth it.
+const FORMAT_CHARS: &[(u32, u32)] = &[
+    (0x00AD, 0x00AD),   // SOFT HYPHEN
+    (0x0600, 0x0605),   // ARABIC NUMBER SIGN..ARABIC NUMBER MARK ABOVE
+    (0x061C, 0x061C),   // ARABIC LETTER MARK
+    (0x06DD, 0x06DD),   // ARABIC END OF AYAH
+    (0x070F, 0x070F),   // SYRIAC ABBREVIATION MARK
+    (0x0890, 0x0891),   // ARABIC POUND/PIASTRE MARK ABOVE
+    (0x08E2, 0x08E2),   // ARABIC DISPUTED END OF AYAH
+    (0x180E, 0x180E),   // MONGOLIAN VOWEL SEPARATOR
+    (0x200B, 0x200F),   // ZERO WIDTH SPACE..RIGHT-TO-LEFT MARK
+    (0x202A, 0x202E),   // LEFT-TO-RIGHT EMBEDDING..RIGHT-TO-LEFT OVERRIDE
+    (0x2060, 0x2064),   // WORD JOINER..INVISIBLE PLUS
+    (0x2066, 0x206F),   // LEFT-TO-RIGHT ISOLATE..NOMINAL DIGIT SHAPES
+    (0xFEFF, 0xFEFF),   // ZERO WIDTH NO-BREAK SPACE (BOM)
+    (0xFFF9, 0xFFFB),   // INTERLINEAR ANNOTATION ANCHOR..TERMINATOR
+    (0x110BD, 0x110BD), // KAITHI NUMBER SIGN
+    (0x110CD, 0x110CD), // KAITHI NUMBER SIGN ABOVE
+    (0x13430, 0x1343F), // EGYPTIAN HIEROGLYPH VERTICAL JOINER..END WALLED ENCLOSURE
+    (0x1BCA0, 0x1BCA3), // SHORTHAND FORMAT LETTER OVERLAP..UP STEP
+    (0x1D173, 0x1D17A), // MUSICAL SYMBOL BEGIN BEAM..END PHRASE
+    (0xE0001, 0xE0001), // LANGUAGE TAG
+    (0xE0020, 0xE007F), // TAG SPACE..CANCEL TAG
+];
+
+fn is_format_char(c: char) -> bool {
+    let c = c as u32;
+    FORMAT_CHARS.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -115,6 +182,38 @@ mod tests {
         }
         for p in ["a", "a/b/c.txt", "ünïcode/файл", "x/.hidden", "a..b"] {
             assert_eq!(path(p).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn composed_and_decomposed_spellings_of_a_path_name_the_same_entry() {
+        let composed = "caf\u{e9}/r\u{e9}sum\u{e9}.txt";
+        let decomposed = "cafe\u{301}/re\u{301}sume\u{301}.txt";
+        assert_eq!(path(decomposed).unwrap(), composed);
+        assert_eq!(path(composed).unwrap(), composed);
+        assert!(matches!(path(composed).unwrap(), Cow::Borrowed(_)));
+        assert_eq!(prefix("cafe\u{301}/").unwrap(), "caf\u{e9}/");
+    }
+
+    #[test]
+    fn invisible_format_characters_are_refused_in_paths_and_prefixes() {
+        let table_total: u32 = FORMAT_CHARS.iter().map(|(lo, hi)| hi - lo + 1).sum();
+        assert_eq!(table_total, 170, "Unicode 15.1 has 170 Cf code points");
+        for c in [
+            '\u{ad}',
+            '\u{200b}',
+            '\u{200d}',
+            '\u{202e}',
+            '\u{2066}',
+            '\u{feff}',
+            '\u{e0041}',
+        ] {
+            let p = format!("a{c}b.txt");
+            assert!(matches!(path(&p), Err(Error::InvalidArgument(_))), "{p:?}");
+            assert!(
+                matches!(prefix(&p), Err(Error::InvalidArgument(_))),
+                "{p:?}"
+            );
         }
     }
 

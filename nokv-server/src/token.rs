@@ -145,7 +145,8 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// Parses `30d`, `12h`, `15m`, `90s` or a bare number of seconds.
+/// Parses `30d`, `12h`, `15m`, `90s`, `250ms` or a bare number of seconds. A value whose
+/// length does not fit in the duration type is refused, never wrapped.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
@@ -155,19 +156,42 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
     let n: u64 = num
         .parse()
         .map_err(|_| Error::InvalidArgument(format!("bad duration {s:?}")))?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
+    let per_unit = match unit {
         "ms" => return Ok(std::time::Duration::from_millis(n)),
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
         _ => {
             return Err(Error::InvalidArgument(format!(
                 "bad duration unit in {s:?}"
             )));
         }
     };
+    let secs = n
+        .checked_mul(per_unit)
+        .ok_or_else(|| Error::InvalidArgument(format!("duration {s:?} is too large")))?;
     Ok(std::time::Duration::from_secs(secs))
+}
+
+/// The shortest lifetime `token issue` grants. A shorter one is almost dead when printed
+/// (expiry has one-second resolution and `0s` would be dead at once), which only ever hides a
+/// typo; a minute is the least a person can use a token within.
+pub const MIN_TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The expiry (seconds since the epoch) of a token issued now with lifetime `ttl`: refused
+/// below [`MIN_TOKEN_TTL`] and when the sum does not fit, so no lifetime wraps around.
+pub fn token_expiry(ttl: std::time::Duration) -> Result<u64> {
+    if ttl < MIN_TOKEN_TTL {
+        return Err(Error::InvalidArgument(format!(
+            "--ttl {ttl:?} is shorter than the minimum of {}s: the token would be dead or almost \
+             dead when issued",
+            MIN_TOKEN_TTL.as_secs()
+        )));
+    }
+    unix_now()
+        .checked_add(ttl.as_secs())
+        .ok_or_else(|| Error::InvalidArgument("--ttl is too large".into()))
 }
 
 #[cfg(test)]
@@ -209,6 +233,18 @@ mod tests {
             c.require("other", Role::Read),
             Err(Error::PermissionDenied(_))
         ));
+    }
+
+    #[test]
+    fn a_token_lifetime_that_overflows_or_is_nearly_dead_is_refused_not_wrapped() {
+        assert!(parse_duration("213503982334602d").is_err());
+        assert!(parse_duration(&format!("{}h", u64::MAX / 3600 + 1)).is_err());
+        assert_eq!(parse_duration("2h").unwrap().as_secs(), 7200);
+        for ttl in ["0", "0s", "1ms", "59s"] {
+            assert!(token_expiry(parse_duration(ttl).unwrap()).is_err(), "{ttl}");
+        }
+        assert!(token_expiry(parse_duration(&format!("{}s", u64::MAX)).unwrap()).is_err());
+        assert!(token_expiry(parse_duration("1m").unwrap()).unwrap() > unix_now());
     }
 
     #[test]

@@ -439,43 +439,42 @@ impl Daemon {
         self.run_cli(args, &[], Some(stdin))
     }
 
-    fn run_cli(&self, args: &[&str], envs: &[(&str, &str)], stdin: Option<&[u8]>) -> CliOutput {
+    /// The `nokv` command [`Daemon::cli`] runs, not yet spawned: for tests that drive the
+    /// process themselves (signals, pipes held open). Stdio is left to the caller.
+    pub fn cli_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(bin("nokv"));
         cmd.args(args)
-            // Only the config file may point the CLI at a daemon, so a developer's own
-            // environment cannot redirect tests elsewhere.
             .env("NOKV_CONFIG", self.client_config())
             .env_remove("NOKV_ENDPOINT")
             .env_remove("NOKV_CA")
-            .env_remove("NOKV_TOKEN")
-            .envs(envs.iter().copied())
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn nokv");
-        // Stdin is written from its own thread: writing it all before reading output could
-        // deadlock once the CLI fills its stdout pipe.
-        let writer = stdin.map(|bytes| {
-            let bytes = bytes.to_vec();
-            let mut pipe = child.stdin.take().expect("stdin piped");
-            thread::spawn(move || {
-                // The CLI may exit without reading everything; a broken pipe is its choice.
-                let _ = pipe.write_all(&bytes);
-            })
-        });
-        let out = child.wait_with_output().expect("wait for nokv");
-        if let Some(w) = writer {
-            w.join().expect("stdin writer thread");
-        }
-        CliOutput {
-            status: out.status.code().unwrap_or(-1),
-            stdout: out.stdout,
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+            .env_remove("NOKV_TOKEN");
+        cmd
+    }
+
+    fn run_cli(&self, args: &[&str], envs: &[(&str, &str)], stdin: Option<&[u8]>) -> CliOutput {
+        cli_with_config(&self.client_config(), args, envs, stdin)
+    }
+
+    /// A token for `workspace` and `role` that expired a minute ago, signed with this
+    /// daemon's cluster secret in the token format of `nokv-server`'s `token` module
+    /// (`nokv1.<hex claims json>.<hex HMAC-SHA256>`). `token issue` refuses to issue a dead
+    /// token, so a test that needs one signs it the way a holder of the secret could.
+    pub fn expired_token(&self, workspace: &str, role: &str) -> String {
+        let secret = std::fs::read_to_string(self.data_dir.join("cluster.secret"))
+            .expect("read cluster.secret");
+        let secret = hex::decode(secret.trim()).expect("cluster.secret is hex");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs();
+        let claims = serde_json::json!({"w": [workspace], "r": role, "e": now - 60}).to_string();
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret);
+        let mac = ring::hmac::sign(&key, claims.as_bytes());
+        format!(
+            "nokv1.{}.{}",
+            hex::encode(claims.as_bytes()),
+            hex::encode(mac.as_ref())
+        )
     }
 
     /// Issues a token with `nokv-server token issue` on this daemon's data dir; returns it.
@@ -501,6 +500,51 @@ impl Daemon {
             .expect("token is UTF-8")
             .trim()
             .to_string()
+    }
+}
+
+/// Runs the `nokv` CLI with `config` as its only source of connection settings (so a
+/// developer's own environment cannot redirect tests elsewhere), e.g. the `client.toml` of a
+/// daemon that has stopped.
+pub fn cli_with_config(
+    config: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    stdin: Option<&[u8]>,
+) -> CliOutput {
+    let mut cmd = Command::new(bin("nokv"));
+    cmd.args(args)
+        .env("NOKV_CONFIG", config)
+        .env_remove("NOKV_ENDPOINT")
+        .env_remove("NOKV_CA")
+        .env_remove("NOKV_TOKEN")
+        .envs(envs.iter().copied())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn nokv");
+    // Stdin is written from its own thread: writing it all before reading output could
+    // deadlock once the CLI fills its stdout pipe.
+    let writer = stdin.map(|bytes| {
+        let bytes = bytes.to_vec();
+        let mut pipe = child.stdin.take().expect("stdin piped");
+        thread::spawn(move || {
+            // The CLI may exit without reading everything; a broken pipe is its choice.
+            let _ = pipe.write_all(&bytes);
+        })
+    });
+    let out = child.wait_with_output().expect("wait for nokv");
+    if let Some(w) = writer {
+        w.join().expect("stdin writer thread");
+    }
+    CliOutput {
+        status: out.status.code().unwrap_or(-1),
+        stdout: out.stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 

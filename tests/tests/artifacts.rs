@@ -458,3 +458,168 @@ fn publishing_from_stdin_restores_identical_bytes() {
         "restore of stdin publish",
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Local file safety of restore and publish (issue 7, items 10, 12 and 17)
+// ---------------------------------------------------------------------------------------------
+
+/// Publishes `data` as `target` from a file in `dir`.
+#[track_caller]
+fn publish_bytes(d: &Daemon, dir: &Path, target: &str, data: &[u8]) -> Value {
+    let src = dir.join("src.bin");
+    std::fs::write(&src, data).unwrap();
+    publish(d, &src, target)
+}
+
+#[test]
+fn restore_never_follows_or_trusts_a_partial_file_planted_by_someone_else() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = pseudo_random_bytes(50, BLOCK + 100);
+    publish_bytes(&d, dir.path(), "ws:a.bin", &data);
+    let dest = dir.path().join("a.bin");
+    let dest_s = dest.to_str().unwrap();
+
+    // A link at DEST.partial to a file the user can write.
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, partial_of(&dest)).unwrap();
+    let out = d.cli(&["restore", "ws:a.bin", dest_s]);
+    out.assert_fails_with("Local");
+    assert!(out.stderr.contains("symbolic link"), "{}", out.stderr);
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        b"precious",
+        "link followed"
+    );
+    assert!(!dest.exists());
+
+    // A partial file that others may write cannot be trusted as a resume point.
+    std::fs::remove_file(partial_of(&dest)).unwrap();
+    std::fs::write(partial_of(&dest), vec![0u8; data.len()]).unwrap();
+    std::fs::set_permissions(partial_of(&dest), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = d.cli(&["restore", "ws:a.bin", dest_s]);
+    out.assert_fails_with("Local");
+    assert!(
+        out.stderr.contains("writable by other users"),
+        "{}",
+        out.stderr
+    );
+    assert!(!dest.exists());
+
+    // Without the planted file the restore creates a private partial and completes.
+    std::fs::remove_file(partial_of(&dest)).unwrap();
+    restore(&d, "ws:a.bin", &dest);
+    assert_same_bytes(&std::fs::read(&dest).unwrap(), &data, "restore");
+    let mode = std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the restored file was created private");
+}
+
+#[test]
+fn restore_to_a_destination_it_cannot_replace_fails_before_downloading_and_leaves_no_partial() {
+    let d = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    publish_bytes(
+        &d,
+        dir.path(),
+        "ws:a.bin",
+        &pseudo_random_bytes(51, BLOCK + 1),
+    );
+    let into_dir = dir.path().join("existing-dir");
+    std::fs::create_dir(&into_dir).unwrap();
+    let no_parent = dir.path().join("missing").join("a.bin");
+    for dest in [&into_dir, &no_parent] {
+        let out = d.cli(&["restore", "ws:a.bin", dest.to_str().unwrap()]);
+        assert_eq!(out.status, 2, "{}: {}", dest.display(), out.stderr);
+        assert!(!partial_of(dest).exists(), "{}", dest.display());
+    }
+    let out = d.cli(&["restore", "ws:a.bin", into_dir.to_str().unwrap()]);
+    assert!(out.stderr.contains("is a directory"), "{}", out.stderr);
+    assert!(
+        files_under(&into_dir).is_empty(),
+        "the directory is untouched"
+    );
+    // `get` to a file goes the same way.
+    let out = d.cli(&["get", "ws:a.bin", into_dir.to_str().unwrap()]);
+    assert_eq!(out.status, 2, "{}", out.stderr);
+}
+
+/// A revision the shard no longer serves stands for one retired by an overwrite after the
+/// restore fetched its manifest (and whose blocks were collected since): the server answers
+/// `NotFound` for the revision, and the client must say what happened.
+#[test]
+fn a_restore_whose_revision_is_gone_fails_saying_the_artifact_was_replaced() {
+    let d = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    publish_bytes(&d, dir.path(), "ws:a.bin", &pseudo_random_bytes(52, 1000));
+    let dest = dir.path().join("a.bin");
+    let err = sdk(async {
+        let client = d.sdk().await;
+        let mut m = client.manifest("ws", "a.bin").await.unwrap();
+        m.revision += 1_000_000;
+        client
+            .restore_manifest("ws", "a.bin", m, &dest, 1, None)
+            .await
+            .expect_err("a revision that is gone cannot be restored")
+    });
+    assert!(err.is("NotFound"), "{err:?}");
+    assert!(err.message.contains("replaced"), "{err:?}");
+    assert!(!dest.exists());
+}
+
+#[test]
+fn the_stdin_spool_file_is_private_and_removed_on_ctrl_c() {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Stdio;
+    let d = Daemon::start(&[]);
+    let spool_dir = tempfile::tempdir().unwrap();
+    let mut child = d
+        .cli_command(&["publish", "-", "ws:piped.bin", "--quiet"])
+        .env("TMPDIR", spool_dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nokv");
+    // Stdin stays open: the CLI is still spooling when it is interrupted.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&[7u8; 64 * 1024]).unwrap();
+    stdin.flush().unwrap();
+
+    // The spool file's appearance is the signal that the CLI is spooling.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let spool = loop {
+        if let Some(f) = files_under(spool_dir.path()).into_iter().next() {
+            break f;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no spool file appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let mode = std::fs::metadata(&spool).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the spool file is private");
+
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        files_under(spool_dir.path()).is_empty(),
+        "the spool file was left behind"
+    );
+    d.cli(&["stat", "ws:piped.bin"])
+        .assert_fails_with("NotFound");
+}

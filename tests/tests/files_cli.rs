@@ -2,7 +2,7 @@
 //! default: round trips, listing, restarts, conditional writes, request-id replay, name
 //! validation and the inline limit.
 
-use nokv_tests::{CliOutput, Daemon};
+use nokv_tests::{CliOutput, Daemon, cli_with_config};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -307,7 +307,6 @@ fn ls_refuses_bad_prefixes_limits_and_cursors_with_invalid_argument() {
         &["ls", "w1:/abs"][..],
         &["ls", "w1:a\nb"],
         &["ls", "UPPER:"],
-        &["ls", "w1:", "--limit", "1001"],
         &["ls", "w1:", "--cursor", "not-a-cursor"],
     ] {
         assert_reason(&d.cli(args), "InvalidArgument", &format!("{args:?}"));
@@ -698,12 +697,186 @@ fn the_default_inline_limit_is_256_kib() {
     let body: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
     let e = put(&d, "w1:max", &body);
     assert_eq!(e["sha256"], sha256_hex(&body));
+    assert_eq!(e["kind"], "file");
     assert!(get(&d, "w1:max") == body, "256 KiB body differs on read");
+}
 
+/// Issue 7, item 15: agents need not care about the inline limit.
+#[test]
+fn put_of_a_body_over_the_inline_limit_publishes_it_as_an_artifact() {
+    let d = Daemon::start(&[]);
     let tmp = tempfile::tempdir().unwrap();
+
+    // From a file: one byte over the limit.
+    let body: Vec<u8> = (0..256 * 1024 + 1).map(|i| (i % 253) as u8).collect();
     let big = tmp.path().join("big");
-    std::fs::write(&big, vec![0u8; 256 * 1024 + 1]).unwrap();
-    d.cli(&["put", "w1:over", big.to_str().unwrap()])
-        .assert_fails_with("InvalidArgument");
-    d.cli(&["stat", "w1:over"]).assert_fails_with("NotFound");
+    std::fs::write(&big, &body).unwrap();
+    let e = d
+        .cli(&["--json", "put", "w1:over", big.to_str().unwrap()])
+        .assert_ok()
+        .json();
+    assert_eq!(e["kind"], "artifact", "{e}");
+    assert_eq!(e["sha256"], sha256_hex(&body));
+    assert_eq!(stat(&d, "w1:over")["kind"], "artifact");
+    assert!(
+        get(&d, "w1:over") == body,
+        "artifact put from a file differs on read"
+    );
+
+    // From stdin: more than one block, spooled rather than held in memory.
+    let piped: Vec<u8> = (0..(4 << 20) + 4097).map(|i| (i % 241) as u8).collect();
+    let e = d
+        .cli_stdin(&["--json", "put", "w1:piped"], &piped)
+        .assert_ok()
+        .json();
+    assert_eq!(e["kind"], "artifact", "{e}");
+    assert_eq!(e["block_count"], 2);
+    assert_eq!(e["sha256"], sha256_hex(&piped));
+    assert!(
+        get(&d, "w1:piped") == piped,
+        "artifact put from stdin differs on read"
+    );
+
+    // Conditions cannot be honoured by a publish: refused as a usage error, nothing changes.
+    for flags in [&["--create-only"][..], &["--if-generation", "1"]] {
+        let mut args = vec!["put", "w1:cond", big.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        let out = d.cli(&args);
+        assert_eq!(out.status, 2, "{flags:?}: {}", out.stderr);
+    }
+    d.cli(&["stat", "w1:cond"]).assert_fails_with("NotFound");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lookalike names, flags and unknown outcomes (issue 7, items 13 and 18)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn nfc_and_nfd_spellings_name_one_entry_and_invisible_format_characters_are_refused() {
+    let d = Daemon::start(&[]);
+    let composed = "w1:caf\u{e9}/r\u{e9}sum\u{e9}.txt";
+    let decomposed = "w1:cafe\u{301}/re\u{301}sume\u{301}.txt";
+    let first = put(&d, composed, b"one");
+    let second = put(&d, decomposed, b"two");
+    assert_eq!(
+        generation(&second),
+        generation(&first) + 1,
+        "one entry, replaced"
+    );
+    assert_eq!(ls_all(&d, "w1"), ["caf\u{e9}/r\u{e9}sum\u{e9}.txt"]);
+    assert_eq!(get(&d, composed), b"two");
+    assert_eq!(get(&d, decomposed), b"two");
+    let prefixed = d
+        .cli(&["--json", "ls", "w1:cafe\u{301}/"])
+        .assert_ok()
+        .json();
+    assert_eq!(
+        paths(&prefixed).len(),
+        1,
+        "an NFD prefix lists the NFC entry"
+    );
+
+    for name in [
+        "w1:a\u{200b}b.txt",          // zero-width space
+        "w1:x\u{200d}y",              // zero-width joiner
+        "w1:invoice\u{202e}fdp.exe",  // right-to-left override
+        "w1:\u{2066}iso\u{2069}.txt", // bidi isolates
+        "w1:\u{feff}bom",             // byte order mark
+        "w1:soft\u{ad}hyphen",        // soft hyphen
+    ] {
+        assert_reason(
+            &d.cli_stdin(&["put", name], b"x"),
+            "InvalidArgument",
+            &format!("{name:?}"),
+        );
+    }
+    assert_reason(
+        &d.cli(&["ls", "w1:a\u{200b}"]),
+        "InvalidArgument",
+        "format character in a prefix",
+    );
+    assert_eq!(total_entries(&d), 1, "refused names changed nothing");
+}
+
+#[test]
+fn out_of_range_ls_limits_and_rm_if_generation_0_are_usage_errors() {
+    let d = Daemon::start(&[]);
+    let e = put(&d, "w1:a", b"a");
+    for args in [
+        &["ls", "w1:", "--limit", "100000"][..],
+        &["ls", "w1:", "--limit", "1001"],
+        &["ls", "w1:", "--limit", "0"],
+        &["rm", "w1:a", "--if-generation", "0"],
+    ] {
+        let out = d.cli(args);
+        assert_eq!(out.status, 2, "{args:?} is a usage error: {}", out.stderr);
+    }
+    assert_eq!(stat(&d, "w1:a"), e, "usage errors change nothing");
+
+    // put's 0 means "must not exist", the one meaning 0 has anywhere.
+    let out = d.cli_stdin(&["put", "w1:a", "--if-generation", "0"], b"b");
+    assert_eq!(out.status, 1, "{}", out.stderr);
+    assert_eq!(get(&d, "w1:a"), b"a");
+    put_if_absent(&d, "w1:new");
+    let help = d.cli(&["rm", "--help"]).assert_ok().stdout_str();
+    assert!(help.contains("unconditionally"), "{help}");
+}
+
+#[track_caller]
+fn put_if_absent(d: &Daemon, target: &str) {
+    let e = d
+        .cli_stdin(&["--json", "put", target, "--if-generation", "0"], b"n")
+        .assert_ok()
+        .json();
+    assert_eq!(generation(&e), 1);
+}
+
+/// The request id printed after `--request-id ` in a failure line.
+fn printed_request_id(out: &CliOutput) -> String {
+    let at = out
+        .stderr
+        .find("--request-id ")
+        .unwrap_or_else(|| panic!("no request id printed: {}", out.stderr));
+    out.stderr[at + "--request-id ".len()..]
+        .split(|c: char| c.is_whitespace())
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_mutation_whose_outcome_is_unknown_prints_its_request_id_for_a_safe_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_in(dir.path(), &[]);
+    put(&d, "w1:doomed", b"x");
+    let config = d.client_config();
+    d.terminate();
+
+    // The daemon is gone: the CLI cannot know whether the request was applied.
+    let down = |args: &[&str], stdin: Option<&[u8]>| cli_with_config(&config, args, &[], stdin);
+    let out = down(&["put", "w1:a"], Some(b"v1"));
+    assert_eq!(out.status, 1, "{}", out.stderr);
+    assert_eq!(out.stderr.lines().count(), 1, "one line: {}", out.stderr);
+    assert!(out.stderr.contains("outcome is unknown"), "{}", out.stderr);
+    let put_id = printed_request_id(&out);
+    let out = down(&["rm", "w1:doomed"], None);
+    assert!(out.stderr.contains("outcome is unknown"), "{}", out.stderr);
+    let rm_id = printed_request_id(&out);
+
+    // The printed retries apply each mutation once, however often they are repeated.
+    let d = Daemon::start_in(dir.path(), &[]);
+    let first = d
+        .cli_stdin(&["--json", "put", "w1:a", "--request-id", &put_id], b"v1")
+        .assert_ok()
+        .json();
+    let again = d
+        .cli_stdin(&["--json", "put", "w1:a", "--request-id", &put_id], b"v1")
+        .assert_ok()
+        .json();
+    assert_eq!(first, again, "the retry replays the recorded entry");
+    assert_eq!(generation(&stat(&d, "w1:a")), 1);
+    for _ in 0..2 {
+        d.cli(&["rm", "w1:doomed", "--request-id", &rm_id])
+            .assert_ok();
+    }
 }

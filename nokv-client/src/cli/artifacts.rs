@@ -9,6 +9,7 @@ use serde_json::json;
 
 use super::output::{Output, entry_json, human_bytes};
 use super::progress::Bar;
+use super::spool::spool_stdin;
 use super::target::Target;
 
 fn rate(bytes: u64, started: Instant) -> f64 {
@@ -24,14 +25,23 @@ pub async fn publish(
     quiet: bool,
 ) -> Result<(), ClientError> {
     // Stdin has no size up front: spool it to a temporary file first (never into memory).
-    let spooled;
-    let file = if source.as_os_str() == "-" {
-        spooled = spool_stdin().await?;
-        spooled.path().to_path_buf()
-    } else {
-        source.to_path_buf()
-    };
-    let size = std::fs::metadata(&file)
+    if source.as_os_str() == "-" {
+        let spooled = spool_stdin(&[]).await?;
+        return publish_file(client, out, spooled.path(), t, parallel, quiet).await;
+    }
+    publish_file(client, out, source, t, parallel, quiet).await
+}
+
+/// Publishes the regular file `file` (streamed in blocks, never held in memory as a whole).
+pub async fn publish_file(
+    client: &Client,
+    out: Output,
+    file: &Path,
+    t: &Target,
+    parallel: usize,
+    quiet: bool,
+) -> Result<(), ClientError> {
+    let size = std::fs::metadata(file)
         .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?
         .len();
     let bar = Bar::new(size, quiet, out.json, "publish");
@@ -40,7 +50,7 @@ pub async fn publish(
         .publish_file(
             &t.workspace,
             &t.path,
-            &file,
+            file,
             PublishOptions {
                 parallel,
                 progress: bar.callback(),
@@ -124,32 +134,4 @@ pub async fn get(
             Ok(())
         }
     }
-}
-
-/// A temporary file removed on drop.
-struct Spool(PathBuf);
-
-impl Spool {
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Spool {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-async fn spool_stdin() -> Result<Spool, ClientError> {
-    let path =
-        std::env::temp_dir().join(format!("nokv-stdin-{}", nokv_client::sdk::new_request_id()));
-    let spool = Spool(path);
-    let mut f = tokio::fs::File::create(spool.path())
-        .await
-        .map_err(|e| ClientError::local(format!("{}: {e}", spool.path().display())))?;
-    tokio::io::copy(&mut tokio::io::stdin(), &mut f)
-        .await
-        .map_err(|e| ClientError::local(format!("spooling stdin: {e}")))?;
-    Ok(spool)
 }

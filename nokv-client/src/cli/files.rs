@@ -1,33 +1,58 @@
 //! Small-file commands: put, get, stat, ls, rm, and admin health.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
+use nokv_client::sdk::{INLINE_MAX, new_request_id};
 use nokv_client::{Client, ClientError};
 use nokv_proto::v1 as pb;
 use serde_json::json;
+use tokio::io::AsyncReadExt;
 
 use super::output::{Output, entry_human, entry_json, human_bytes, kind_name};
+use super::spool::{Spool, spool};
 use super::target::Target;
 
 fn is_stdio(p: &Option<PathBuf>) -> bool {
     p.as_ref().is_none_or(|p| p.as_os_str() == "-")
 }
 
-fn read_source(file: &Option<PathBuf>) -> Result<Vec<u8>, ClientError> {
-    let mut data = Vec::new();
+/// Where `put` takes its body from, decided by size: a body within the inline limit is sent
+/// in one `Write`; a larger one is published as an artifact, streamed from a file (a stdin
+/// body is spooled to a private temporary file first), so no size is ever held in memory as
+/// a whole and agents need not care about the limit.
+enum Source {
+    Inline(Vec<u8>),
+    Large(PathBuf, Option<Spool>),
+}
+
+async fn read_source(file: &Option<PathBuf>) -> Result<Source, ClientError> {
+    let limit = INLINE_MAX as u64;
     match file {
         Some(p) if !is_stdio(file) => {
-            data =
-                std::fs::read(p).map_err(|e| ClientError::local(format!("{}: {e}", p.display())))?
+            let err = |e: std::io::Error| ClientError::local(format!("{}: {e}", p.display()));
+            let size = std::fs::metadata(p).map_err(err)?.len();
+            if size > limit {
+                return Ok(Source::Large(p.clone(), None));
+            }
+            Ok(Source::Inline(std::fs::read(p).map_err(err)?))
         }
         _ => {
-            std::io::stdin()
-                .read_to_end(&mut data)
+            let mut head = Vec::new();
+            let mut stdin = tokio::io::stdin();
+            (&mut stdin)
+                .take(limit + 1)
+                .read_to_end(&mut head)
+                .await
                 .map_err(|e| ClientError::local(format!("stdin: {e}")))?;
+            if head.len() as u64 <= limit {
+                return Ok(Source::Inline(head));
+            }
+            // The same reader goes on: it may hold stdin bytes read ahead of `head`.
+            let spool = spool(&head, &mut stdin).await?;
+            Ok(Source::Large(spool.path().to_path_buf(), Some(spool)))
         }
     }
-    Ok(data)
 }
 
 pub async fn put(
@@ -39,12 +64,32 @@ pub async fn put(
     if_generation: Option<u64>,
     request_id: Option<String>,
 ) -> Result<(), ClientError> {
-    let data = read_source(&file)?;
+    let data = match read_source(&file).await? {
+        Source::Inline(data) => data,
+        Source::Large(path, _spool) => {
+            if create_only || if_generation.is_some() {
+                return Err(ClientError::usage(format!(
+                    "the body is larger than the {} inline limit, so it is published as an \
+                     artifact, which replaces unconditionally: --create-only and \
+                     --if-generation apply to small files only",
+                    human_bytes(INLINE_MAX as u64)
+                )));
+            }
+            if request_id.is_some() {
+                return Err(ClientError::usage(
+                    "--request-id applies to small files only: a body over the inline limit is \
+                     published as an artifact, one request id per block",
+                ));
+            }
+            return super::artifacts::publish_file(client, out, &path, t, 4, true).await;
+        }
+    };
     let (mode, if_generation) = match (create_only, if_generation) {
         (true, _) => (pb::WriteMode::CreateOnly, 0),
         (false, Some(g)) => (pb::WriteMode::IfGeneration, g),
         (false, None) => (pb::WriteMode::Upsert, 0),
     };
+    let request_id = request_id.unwrap_or_else(new_request_id);
     let e = client
         .write(pb::WriteRequest {
             workspace: t.workspace.clone(),
@@ -52,9 +97,10 @@ pub async fn put(
             data: data.into(),
             mode: mode as i32,
             if_generation,
-            request_id: request_id.unwrap_or_default(),
+            request_id: request_id.clone(),
         })
-        .await?;
+        .await
+        .map_err(|e| e.with_retry_hint(&request_id))?;
     out.emit(entry_json(&e), || {
         format!(
             "wrote {t} ({}, generation {})",
@@ -159,14 +205,16 @@ pub async fn rm(
     if_generation: Option<u64>,
     request_id: Option<String>,
 ) -> Result<(), ClientError> {
+    let request_id = request_id.unwrap_or_else(new_request_id);
     let generation = client
         .delete(pb::DeleteRequest {
             workspace: t.workspace.clone(),
             path: t.path.clone(),
             if_generation: if_generation.unwrap_or(0),
-            request_id: request_id.unwrap_or_default(),
+            request_id: request_id.clone(),
         })
-        .await?;
+        .await
+        .map_err(|e| e.with_retry_hint(&request_id))?;
     out.emit(
         json!({"workspace": t.workspace, "path": t.path, "deleted_generation": generation}),
         || format!("deleted {t} (generation {generation})"),

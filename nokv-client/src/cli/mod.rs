@@ -1,18 +1,23 @@
 //! Argument parsing and dispatch of the `nokv` CLI. Exit status: 0 success, 1 the operation
-//! failed (typed reason on stderr), 2 usage error.
+//! failed (typed reason on stderr), 2 usage error, 130 interrupted (Ctrl-C).
+//!
+//! Ctrl-C (SIGINT) and SIGTERM do not kill the process outright: the running command's future
+//! is dropped, so every guard it holds (a stdin spool file, an upload's lease renewal) cleans
+//! up first.
 
 mod artifacts;
 mod bench;
 mod files;
 mod output;
 mod progress;
+mod spool;
 mod target;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use nokv_client::{Client, ClientConfig, ClientError};
+use nokv_client::{Client, ClientConfig, ClientError, Reason};
 
 use output::Output;
 use target::Target;
@@ -45,7 +50,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Write a small file from FILE or stdin.
+    /// Write a file from FILE or stdin. A body over the inline limit (256 KiB) is published
+    /// as an artifact instead (streamed, as `publish` does).
     Put {
         target: Target,
         /// Source file; `-` or omitted reads stdin.
@@ -53,10 +59,12 @@ enum Command {
         /// Fail with AlreadyExists if the path exists.
         #[arg(long, conflicts_with = "if_generation")]
         create_only: bool,
-        /// Replace only if the current generation is N (0 = must not exist).
+        /// Write only if the current generation is N; 0 means "only if it does not exist"
+        /// (like --create-only). Small files only.
         #[arg(long)]
         if_generation: Option<u64>,
-        /// Request id for safe retries (default: random).
+        /// Request id: resending a request with the id it was first sent with applies it at
+        /// most once (default: random; printed when the outcome is unknown). Small files only.
         #[arg(long)]
         request_id: Option<String>,
     },
@@ -73,7 +81,7 @@ enum Command {
         /// WS: or WS:PREFIX
         target: Target,
         /// Page size (1-1000).
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
         /// Fetch one page starting at this cursor (default: every page).
         #[arg(long)]
@@ -82,10 +90,13 @@ enum Command {
     /// Delete an entry.
     Rm {
         target: Target,
-        /// Delete only if the current generation is N.
-        #[arg(long)]
+        /// Delete only if the current generation is N (N >= 1: an entry that exists has a
+        /// generation of at least 1, so 0 could never match; omit the flag to delete
+        /// unconditionally).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         if_generation: Option<u64>,
-        /// Request id for safe retries (default: random).
+        /// Request id: resending a request with the id it was first sent with applies it at
+        /// most once (default: random; printed when the outcome is unknown).
         #[arg(long)]
         request_id: Option<String>,
     },
@@ -140,16 +151,47 @@ pub fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(cli, out)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+    let result = runtime.block_on(async {
+        tokio::select! {
+            // Polled first, so the SIGINT handler is installed before the command starts.
+            biased;
+            _ = interrupted() => None,
+            r = run(cli, out) => Some(r),
+        }
+    });
+    // A blocking stdin read may still be running; it must not hold the exit up.
+    runtime.shutdown_background();
+    match result {
+        Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Err(e)) => {
             out.error(&e);
-            ExitCode::from(1)
+            ExitCode::from(if e.reason == Reason::Usage { 2 } else { 1 })
+        }
+        None => {
+            eprintln!("nokv: interrupted");
+            ExitCode::from(130)
         }
     }
 }
 
+/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM. The handlers are installed on the first
+/// poll; if they cannot be, the signal keeps its default action (the process dies).
+async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}
+
 async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
+    let token_given_empty = cli.token.is_none() && nokv_client::config::token_env_is_empty();
     let cfg = ClientConfig {
         endpoint: cli.endpoint,
         ca: cli.ca,
@@ -159,7 +201,20 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
         return bench::run(cmd, async || Client::connect(&cfg.resolve()?).await).await;
     }
     let client = Client::connect(&cfg.resolve()?).await?;
-    match cli.command {
+    dispatch(&client, cli.command, out).await.map_err(|e| {
+        if token_given_empty && e.is("Unauthenticated") {
+            ClientError {
+                message: format!("{}; {}", e.message, nokv_client::config::EMPTY_TOKEN_NOTE),
+                ..e
+            }
+        } else {
+            e
+        }
+    })
+}
+
+async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), ClientError> {
+    match command {
         Command::Bench(_) => unreachable!("handled above"),
         Command::Put {
             target,
@@ -169,7 +224,7 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
             request_id,
         } => {
             files::put(
-                &client,
+                client,
                 out,
                 &target,
                 file,
@@ -179,30 +234,30 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
             )
             .await
         }
-        Command::Get { target, file } => files::get(&client, out, &target, file).await,
-        Command::Stat { target } => files::stat(&client, out, &target).await,
+        Command::Get { target, file } => files::get(client, out, &target, file).await,
+        Command::Stat { target } => files::stat(client, out, &target).await,
         Command::Ls {
             target,
             limit,
             cursor,
-        } => files::ls(&client, out, &target, limit, cursor).await,
+        } => files::ls(client, out, &target, limit, cursor).await,
         Command::Rm {
             target,
             if_generation,
             request_id,
-        } => files::rm(&client, out, &target, if_generation, request_id).await,
+        } => files::rm(client, out, &target, if_generation, request_id).await,
         Command::Publish {
             file,
             target,
             parallel,
             quiet,
-        } => artifacts::publish(&client, out, &file, &target, parallel, quiet).await,
+        } => artifacts::publish(client, out, &file, &target, parallel, quiet).await,
         Command::Restore {
             target,
             dest,
             parallel,
             quiet,
-        } => artifacts::restore(&client, out, &target, &dest, parallel, quiet).await,
-        Command::Admin(AdminCommand::Health) => files::health(&client, out).await,
+        } => artifacts::restore(client, out, &target, &dest, parallel, quiet).await,
+        Command::Admin(AdminCommand::Health) => files::health(client, out).await,
     }
 }

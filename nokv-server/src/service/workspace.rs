@@ -62,11 +62,11 @@ impl Workspace for WorkspaceService {
             async {
                 let r = req.get_ref();
                 self.admit(&req, &r.workspace, Role::Read)?;
-                names::path(&r.path)?;
+                let path = names::path(&r.path)?;
                 let entry = self
                     .node
                     .shard_for(&r.workspace)
-                    .stat(&r.workspace, &r.path)
+                    .stat(&r.workspace, &path)
                     .await?;
                 Ok(pb::StatResponse { entry: Some(entry) })
             }
@@ -82,10 +82,10 @@ impl Workspace for WorkspaceService {
             async {
                 let r = req.get_ref();
                 self.admit(&req, &r.workspace, Role::Read)?;
-                names::prefix(&r.prefix)?;
+                let prefix = names::prefix(&r.prefix)?;
                 self.node
                     .shard_for(&r.workspace)
-                    .list(&r.workspace, &r.prefix, r.limit, &r.cursor)
+                    .list(&r.workspace, &prefix, r.limit, &r.cursor)
                     .await
             }
             .await,
@@ -100,10 +100,10 @@ impl Workspace for WorkspaceService {
             async {
                 let r = req.get_ref();
                 self.admit(&req, &r.workspace, Role::Read)?;
-                names::path(&r.path)?;
+                let path = names::path(&r.path)?;
                 self.node
                     .shard_for(&r.workspace)
-                    .read(&r.workspace, &r.path)
+                    .read(&r.workspace, &path)
                     .await
             }
             .await,
@@ -118,10 +118,15 @@ impl Workspace for WorkspaceService {
             async {
                 let r = req.get_ref();
                 self.admit(&req, &r.workspace, Role::Write)?;
-                names::path(&r.path)?;
+                let path = names::path(&r.path)?.into_owned();
                 names::request_id(&r.request_id)?;
                 let shard = self.node.shard_for(&r.workspace).clone();
-                shard.write(req.into_inner()).await
+                shard
+                    .write(pb::WriteRequest {
+                        path,
+                        ..req.into_inner()
+                    })
+                    .await
             }
             .await,
         )
@@ -135,10 +140,15 @@ impl Workspace for WorkspaceService {
             async {
                 let r = req.get_ref();
                 self.admit(&req, &r.workspace, Role::Write)?;
-                names::path(&r.path)?;
+                let path = names::path(&r.path)?.into_owned();
                 names::request_id(&r.request_id)?;
                 let shard = self.node.shard_for(&r.workspace).clone();
-                shard.delete(req.into_inner()).await
+                shard
+                    .delete(pb::DeleteRequest {
+                        path,
+                        ..req.into_inner()
+                    })
+                    .await
             }
             .await,
         )
@@ -152,10 +162,15 @@ impl Workspace for WorkspaceService {
             async {
                 let r = req.get_ref();
                 self.admit(&req, &r.workspace, Role::Write)?;
-                names::path(&r.path)?;
+                let path = names::path(&r.path)?.into_owned();
                 names::request_id(&r.request_id)?;
                 let shard = self.node.shard_for(&r.workspace).clone();
-                shard.begin_upload(req.into_inner()).await
+                shard
+                    .begin_upload(pb::BeginUploadRequest {
+                        path,
+                        ..req.into_inner()
+                    })
+                    .await
             }
             .await,
         )
@@ -237,10 +252,10 @@ impl Workspace for WorkspaceService {
             async {
                 let r = req.get_ref();
                 self.admit(&req, &r.workspace, Role::Read)?;
-                names::path(&r.path)?;
+                let path = names::path(&r.path)?;
                 self.node
                     .shard_for(&r.workspace)
-                    .get_manifest(&r.workspace, &r.path)
+                    .get_manifest(&r.workspace, &path)
                     .await
             }
             .await,
