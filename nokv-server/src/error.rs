@@ -40,6 +40,10 @@ pub enum Error {
     /// aborted upload, or a block still missing).
     #[error("{0}")]
     FailedPrecondition(String),
+    /// Stored bytes no longer match their recorded digest: the server refuses to return
+    /// them. Not retryable; the data must be restored (re-written) by its owner.
+    #[error("{0}")]
+    DataCorrupted(String),
     /// Retryable: the caller may send the same request (same request id) again.
     #[error("{0}")]
     Unavailable(String),
@@ -62,6 +66,7 @@ impl Error {
             Error::Unauthenticated(_) => "Unauthenticated",
             Error::PermissionDenied(_) => "PermissionDenied",
             Error::FailedPrecondition(_) => "FailedPrecondition",
+            Error::DataCorrupted(_) => "DataCorrupted",
             Error::Unavailable(_) => "Unavailable",
             Error::Internal(_) => "Internal",
         }
@@ -81,6 +86,7 @@ impl Error {
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::DataCorrupted(_) => Code::DataLoss,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Internal(_) => Code::Internal,
         }

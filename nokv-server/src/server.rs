@@ -27,6 +27,8 @@ use crate::service::workspace::WorkspaceService;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
+    Lock(#[from] crate::dir_lock::LockError),
+    #[error(transparent)]
     Bootstrap(#[from] bootstrap::BootstrapError),
     #[error("listen on {addr}: {source}")]
     Listen {
@@ -49,6 +51,9 @@ pub const MAX_MESSAGE: usize = 4 * 1024 * 1024 + 64 * 1024;
 
 /// Serves until SIGINT/SIGTERM.
 pub async fn run(settings: Settings) -> Result<(), ServeError> {
+    // First, before anything in the data dir is written: a second daemon on the same
+    // directory must be refused before it can touch the running one's files.
+    let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir)?;
     let material = bootstrap::ensure(&settings.data_dir, settings.advertise.as_deref())?;
     let provider = ObjectProvider::open(&settings.provider, &settings.prefix)?;
     provider.check().await?;
@@ -102,6 +107,24 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         .max_encoding_message_size(MAX_MESSAGE);
     let admin = pb::admin_server::AdminServer::new(AdminService::new(node.clone()));
 
+    // Built before the banner: a bad TLS identity is a start-up failure, never a daemon that
+    // announced itself and then exits.
+    let router = Server::builder()
+        // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
+        // round trips. One block per stream and a few blocks per connection bound the memory
+        // a connection can make the server buffer.
+        .initial_stream_window_size(Some(MAX_MESSAGE as u32))
+        .initial_connection_window_size(Some(4 * MAX_MESSAGE as u32))
+        .tls_config(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
+        )?
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(workspace)
+        .add_service(admin);
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let maintenance = tokio::spawn(maintain(node.clone(), stop_rx.clone()));
 
@@ -122,21 +145,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         shutdown_signal().await;
         tracing::info!("shutdown requested: draining in-flight requests");
     };
-    Server::builder()
-        // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
-        // round trips. One block per stream and a few blocks per connection bound the memory
-        // a connection can make the server buffer.
-        .initial_stream_window_size(Some(MAX_MESSAGE as u32))
-        .initial_connection_window_size(Some(4 * MAX_MESSAGE as u32))
-        .tls_config(
-            ServerTlsConfig::new()
-                .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
-        )?
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
-        .add_service(workspace)
-        .add_service(admin)
+    router
         .serve_with_incoming_shutdown(
             // Small unary calls must not wait for Nagle + delayed ACK (a 40 ms tail).
             TcpIncoming::from(listener).with_nodelay(Some(true)),
