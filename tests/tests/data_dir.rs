@@ -187,3 +187,92 @@ fn a_garbage_server_key_fails_start_up_before_the_banner_naming_the_key_file() {
     assert_eq!(lines.len(), 1, "one line: {stderr}");
     assert!(lines[0].contains(&key.display().to_string()), "{stderr}");
 }
+
+/// A small tmpfs mounted for one test; unmounted on drop.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    /// `None` (with the reason printed) when this environment does not permit mounting.
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs(dir)),
+            Ok(o) => {
+                let why = String::from_utf8_lossy(&o.stderr);
+                eprintln!("skipped: cannot mount a tmpfs here: {}", why.trim());
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_shard_recovers_by_itself_after_disk_full() {
+    let Some(fs) = Tmpfs::mount("20m") else {
+        return;
+    };
+    // Ballast to free later: what an operator does once the disk filled up.
+    let ballast = fs.0.path().join("ballast");
+    std::fs::write(&ballast, vec![0u8; 4 << 20]).unwrap();
+    let data = fs.0.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let d = Daemon::start_in(&data, &[]);
+
+    let body = nokv_tests::pseudo_random_bytes(7, 200_000);
+    let mut written = Vec::new();
+    let full = (0..200)
+        .map(|i| {
+            (
+                format!("w1:f{i}"),
+                d.cli_stdin(&["put", &format!("w1:f{i}")], &body),
+            )
+        })
+        .find_map(|(target, out)| match out.status {
+            0 => {
+                written.push(target);
+                None
+            }
+            _ => Some(out),
+        })
+        .expect("the disk fills up");
+    // The failed write is retryable, not an Internal error.
+    full.assert_fails_with("Unavailable");
+    assert!(!written.is_empty());
+
+    std::fs::remove_file(&ballast).unwrap();
+    // No restart: the same daemon takes writes again and kept every acknowledged one.
+    d.cli_stdin(&["put", "w1:after"], &body).assert_ok();
+    for target in written.iter().chain([&"w1:after".to_string()]) {
+        assert_eq!(d.cli(&["get", target]).assert_ok().stdout, body, "{target}");
+    }
+    let h = d.cli(&["--json", "admin", "health"]).assert_ok().json();
+    assert_eq!(h["status"], "SERVING", "{h}");
+    let errors: Vec<String> = d
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("ERROR"))
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        errors.len(),
+        1,
+        "the outage is logged at ERROR once: {errors:#?}"
+    );
+    assert!(errors[0].contains("metadata store failed"), "{}", errors[0]);
+}

@@ -13,7 +13,6 @@ pub mod records;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -126,10 +125,10 @@ pub struct MetaStore {
     db: Database,
     path: PathBuf,
     faults: StoreFaults,
-    /// Set once a write failed at the storage level. Like redb after an I/O error, the handle
-    /// then refuses every write: only dropping it and opening the file again (which lets redb
-    /// recover to the last durable commit) brings the shard back.
-    failed: AtomicBool,
+    /// Why a write failed at the storage level, once one did. Like redb after an I/O error,
+    /// the handle then refuses every write: only dropping it and opening the file again
+    /// (which lets redb recover to the last durable commit) brings the shard back.
+    failure: parking_lot::Mutex<Option<String>>,
 }
 
 impl MetaStore {
@@ -163,7 +162,7 @@ impl MetaStore {
             db,
             path: path.to_path_buf(),
             faults,
-            failed: AtomicBool::new(false),
+            failure: parking_lot::Mutex::new(None),
         };
         store.write(|w| {
             let txn = &w.txn;
@@ -193,19 +192,21 @@ impl MetaStore {
         &self.faults
     }
 
-    /// True once a write failed at the storage level: the handle must be replaced.
-    pub fn has_failed(&self) -> bool {
-        self.failed.load(Ordering::SeqCst)
+    /// Why a write of this handle failed at the storage level, if one did: the handle must
+    /// then be replaced.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
     }
 
-    /// Marks the handle failed and describes why.
+    /// Marks the handle failed (keeping the first reason) and describes why.
     fn fail(&self, e: impl Into<redb::Error>) -> MetaError {
-        self.failed.store(true, Ordering::SeqCst);
-        MetaError::Failed(e.into().to_string())
+        let reason = e.into().to_string();
+        self.failure.lock().get_or_insert_with(|| reason.clone());
+        MetaError::Failed(reason)
     }
 
     fn begin_write(&self) -> MetaResult<redb::WriteTransaction> {
-        if self.has_failed() {
+        if self.failure.lock().is_some() {
             return Err(MetaError::Failed(
                 "an earlier write of this handle failed".into(),
             ));

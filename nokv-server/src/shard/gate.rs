@@ -22,12 +22,19 @@
 //!
 //! **Storage failures.** When a commit or flush fails at the storage level (disk full, I/O
 //! error), redb refuses every later write until the file is reopened. The committer owns the
-//! store, so it is the one that recovers: it answers the batch (nobody in it is acknowledged),
-//! takes the store out of service (reads and writes answer `Unavailable`, retryable with the
-//! same request id; health shows the shard not serving), logs the failure at ERROR once,
-//! waits for in-flight reads to release the old handle, and reopens the file — retrying with
-//! a capped back-off, because nothing signals that space came back. Reopening lets redb
-//! recover to the last durable commit, which holds every acknowledged mutation.
+//! store, so it is the one that recovers: it answers the batch (nobody in it is acknowledged;
+//! the failed sessions answer `Unavailable`, retryable with the same request id), takes the
+//! store out of service (reads and writes answer `Unavailable` too), waits for in-flight reads
+//! to release the old handle, and reopens the file — retrying with a capped back-off, because
+//! nothing signals that space came back. Reopening lets redb recover to the last durable
+//! commit, which holds every acknowledged mutation.
+//!
+//! The shard reports itself not serving from a failure until a commit succeeds again — a
+//! reopened store on a still full disk is not healthy. While it is failing and no session
+//! arrives, the committer probes with a tiny commit of its own (same back-off), so an idle
+//! shard recovers too. The incident is logged at ERROR once when it starts (later failures at
+//! DEBUG) and at INFO when a caller's session commits again: a disk that takes the probe's few
+//! bytes but not real writes stays one incident instead of a stream of errors.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,15 +65,14 @@ type Answer = Box<dyn FnOnce(&std::result::Result<(), String>) + Send>;
 /// clones to drop before reopening the file.
 struct Slot {
     store: RwLock<Option<Arc<MetaStore>>>,
-    /// Mirrors `store.is_some()` for waiters (health, tests).
+    /// False for the whole of an outage (from a storage failure until a commit succeeds
+    /// again), even while a reopened store already serves reads.
     serving: watch::Sender<bool>,
 }
 
 impl Slot {
     fn set(&self, store: Option<Arc<MetaStore>>) {
-        let serving = store.is_some();
         *self.store.write() = store;
-        self.serving.send_replace(serving);
     }
 }
 
@@ -112,7 +118,7 @@ impl Gate {
         }
     }
 
-    /// False while the store is out of service after a storage failure.
+    /// False during a storage outage (see the module doc).
     pub fn serving(&self) -> bool {
         *self.slot.serving.borrow()
     }
@@ -170,12 +176,42 @@ impl Gate {
 /// Runs batches until the queue closes. Invariant: between batches the slot holds a store
 /// that has not failed; a failure takes it out of service until [`recover`] reopened it.
 fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) {
-    while let Some(first) = jobs.blocking_recv() {
+    let mut outage = Outage::default();
+    loop {
+        let first = if outage.failing() {
+            match jobs.try_recv() {
+                Ok(job) => Some(job),
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
+                // Idle during an outage: probe (after the back-off) instead of waiting.
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    std::thread::sleep(outage.next_delay());
+                    None
+                }
+            }
+        } else {
+            match jobs.blocking_recv() {
+                Some(job) => Some(job),
+                None => return,
+            }
+        };
         let meta = slot
             .store
             .read()
             .clone()
             .expect("the store is in service between batches");
+        let Some(first) = first else {
+            let probe = meta.write(|w| w.next_sequence("store-probe").map(drop));
+            match probe {
+                Ok(()) => outage.end(slot, name, false),
+                Err(e) => {
+                    outage.begin(slot, name, &e.to_string());
+                    if !recover(slot, name, meta, &mut jobs, &mut outage) {
+                        return;
+                    }
+                }
+            }
+            continue;
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match jobs.try_recv() {
@@ -186,6 +222,7 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
         let last = batch.len() - 1;
         let mut answers = Vec::with_capacity(batch.len());
         let mut deferred_pending = false;
+        let mut any_committed = false;
         for (i, job) in batch.into_iter().enumerate() {
             let commit = if i == last {
                 Commit::Durable
@@ -193,6 +230,7 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
                 Commit::Deferred
             };
             let (committed, answer) = job(Some((&meta, commit)));
+            any_committed |= committed;
             // A durable commit also makes every earlier deferred commit durable.
             deferred_pending = match commit {
                 Commit::Deferred => deferred_pending || committed,
@@ -206,39 +244,91 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
         } else {
             Ok(())
         };
-        let failed = meta.has_failed();
-        if failed {
+        let failure = meta.failure();
+        if let Some(reason) = &failure {
             // Out of service before anyone hears of the failure, so that callers (and
             // health) see a consistent state from then on.
             slot.set(None);
-            tracing::error!(
-                shard = name,
-                error = flushed
-                    .as_ref()
-                    .err()
-                    .map(String::as_str)
-                    .unwrap_or("a commit failed"),
-                "metadata store failed; the shard answers Unavailable and reopens its store"
-            );
+            outage.begin(slot, name, reason);
+        } else if any_committed {
+            outage.end(slot, name, true);
         }
         for answer in answers {
             answer(&flushed);
         }
-        if failed && !recover(slot, name, meta, &mut jobs) {
+        if failure.is_some() && !recover(slot, name, meta, &mut jobs, &mut outage) {
             return;
         }
     }
 }
 
+/// The committer's view of a storage outage (see the module doc).
+#[derive(Default)]
+struct Outage {
+    /// When the current incident started; it ends (for logging) only when a caller's session
+    /// commits, so a disk that takes the probe's few bytes but not real writes is still one
+    /// incident, logged once.
+    since: Option<std::time::Instant>,
+    /// The last commit attempt failed: the shard reports not serving and probes while idle.
+    failing: bool,
+    delay: Duration,
+}
+
+impl Outage {
+    fn failing(&self) -> bool {
+        self.failing
+    }
+
+    fn begin(&mut self, slot: &Slot, name: &str, reason: &str) {
+        slot.serving.send_replace(false);
+        if !self.failing {
+            self.delay = Duration::ZERO;
+        }
+        self.failing = true;
+        if self.since.is_none() {
+            self.since = Some(std::time::Instant::now());
+            tracing::error!(
+                shard = name,
+                error = reason,
+                "metadata store failed; the shard answers Unavailable, reopens its store and \
+                 reports not serving until a commit succeeds again"
+            );
+        } else {
+            tracing::debug!(shard = name, error = reason, "metadata store still failing");
+        }
+    }
+
+    /// A commit succeeded: the shard serves again. `by_caller` ends the incident.
+    fn end(&mut self, slot: &Slot, name: &str, by_caller: bool) {
+        if self.failing {
+            self.failing = false;
+            slot.serving.send_replace(true);
+            tracing::debug!(shard = name, "metadata store commits again");
+        }
+        if by_caller && let Some(since) = self.since.take() {
+            tracing::info!(shard = name, after = ?since.elapsed(), "metadata store recovered");
+        }
+    }
+
+    /// The capped, doubling back-off between attempts.
+    fn next_delay(&mut self) -> Duration {
+        self.delay = (self.delay * 2).clamp(REOPEN_FIRST, REOPEN_CAP);
+        self.delay
+    }
+}
+
 /// Reopens a failed store: waits for readers to release it, then opens the file again until
 /// that succeeds, refusing queued sessions meanwhile. Returns false if the queue closed
-/// (the gate is being dropped) before the store came back.
+/// (the gate is being dropped) before the store came back. The outage stays open: only a
+/// successful commit ends it.
 fn recover(
     slot: &Slot,
     name: &str,
     mut failed: Arc<MetaStore>,
     jobs: &mut mpsc::UnboundedReceiver<Job>,
+    outage: &mut Outage,
 ) -> bool {
+    slot.set(None);
     let path = failed.path().to_path_buf();
     let faults = failed.faults().clone();
     let refuse_queued = |jobs: &mut mpsc::UnboundedReceiver<Job>| loop {
@@ -261,7 +351,6 @@ fn recover(
             }
         }
     }
-    let mut delay = REOPEN_FIRST;
     loop {
         if !refuse_queued(jobs) {
             return false;
@@ -269,18 +358,12 @@ fn recover(
         match MetaStore::open_with(&path, faults.clone()) {
             Ok(store) => {
                 slot.set(Some(Arc::new(store)));
-                tracing::info!(
-                    shard = name,
-                    "metadata store reopened; the shard serves again"
-                );
+                tracing::debug!(shard = name, "metadata store reopened");
                 return true;
             }
-            Err(e) => {
-                tracing::debug!(shard = name, error = %e, retry_in = ?delay, "reopen failed")
-            }
+            Err(e) => tracing::debug!(shard = name, error = %e, "reopen failed"),
         }
-        std::thread::sleep(delay);
-        delay = (delay * 2).min(REOPEN_CAP);
+        std::thread::sleep(outage.next_delay());
     }
 }
 
@@ -321,7 +404,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_shard_recovers_by_itself_after_disk_full() {
+    async fn a_shard_reports_not_serving_while_its_disk_is_full_and_recovers_by_itself() {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
         let disk = meta.faults().clone();
