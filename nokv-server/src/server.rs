@@ -41,6 +41,14 @@ pub enum ServeError {
     Node(#[from] crate::error::Error),
     #[error("server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error(
+        "TLS identity ({key} with {cert}) is unusable: {source}; restore them, or delete both to have new ones issued"
+    )]
+    Identity {
+        key: std::path::PathBuf,
+        cert: std::path::PathBuf,
+        source: tonic::transport::Error,
+    },
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
 }
@@ -118,7 +126,12 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         .tls_config(
             ServerTlsConfig::new()
                 .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
-        )?
+        )
+        .map_err(|source| ServeError::Identity {
+            key: settings.data_dir.join("tls").join("server.key"),
+            cert: settings.data_dir.join("tls").join("server.pem"),
+            source,
+        })?
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)

@@ -175,17 +175,21 @@ fn a_second_start_on_a_running_data_dir_is_refused_before_it_writes_any_file() {
 fn a_garbage_server_key_fails_start_up_before_the_banner_naming_the_key_file() {
     let dir = stopped_data_dir_with("w1:a", b"x");
     let key = dir.path().join("tls").join("server.key");
-    std::fs::write(
-        &key,
-        b"-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n",
-    )
-    .unwrap();
-    let (status, stdout, stderr) = Daemon::start_refused_in(dir.path(), &[]);
-    assert!(!status.success(), "{status}");
-    assert!(!stdout.contains("listening"), "{stdout}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
-    assert_eq!(lines.len(), 1, "one line: {stderr}");
-    assert!(lines[0].contains(&key.display().to_string()), "{stderr}");
+    let garbage = b"-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n".to_vec();
+    // A well-formed key that does not belong to the certificate: the CA's.
+    let foreign = std::fs::read(dir.path().join("tls").join("ca.key")).unwrap();
+    for (what, bytes) in [("garbage", garbage), ("foreign key", foreign)] {
+        std::fs::write(&key, bytes).unwrap();
+        let (status, stdout, stderr) = Daemon::start_refused_in(dir.path(), &[]);
+        assert!(!status.success(), "{what}: {status}");
+        assert!(!stdout.contains("listening"), "{what}: {stdout}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{what}: one line: {stderr}");
+        assert!(
+            lines[0].contains(&key.display().to_string()),
+            "{what}: {stderr}"
+        );
+    }
 }
 
 /// A small tmpfs mounted for one test; unmounted on drop.
