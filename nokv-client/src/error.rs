@@ -6,7 +6,8 @@ use tonic::{Code, Status};
 /// The reason a call failed, as the server names it, plus local reasons of the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reason {
-    /// A server reason such as `NotFound` or `GenerationMismatch`.
+    /// A server reason such as `NotFound`, `GenerationMismatch` or `DataCorrupted` (stored
+    /// bytes failed their recorded digest; not retryable).
     Server(String),
     /// The client could not reach or speak to the server.
     Transport,
@@ -154,6 +155,8 @@ impl From<Status> for ClientError {
                     Code::InvalidArgument => Reason::Server("InvalidArgument".into()),
                     Code::Unimplemented => Reason::Server("Unimplemented".into()),
                     Code::ResourceExhausted => Reason::Server("ResourceExhausted".into()),
+                    // The server refused to return bytes that fail their recorded digest.
+                    Code::DataLoss => Reason::Server("DataCorrupted".into()),
                     _ => Reason::Transport,
                 };
                 let msg = format!("{:?}: {}", s.code(), s.message());

@@ -101,7 +101,18 @@ pub fn ensure(data_dir: &Path, advertise: Option<&str>) -> Result<Material> {
         read_opt(&sans_path)?,
     );
     let (cert_pem, key_pem) = match current {
-        (Some(c), Some(k), Some(s)) if s == wanted => (c, k),
+        (Some(c), Some(k), Some(s)) if s == wanted => {
+            // A stored key that does not parse would only surface when TLS starts; refuse
+            // here, naming the file and the way out.
+            KeyPair::from_pem(&k).map_err(|e| {
+                BootstrapError::Invalid(format!(
+                    "{} is not a usable private key ({e}); restore it, or delete it and {} to have new ones issued",
+                    key_path.display(),
+                    cert_path.display()
+                ))
+            })?;
+            (c, k)
+        }
         _ => {
             let issuer = Issuer::new(ca_params()?, ca_key);
             let key = KeyPair::generate()?;

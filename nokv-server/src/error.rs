@@ -40,6 +40,10 @@ pub enum Error {
     /// aborted upload, or a block still missing).
     #[error("{0}")]
     FailedPrecondition(String),
+    /// Stored bytes no longer match their recorded digest: the server refuses to return
+    /// them. Not retryable; the data must be restored (re-written) by its owner.
+    #[error("{0}")]
+    DataCorrupted(String),
     /// Retryable: the caller may send the same request (same request id) again.
     #[error("{0}")]
     Unavailable(String),
@@ -66,6 +70,7 @@ impl Error {
             Error::Unauthenticated(_) => "Unauthenticated",
             Error::PermissionDenied(_) => "PermissionDenied",
             Error::FailedPrecondition(_) => "FailedPrecondition",
+            Error::DataCorrupted(_) => "DataCorrupted",
             Error::Unavailable(_) => "Unavailable",
             Error::ResourceExhausted(_) => "ResourceExhausted",
             Error::Internal(_) => "Internal",
@@ -86,6 +91,7 @@ impl Error {
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::DataCorrupted(_) => Code::DataLoss,
             Error::Unavailable(_) => Code::Unavailable,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Internal(_) => Code::Internal,

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod bootstrap;
 pub mod bulk;
 pub mod config;
+pub mod dir_lock;
 pub mod error;
 pub mod ids;
 pub mod memory;

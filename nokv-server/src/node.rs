@@ -3,6 +3,7 @@
 //! In the embedded default the node owns every shard locally. Shard ids are stable, so a
 //! shard's redb file (`DATA_DIR/shards/NNNN.redb`) always holds the same workspaces.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,7 +29,7 @@ pub struct Node {
 impl Node {
     #[allow(clippy::too_many_arguments)]
     pub fn open(
-        data_dir: &std::path::Path,
+        data_dir: &Path,
         shard_count: u32,
         cfg: &ShardConfig,
         bulk: (usize, Option<f64>),
@@ -38,25 +39,24 @@ impl Node {
         name: String,
     ) -> Result<Node> {
         let dir = data_dir.join("shards");
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
-        check_shard_count(&dir, shard_count)?;
         let bulk = Arc::new(
             Bulk::new(bulk.0, bulk.1).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
         );
-        let shards = (0..shard_count)
-            .map(|id| {
-                let meta = MetaStore::open(&dir.join(format!("{id:04}.redb")))?;
-                Ok(Shard::open(
+        let stores = open_shard_files(&dir, shard_count)?;
+        let shards = stores
+            .into_iter()
+            .zip(0..)
+            .map(|(meta, id)| {
+                Shard::open(
                     id,
                     meta,
                     provider.clone(),
                     bulk.clone(),
                     signer.clone(),
                     cfg.clone(),
-                ))
+                )
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect();
         Ok(Node {
             shards,
             signer,
@@ -84,28 +84,73 @@ impl Node {
     }
 }
 
+fn shard_file(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("{id:04}.redb"))
+}
+
+/// Opens every shard file of the data dir, or creates them on its first start.
+///
+/// Invariant: `shards/COUNT` is written only after every shard file was created, so it
+/// records that the directory is complete and which files it must hold (`0000.redb` up to
+/// COUNT − 1). With COUNT present a missing or empty shard file is refused by name — serving
+/// it empty would silently lose its workspaces and orphan their blocks. Without COUNT the
+/// directory is new (or its first start was interrupted) and the files are created.
+fn open_shard_files(dir: &Path, shard_count: u32) -> Result<Vec<MetaStore>> {
+    let open = |id| -> Result<MetaStore> { Ok(MetaStore::open(&shard_file(dir, id))?) };
+    match recorded_shard_count(dir)? {
+        Some(_) => {
+            check_shard_count(dir, shard_count)?;
+            (0..shard_count).map(open).collect()
+        }
+        None => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
+            let stores = (0..shard_count)
+                .map(|id| Ok(MetaStore::create(&shard_file(dir, id))?))
+                .collect::<Result<Vec<_>>>()?;
+            record_shard_count(dir, shard_count)?;
+            Ok(stores)
+        }
+    }
+}
+
 /// The shard count is fixed when a data directory is created: placement hashes workspaces
 /// modulo the count, so starting with another count would silently hide every workspace.
-fn check_shard_count(dir: &std::path::Path, shard_count: u32) -> Result<()> {
+fn check_shard_count(dir: &Path, shard_count: u32) -> Result<()> {
+    match recorded_shard_count(dir)? {
+        Some(n) if n == shard_count => Ok(()),
+        Some(n) => Err(Error::InvalidArgument(format!(
+            "{} was created with {n} shards; start with --shards {n}",
+            dir.display()
+        ))),
+        None => record_shard_count(dir, shard_count),
+    }
+}
+
+fn recorded_shard_count(dir: &Path) -> Result<Option<u32>> {
     let path = dir.join("COUNT");
     match std::fs::read_to_string(&path) {
-        Ok(text) => match text.trim().parse::<u32>() {
-            Ok(n) if n == shard_count => Ok(()),
-            Ok(n) => Err(Error::InvalidArgument(format!(
-                "{} was created with {n} shards; start with --shards {n}",
-                dir.display()
-            ))),
-            Err(_) => Err(Error::Internal(format!(
-                "{} is not a number",
+        Ok(text) => text.trim().parse::<u32>().map(Some).map_err(|_| {
+            Error::Internal(format!(
+                "{} is not a number (it records how many shard files this data dir holds)",
                 path.display()
-            ))),
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write(&path, format!("{shard_count}\n"))
-                .map_err(|e| Error::Internal(format!("{}: {e}", path.display())))
-        }
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::Internal(format!("{}: {e}", path.display()))),
     }
+}
+
+/// Writes COUNT durably (temporary file, fsync, rename).
+fn record_shard_count(dir: &Path, shard_count: u32) -> Result<()> {
+    use std::io::Write;
+    let path = dir.join("COUNT");
+    let tmp = dir.join("COUNT.tmp");
+    let io = |p: &Path, e: std::io::Error| Error::Internal(format!("{}: {e}", p.display()));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+    writeln!(f, "{shard_count}").map_err(|e| io(&tmp, e))?;
+    f.sync_all().map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
 }
 
 #[cfg(test)]

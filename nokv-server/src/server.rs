@@ -29,6 +29,8 @@ use crate::service::workspace::WorkspaceService;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
+    Lock(#[from] crate::dir_lock::LockError),
+    #[error(transparent)]
     Bootstrap(#[from] bootstrap::BootstrapError),
     #[error("listen on {addr}: {source}")]
     Listen {
@@ -41,6 +43,14 @@ pub enum ServeError {
     Node(#[from] crate::error::Error),
     #[error("server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error(
+        "TLS identity ({key} with {cert}) is unusable: {source}; restore them, or delete both to have new ones issued"
+    )]
+    Identity {
+        key: std::path::PathBuf,
+        cert: std::path::PathBuf,
+        source: tonic::transport::Error,
+    },
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
 }
@@ -59,6 +69,9 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
 
 /// Serves until SIGINT/SIGTERM.
 pub async fn run(settings: Settings) -> Result<(), ServeError> {
+    // First, before anything in the data dir is written: a second daemon on the same
+    // directory must be refused before it can touch the running one's files.
+    let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir)?;
     let material = bootstrap::ensure(&settings.data_dir, settings.advertise.as_deref())?;
     let provider = ObjectProvider::open(&settings.provider, &settings.prefix)?;
     provider.check().await?;
@@ -115,6 +128,30 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let workspace = BodyAdmission::new(workspace, node.memory.clone(), node.signer.clone());
     let admin = pb::admin_server::AdminServer::new(AdminService::new(node.clone()));
 
+    // Built before the banner: a bad TLS identity is a start-up failure, never a daemon that
+    // announced itself and then exits.
+    let router = Server::builder()
+        // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
+        // round trips. One block per stream and a few blocks per connection bound the memory
+        // a connection can make the server buffer (see MAX_STREAMS_PER_CONNECTION).
+        .initial_stream_window_size(Some(MAX_MESSAGE as u32))
+        .initial_connection_window_size(Some(4 * MAX_MESSAGE as u32))
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+        .tls_config(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
+        )
+        .map_err(|source| ServeError::Identity {
+            key: settings.data_dir.join("tls").join("server.key"),
+            cert: settings.data_dir.join("tls").join("server.pem"),
+            source,
+        })?
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(workspace)
+        .add_service(admin);
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let maintenance = tokio::spawn(maintain(node.clone(), stop_rx.clone()));
 
@@ -141,22 +178,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         shutdown_signal().await;
         tracing::info!("shutdown requested: draining in-flight requests");
     };
-    Server::builder()
-        // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
-        // round trips. One block per stream and a few blocks per connection bound the memory
-        // a connection can make the server buffer (see MAX_STREAMS_PER_CONNECTION).
-        .initial_stream_window_size(Some(MAX_MESSAGE as u32))
-        .initial_connection_window_size(Some(4 * MAX_MESSAGE as u32))
-        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-        .tls_config(
-            ServerTlsConfig::new()
-                .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
-        )?
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
-        .add_service(workspace)
-        .add_service(admin)
+    router
         .serve_with_incoming_shutdown(
             // Small unary calls must not wait for Nagle + delayed ACK (a 40 ms tail).
             TcpIncoming::from(listener).with_nodelay(Some(true)),

@@ -245,6 +245,39 @@ impl Daemon {
         daemon
     }
 
+    /// Starts `nokv-server` on `dir` expecting it to refuse to start: waits (bounded) for it to
+    /// exit and returns its status with everything it printed to stdout and stderr. Panics,
+    /// showing the output, if it starts listening instead.
+    pub fn start_refused_in(dir: &Path, extra_args: &[&str]) -> (ExitStatus, String, String) {
+        let (mut daemon, lines) = Self::spawn(dir, extra_args, &[]);
+        let deadline = Instant::now() + DAEMON_READY_DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if listening_addr(&line).is_some() => panic!(
+                    "nokv-server started instead of refusing\nstdout:\n{}\nstderr:\n{}",
+                    daemon.stdout(),
+                    daemon.stderr()
+                ),
+                Ok(_) => {}
+                // Stdout closed: the process is exiting.
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+                    "nokv-server neither refused nor listened within {DAEMON_READY_DEADLINE:?}"
+                ),
+            }
+        }
+        let child = daemon.child.take().expect("daemon running");
+        let status = wait_with_deadline(child, STOP_DEADLINE, "refused nokv-server");
+        for drain in [daemon.stdout_drain.take(), daemon.stderr_drain.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = drain.join();
+        }
+        (status, daemon.stdout(), daemon.stderr())
+    }
+
     /// Spawns the child and its drain threads; the receiver gets each stdout line until the
     /// caller drops it (the drain goes on regardless).
     fn spawn(

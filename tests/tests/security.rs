@@ -756,3 +756,16 @@ fn endpoints_without_https_and_an_untrusted_ca_fail_at_once_with_one_line_naming
         out.stderr
     );
 }
+
+#[test]
+fn an_admin_token_scoped_to_some_workspaces_cannot_see_node_wide_health() {
+    let d = Daemon::start(&[]);
+    let scoped = d.token("team-*", "admin", None);
+    d.cli_with_env(&["admin", "health"], &[("NOKV_TOKEN", scoped.as_str())])
+        .assert_fails_with("PermissionDenied");
+    // The node-wide admin (scope `*`) still sees it, every shard serving.
+    let h = d.cli(&["--json", "admin", "health"]).assert_ok().json();
+    assert_eq!(h["status"], "SERVING");
+    let shards = h["shards"].as_array().unwrap();
+    assert!(shards.iter().all(|s| s["serving"] == true), "{h}");
+}

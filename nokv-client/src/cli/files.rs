@@ -229,7 +229,8 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
         .iter()
         .map(|s| {
             json!({"shard": s.shard, "owned": s.owned, "entries": s.entries,
-                   "open_uploads": s.open_uploads, "guards": s.guards})
+                   "open_uploads": s.open_uploads, "guards": s.guards,
+                   "serving": s.serving})
         })
         .collect();
     out.emit(

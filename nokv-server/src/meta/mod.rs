@@ -7,24 +7,42 @@
 //! are plain synchronous closures: the [`crate::shard::gate`] runs them, and a synchronous
 //! closure cannot await provider I/O while the gate is held.
 
+pub mod fault;
+mod open;
 pub mod records;
 
 use std::ops::Bound;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
+pub use fault::StoreFaults;
 pub use records::*;
 
 /// Errors of the metadata layer. They are never the caller's fault, so they surface as
-/// `Internal` (or `Unavailable` while the store cannot be opened).
+/// `Internal`, `Unavailable` (the store failed and is being reopened) or `DataCorrupted`.
+/// The open-time variants name the file and say what to do: they end start-up.
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
     #[error("metadata store: {0}")]
     Store(#[from] redb::Error),
     #[error("metadata record is corrupt: {0}")]
     Corrupt(#[from] prost::DecodeError),
+    /// A commit (or the start of a write) failed at the storage level, e.g. disk full. The
+    /// handle accepts no more writes; its owner reopens the file.
+    #[error("metadata store failed ({0}); the shard is reopening it, retry")]
+    Failed(String),
+    #[error(
+        "shard file {0} is missing: this data dir was created with it and nokv never recreates a shard file (its entries would be lost silently); restore it from a backup"
+    )]
+    Missing(PathBuf),
+    #[error(
+        "shard file {0} is empty: its entries are gone; restore it from a backup (nokv never reinitialises an existing shard file)"
+    )]
+    Empty(PathBuf),
+    #[error("shard file {path} cannot be opened ({detail}); restore it from a backup")]
+    Damaged { path: PathBuf, detail: String },
 }
 
 macro_rules! store_err {
@@ -45,7 +63,12 @@ store_err!(
 
 impl From<MetaError> for crate::error::Error {
     fn from(e: MetaError) -> Self {
-        crate::error::Error::Internal(e.to_string())
+        use crate::error::Error;
+        match e {
+            MetaError::Failed(_) => Error::Unavailable(e.to_string()),
+            MetaError::Corrupt(_) => Error::DataCorrupted(e.to_string()),
+            _ => Error::Internal(e.to_string()),
+        }
     }
 }
 
@@ -100,27 +123,104 @@ pub struct Counts {
 
 pub struct MetaStore {
     db: Database,
+    path: PathBuf,
+    faults: StoreFaults,
+    /// Why a write failed at the storage level, once one did. Like redb after an I/O error,
+    /// the handle then refuses every write: only dropping it and opening the file again
+    /// (which lets redb recover to the last durable commit) brings the shard back.
+    failure: parking_lot::Mutex<Option<String>>,
 }
 
 impl MetaStore {
-    /// Opens (creating if absent) the shard's redb file and makes sure every table exists,
-    /// so read views never meet a missing table.
+    /// Creates the shard file of a brand-new data directory (opening it if a first start was
+    /// interrupted after creating it). Only a data dir's first start may call this.
+    pub fn create(path: &Path) -> MetaResult<MetaStore> {
+        open::guarded(path, || {
+            let db = Database::create(path).map_err(|e| damaged(path, e))?;
+            Self::init(db, path, StoreFaults::default())
+        })
+    }
+
+    /// Opens an existing shard file; refuses, naming the file, one that is missing, empty or
+    /// damaged (never creates or reinitialises it, and never panics on a corrupt file).
     pub fn open(path: &Path) -> MetaResult<MetaStore> {
-        let db = Database::create(path)?;
-        let txn = db.begin_write()?;
-        txn.open_table(ENTRIES)?;
-        txn.open_table(INLINE)?;
-        txn.open_table(GENERATIONS)?;
-        txn.open_table(REQUESTS)?;
-        txn.open_table(REQUEST_AGE)?;
-        txn.open_table(UPLOADS)?;
-        txn.open_table(BLOCKS)?;
-        txn.open_table(REVISIONS)?;
-        txn.open_table(GUARDS)?;
-        txn.open_table(COLLECTABLE)?;
-        txn.open_table(SEQUENCES)?;
-        txn.commit()?;
-        Ok(MetaStore { db })
+        Self::open_with(path, StoreFaults::default())
+    }
+
+    /// [`MetaStore::open`] with a fault hook (tests) or the hook of the handle being replaced.
+    pub fn open_with(path: &Path, faults: StoreFaults) -> MetaResult<MetaStore> {
+        open::require_existing(path)?;
+        open::guarded(path, || {
+            let db = Database::open(path).map_err(|e| damaged(path, e))?;
+            Self::init(db, path, faults)
+        })
+    }
+
+    /// Makes sure every table exists, so read views never meet a missing table.
+    fn init(db: Database, path: &Path, faults: StoreFaults) -> MetaResult<MetaStore> {
+        let store = MetaStore {
+            db,
+            path: path.to_path_buf(),
+            faults,
+            failure: parking_lot::Mutex::new(None),
+        };
+        store.write(|w| {
+            let txn = &w.txn;
+            txn.open_table(ENTRIES)?;
+            txn.open_table(INLINE)?;
+            txn.open_table(GENERATIONS)?;
+            txn.open_table(REQUESTS)?;
+            txn.open_table(REQUEST_AGE)?;
+            txn.open_table(UPLOADS)?;
+            txn.open_table(BLOCKS)?;
+            txn.open_table(REVISIONS)?;
+            txn.open_table(GUARDS)?;
+            txn.open_table(COLLECTABLE)?;
+            txn.open_table(SEQUENCES)?;
+            Ok::<_, MetaError>(())
+        })?;
+        Ok(store)
+    }
+
+    /// The file this store was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The fault hook of this store (shared with stores reopened from it).
+    pub fn faults(&self) -> &StoreFaults {
+        &self.faults
+    }
+
+    /// Why a write of this handle failed at the storage level, if one did: the handle must
+    /// then be replaced.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
+    }
+
+    /// Marks the handle failed (keeping the first reason) and describes why.
+    fn fail(&self, e: impl Into<redb::Error>) -> MetaError {
+        let reason = e.into().to_string();
+        self.failure.lock().get_or_insert_with(|| reason.clone());
+        MetaError::Failed(reason)
+    }
+
+    fn begin_write(&self) -> MetaResult<redb::WriteTransaction> {
+        if self.failure.lock().is_some() {
+            return Err(MetaError::Failed(
+                "an earlier write of this handle failed".into(),
+            ));
+        }
+        self.db.begin_write().map_err(|e| self.fail(e))
+    }
+
+    fn commit(&self, txn: redb::WriteTransaction) -> MetaResult<()> {
+        if let Err(e) = self.faults.check_commit() {
+            // Dropping the transaction aborts it: nothing is written, as with a real failure.
+            drop(txn);
+            return Err(self.fail(redb::StorageError::Io(e)));
+        }
+        txn.commit().map_err(|e| self.fail(e))
     }
 
     /// Runs `f` on a consistent snapshot.
@@ -149,23 +249,30 @@ impl MetaStore {
         commit: Commit,
         f: impl FnOnce(&mut WriteView) -> Result<T, E>,
     ) -> Result<T, E> {
-        let mut txn = self.db.begin_write().map_err(MetaError::from)?;
+        let mut txn = self.begin_write()?;
         if commit == Commit::Deferred {
             txn.set_durability(redb::Durability::None)
-                .map_err(MetaError::from)?;
+                .map_err(|e| self.fail(e))?;
         }
         let mut view = WriteView { txn };
         let out = f(&mut view)?;
-        view.txn.commit().map_err(MetaError::from)?;
+        self.commit(view.txn)?;
         Ok(out)
     }
 
     /// Makes every deferred commit durable (an empty durable commit: redb writes and fsyncs
     /// the header regardless of content).
     pub fn flush(&self) -> MetaResult<()> {
-        let txn = self.db.begin_write()?;
-        txn.commit()?;
-        Ok(())
+        let txn = self.begin_write()?;
+        self.commit(txn)
+    }
+}
+
+/// An open-time failure of `path`, with redb's own words.
+fn damaged(path: &Path, e: redb::DatabaseError) -> MetaError {
+    MetaError::Damaged {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
     }
 }
 
@@ -449,7 +556,7 @@ mod tests {
 
     fn store() -> (tempfile::TempDir, MetaStore) {
         let dir = tempfile::tempdir().unwrap();
-        let s = MetaStore::open(&dir.path().join("m.redb")).unwrap();
+        let s = MetaStore::create(&dir.path().join("m.redb")).unwrap();
         (dir, s)
     }
 

@@ -1,5 +1,11 @@
 //! `nokv.v1.Admin`: operator calls, admin token only. Summaries carry counts and names,
 //! never secrets, tokens or object keys.
+//!
+//! Admin calls are node-wide: a shard holds many workspaces, so its counts cannot be split
+//! by workspace without scanning. They therefore need an admin token scoped to every
+//! workspace (`*`); an admin token scoped to some workspaces (e.g. `team-*`) administers
+//! those workspaces' data through the Workspace API and is refused here with
+//! `PermissionDenied` rather than shown figures about other tenants.
 
 use std::sync::Arc;
 
@@ -28,6 +34,12 @@ impl AdminService {
                 "admin calls need an admin token".into(),
             ));
         }
+        if !claims.workspaces.iter().any(|w| w == "*") {
+            return Err(Error::PermissionDenied(
+                "admin calls are node-wide and need an admin token scoped to every workspace (`*`)"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -41,17 +53,29 @@ impl Admin for AdminService {
         self.admit(&req)?;
         let mut shards = Vec::new();
         for s in self.node.shards() {
-            let c = s.counts().await?;
+            // A shard out of service answers Unavailable; health reports it instead of failing.
+            let (serving, c) = match s.counts().await {
+                Ok(c) => (s.serving(), c),
+                Err(Error::Unavailable(_)) => (false, Default::default()),
+                Err(e) => return Err(e.into()),
+            };
             shards.push(pb::ShardHealth {
                 shard: s.id,
                 owned: true,
                 entries: c.entries,
                 open_uploads: c.uploads,
                 guards: c.guards,
+                serving,
             });
         }
+        let all_serving = shards.iter().all(|s| s.serving);
         Ok(Response::new(pb::HealthResponse {
-            status: "SERVING".into(),
+            status: if all_serving {
+                "SERVING"
+            } else {
+                "NOT_SERVING"
+            }
+            .into(),
             version: env!("CARGO_PKG_VERSION").into(),
             node: self.node.name.clone(),
             provider: self.node.provider.kind().into(),

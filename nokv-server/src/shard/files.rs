@@ -66,14 +66,17 @@ impl Shard {
         })
     }
 
-    /// The entry and, for a small file, its body. An artifact's body is read block by block
+    /// The entry and, for a small file, its body — verified against the digest recorded when
+    /// it was written, so damaged bytes are refused (`DataCorrupted`), never returned. An artifact's body is read block by block
     /// through its manifest, so `data` is empty for artifacts.
     pub async fn read(&self, ws: &str, path: &str) -> Result<pb::ReadResponse> {
         self.gate
             .read(|r| {
                 let e = r.entry(ws, path)?.ok_or_else(|| not_found(ws, path))?;
                 let data = if e.kind == KIND_FILE {
-                    r.inline(ws, path)?.unwrap_or_default()
+                    let data = r.inline(ws, path)?.unwrap_or_default();
+                    verify_body(self.id, ws, path, &e, &data)?;
+                    data
                 } else {
                     Vec::new()
                 };
@@ -188,4 +191,23 @@ pub(crate) fn retire(w: &mut WriteView, old: &EntryRecord) -> Result<()> {
 
 pub(crate) fn not_found(ws: &str, path: &str) -> Error {
     Error::NotFound(format!("{ws}:{path} does not exist"))
+}
+
+/// A small file's body must hash to the sha256 its entry recorded at write time: the store
+/// does not checksum values on read, so this is the only thing between a flipped bit on disk
+/// and an agent reading wrong bytes with success.
+fn verify_body(shard: u32, ws: &str, path: &str, e: &EntryRecord, data: &[u8]) -> Result<()> {
+    if Sha256::digest(data).as_slice() == e.sha256.as_slice() {
+        return Ok(());
+    }
+    tracing::error!(
+        shard,
+        workspace = ws,
+        path,
+        "stored body does not match its recorded sha256; refusing to return it"
+    );
+    Err(Error::DataCorrupted(format!(
+        "{ws}:{path}: stored bytes do not match their recorded sha256 (generation {}); write the file again from a good copy",
+        e.generation
+    )))
 }

@@ -19,26 +19,65 @@
 //! committed before it was acknowledged, so reads observe all of them; a read may also observe a
 //! session of the batch in progress, which becomes durable moments later or, after a crash, was
 //! never acknowledged to anyone.
+//!
+//! **Storage failures.** When a commit or flush fails at the storage level (disk full, I/O
+//! error), redb refuses every later write until the file is reopened. The committer owns the
+//! store, so it is the one that recovers: it answers the batch (nobody in it is acknowledged;
+//! the failed sessions answer `Unavailable`, retryable with the same request id), takes the
+//! store out of service (reads and writes answer `Unavailable` too), waits for in-flight reads
+//! to release the old handle, and reopens the file — retrying with a capped back-off, because
+//! nothing signals that space came back. Reopening lets redb recover to the last durable
+//! commit, which holds every acknowledged mutation.
+//!
+//! The shard reports itself not serving from a failure until a commit succeeds again — a
+//! reopened store on a still full disk is not healthy. While it is failing and no session
+//! arrives, the committer probes with a tiny commit of its own (same back-off), so an idle
+//! shard recovers too. The incident is logged at ERROR once when it starts (later failures at
+//! DEBUG) and at INFO when a caller's session commits again: a disk that takes the probe's few
+//! bytes but not real writes stays one incident instead of a stream of errors.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use parking_lot::RwLock;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{Error, Result};
 use crate::meta::{Commit, MetaStore, ReadView, WriteView};
 
 /// Sessions taken into one batch at most (bounds the latency of the batch's first session).
 const MAX_BATCH: usize = 64;
+/// Back-off between attempts to reopen a failed store: doubling from the first to the cap.
+const REOPEN_FIRST: Duration = Duration::from_millis(10);
+const REOPEN_CAP: Duration = Duration::from_secs(1);
 
-/// A queued session: runs on the committer thread with the commit mode the batch assigns,
-/// and returns whether it committed and how to answer its caller once the batch's
-/// durability is known.
-type Job = Box<dyn FnOnce(&MetaStore, Commit) -> (bool, Answer) + Send>;
+/// A queued session: runs on the committer thread with the commit mode the batch assigns
+/// (or, given `None`, is refused without running because the store is out of service), and
+/// returns whether it committed and how to answer its caller once the batch's durability is
+/// known.
+type Job = Box<dyn FnOnce(Option<(&MetaStore, Commit)>) -> (bool, Answer) + Send>;
 /// Delivers a session's outcome given the batch's flush result.
 type Answer = Box<dyn FnOnce(&std::result::Result<(), String>) + Send>;
 
+/// The store as the committer last opened it. `None` while it is out of service after a
+/// storage failure. Readers clone the handle and release the lock at once, so the committer
+/// can take the store out of service without waiting for reads; it then waits for their
+/// clones to drop before reopening the file.
+struct Slot {
+    store: RwLock<Option<Arc<MetaStore>>>,
+    /// False for the whole of an outage (from a storage failure until a commit succeeds
+    /// again), even while a reopened store already serves reads.
+    serving: watch::Sender<bool>,
+}
+
+impl Slot {
+    fn set(&self, store: Option<Arc<MetaStore>>) {
+        *self.store.write() = store;
+    }
+}
+
 pub struct Gate {
-    meta: Arc<MetaStore>,
+    slot: Arc<Slot>,
     /// `None` only while dropping: closing the queue ends the committer.
     queue: Option<mpsc::UnboundedSender<Job>>,
     committer: Option<std::thread::JoinHandle<()>>,
@@ -55,26 +94,45 @@ impl Drop for Gate {
     }
 }
 
+fn out_of_service() -> Error {
+    Error::Unavailable("shard metadata store is reopening after a storage failure; retry".into())
+}
+
 impl Gate {
     /// Starts the shard's committer thread; it ends when the gate is dropped.
     pub fn new(meta: MetaStore, name: String) -> Gate {
-        let meta = Arc::new(meta);
+        let slot = Arc::new(Slot {
+            store: RwLock::new(Some(Arc::new(meta))),
+            serving: watch::Sender::new(true),
+        });
         let (queue, jobs) = mpsc::unbounded_channel();
-        let store = meta.clone();
+        let committer_slot = slot.clone();
         let committer = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || commit_loop(&store, jobs))
+            .name(name.clone())
+            .spawn(move || commit_loop(&committer_slot, &name, jobs))
             .expect("spawn the shard committer");
         Gate {
-            meta,
+            slot,
             queue: Some(queue),
             committer: Some(committer),
         }
     }
 
+    /// False during a storage outage (see the module doc).
+    pub fn serving(&self) -> bool {
+        *self.slot.serving.borrow()
+    }
+
+    /// Waits until [`Gate::serving`] equals `serving`.
+    pub async fn wait_serving(&self, serving: bool) {
+        let mut rx = self.slot.serving.subscribe();
+        let _ = rx.wait_for(|s| *s == serving).await;
+    }
+
     /// Runs `f` on a snapshot of the last committed state; never waits for write sessions.
     pub async fn read<T>(&self, f: impl FnOnce(&ReadView) -> Result<T>) -> Result<T> {
-        self.meta.read(f)
+        let store = self.slot.store.read().clone().ok_or_else(out_of_service)?;
+        store.read(f)
     }
 
     /// Runs `f` as one exclusive write session and answers once it is durable (or, when `f`
@@ -85,14 +143,22 @@ impl Gate {
         f: impl FnOnce(&mut WriteView) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |meta, commit| {
+        let job: Job = Box::new(move |store| {
+            let Some((meta, commit)) = store else {
+                let answer: Answer = Box::new(move |_| {
+                    let _ = tx.send(Err(out_of_service()));
+                });
+                return (false, answer);
+            };
             let outcome = meta.write_with(commit, f);
             let committed = outcome.is_ok();
             let answer: Answer = Box::new(move |flushed| {
                 let _ = tx.send(match (outcome, flushed) {
                     (Err(e), _) => Err(e),
                     (Ok(v), Ok(())) => Ok(v),
-                    (Ok(_), Err(e)) => Err(Error::Internal(format!("commit failed: {e}"))),
+                    (Ok(_), Err(e)) => Err(Error::Unavailable(format!(
+                        "commit failed, nothing was acknowledged: {e}; retry"
+                    ))),
                 });
             });
             (committed, answer)
@@ -107,8 +173,45 @@ impl Gate {
     }
 }
 
-fn commit_loop(meta: &MetaStore, mut jobs: mpsc::UnboundedReceiver<Job>) {
-    while let Some(first) = jobs.blocking_recv() {
+/// Runs batches until the queue closes. Invariant: between batches the slot holds a store
+/// that has not failed; a failure takes it out of service until [`recover`] reopened it.
+fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    let mut outage = Outage::default();
+    loop {
+        let first = if outage.failing() {
+            match jobs.try_recv() {
+                Ok(job) => Some(job),
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
+                // Idle during an outage: probe (after the back-off) instead of waiting.
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    std::thread::sleep(outage.next_delay());
+                    None
+                }
+            }
+        } else {
+            match jobs.blocking_recv() {
+                Some(job) => Some(job),
+                None => return,
+            }
+        };
+        let meta = slot
+            .store
+            .read()
+            .clone()
+            .expect("the store is in service between batches");
+        let Some(first) = first else {
+            let probe = meta.write(|w| w.next_sequence("store-probe").map(drop));
+            match probe {
+                Ok(()) => outage.end(slot, name, false),
+                Err(e) => {
+                    outage.begin(slot, name, &e.to_string());
+                    if !recover(slot, name, meta, &mut jobs, &mut outage) {
+                        return;
+                    }
+                }
+            }
+            continue;
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match jobs.try_recv() {
@@ -119,13 +222,15 @@ fn commit_loop(meta: &MetaStore, mut jobs: mpsc::UnboundedReceiver<Job>) {
         let last = batch.len() - 1;
         let mut answers = Vec::with_capacity(batch.len());
         let mut deferred_pending = false;
+        let mut any_committed = false;
         for (i, job) in batch.into_iter().enumerate() {
             let commit = if i == last {
                 Commit::Durable
             } else {
                 Commit::Deferred
             };
-            let (committed, answer) = job(meta, commit);
+            let (committed, answer) = job(Some((&meta, commit)));
+            any_committed |= committed;
             // A durable commit also makes every earlier deferred commit durable.
             deferred_pending = match commit {
                 Commit::Deferred => deferred_pending || committed,
@@ -139,9 +244,126 @@ fn commit_loop(meta: &MetaStore, mut jobs: mpsc::UnboundedReceiver<Job>) {
         } else {
             Ok(())
         };
+        let failure = meta.failure();
+        if let Some(reason) = &failure {
+            // Out of service before anyone hears of the failure, so that callers (and
+            // health) see a consistent state from then on.
+            slot.set(None);
+            outage.begin(slot, name, reason);
+        } else if any_committed {
+            outage.end(slot, name, true);
+        }
         for answer in answers {
             answer(&flushed);
         }
+        if failure.is_some() && !recover(slot, name, meta, &mut jobs, &mut outage) {
+            return;
+        }
+    }
+}
+
+/// The committer's view of a storage outage (see the module doc).
+#[derive(Default)]
+struct Outage {
+    /// When the current incident started; it ends (for logging) only when a caller's session
+    /// commits, so a disk that takes the probe's few bytes but not real writes is still one
+    /// incident, logged once.
+    since: Option<std::time::Instant>,
+    /// The last commit attempt failed: the shard reports not serving and probes while idle.
+    failing: bool,
+    delay: Duration,
+}
+
+impl Outage {
+    fn failing(&self) -> bool {
+        self.failing
+    }
+
+    fn begin(&mut self, slot: &Slot, name: &str, reason: &str) {
+        slot.serving.send_replace(false);
+        if !self.failing {
+            self.delay = Duration::ZERO;
+        }
+        self.failing = true;
+        if self.since.is_none() {
+            self.since = Some(std::time::Instant::now());
+            tracing::error!(
+                shard = name,
+                error = reason,
+                "metadata store failed; the shard answers Unavailable, reopens its store and \
+                 reports not serving until a commit succeeds again"
+            );
+        } else {
+            tracing::debug!(shard = name, error = reason, "metadata store still failing");
+        }
+    }
+
+    /// A commit succeeded: the shard serves again. `by_caller` ends the incident.
+    fn end(&mut self, slot: &Slot, name: &str, by_caller: bool) {
+        if self.failing {
+            self.failing = false;
+            slot.serving.send_replace(true);
+            tracing::debug!(shard = name, "metadata store commits again");
+        }
+        if by_caller && let Some(since) = self.since.take() {
+            tracing::info!(shard = name, after = ?since.elapsed(), "metadata store recovered");
+        }
+    }
+
+    /// The capped, doubling back-off between attempts.
+    fn next_delay(&mut self) -> Duration {
+        self.delay = (self.delay * 2).clamp(REOPEN_FIRST, REOPEN_CAP);
+        self.delay
+    }
+}
+
+/// Reopens a failed store: waits for readers to release it, then opens the file again until
+/// that succeeds, refusing queued sessions meanwhile. Returns false if the queue closed
+/// (the gate is being dropped) before the store came back. The outage stays open: only a
+/// successful commit ends it.
+fn recover(
+    slot: &Slot,
+    name: &str,
+    mut failed: Arc<MetaStore>,
+    jobs: &mut mpsc::UnboundedReceiver<Job>,
+    outage: &mut Outage,
+) -> bool {
+    slot.set(None);
+    let path = failed.path().to_path_buf();
+    let faults = failed.faults().clone();
+    let refuse_queued = |jobs: &mut mpsc::UnboundedReceiver<Job>| loop {
+        match jobs.try_recv() {
+            Ok(job) => job(None).1(&Ok(())),
+            Err(mpsc::error::TryRecvError::Empty) => return true,
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
+        }
+    };
+    // Reads hold a clone only for the length of one synchronous closure.
+    loop {
+        match Arc::try_unwrap(failed) {
+            Ok(store) => break drop(store),
+            Err(still_shared) => {
+                failed = still_shared;
+                if !refuse_queued(jobs) {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    loop {
+        if !refuse_queued(jobs) {
+            return false;
+        }
+        match MetaStore::open_with(&path, faults.clone()) {
+            Ok(store) => {
+                slot.set(Some(Arc::new(store)));
+                tracing::debug!(shard = name, "metadata store reopened");
+                return true;
+            }
+            Err(e) => tracing::debug!(shard = name, error = %e, "reopen failed"),
+        }
+        std::thread::sleep(outage.next_delay());
     }
 }
 
@@ -153,7 +375,7 @@ mod tests {
     async fn a_batch_keeps_every_committed_session_and_nothing_of_a_failed_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("g.redb");
-        let gate = Arc::new(Gate::new(MetaStore::open(&path).unwrap(), "t".into()));
+        let gate = Arc::new(Gate::new(MetaStore::create(&path).unwrap(), "t".into()));
         let tasks: Vec<_> = (0..40)
             .map(|i| {
                 let g = gate.clone();
@@ -178,6 +400,40 @@ mod tests {
         for i in 0..40 {
             let have = meta.read(|r| r.inline("ws", &format!("f{i}"))).unwrap();
             assert_eq!(have.is_some(), i % 3 != 0, "f{i}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shard_reports_not_serving_while_its_disk_is_full_and_recovers_by_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
+        let disk = meta.faults().clone();
+        let gate = Gate::new(meta, "t".into());
+        let put = |name: &'static str| gate.write(move |w| Ok(w.put_inline("ws", name, b"x")?));
+        put("before").await.unwrap();
+
+        disk.fill_disk();
+        let err = put("during").await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        // While the disk stays full the store cannot be reopened: the shard is out of
+        // service, and says so instead of answering Internal.
+        assert!(!gate.serving());
+        let err = put("during-2").await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        let err = gate.read(|r| Ok(r.inline("ws", "before")?)).await;
+        assert!(matches!(err, Err(Error::Unavailable(_))), "{err:?}");
+
+        disk.free_disk();
+        gate.wait_serving(true).await;
+        put("after").await.unwrap();
+        for (name, present) in [
+            ("before", true),
+            ("during", false),
+            ("during-2", false),
+            ("after", true),
+        ] {
+            let have = gate.read(move |r| Ok(r.inline("ws", name)?)).await.unwrap();
+            assert_eq!(have.is_some(), present, "{name}");
         }
     }
 }

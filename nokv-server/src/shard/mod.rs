@@ -73,6 +73,12 @@ impl Shard {
         })
     }
 
+    /// False while the shard's metadata store is out of service after a storage failure
+    /// (see [`gate`]); it comes back by itself.
+    pub fn serving(&self) -> bool {
+        self.gate.serving()
+    }
+
     pub async fn counts(&self) -> crate::error::Result<crate::meta::Counts> {
         self.gate.read(|r| Ok(r.counts()?)).await
     }

@@ -30,7 +30,7 @@ struct Fixture {
 
 fn fixture(block_size: u64, lease: Duration) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let meta = MetaStore::open(&dir.path().join("s.redb")).unwrap();
+    let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
     let faults = Faults::default();
     let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let faulty: Arc<dyn object_store::ObjectStore> =
