@@ -159,10 +159,12 @@ impl Shard {
                 .write(move |w| {
                     let mut upload = load_upload(w, &upload_id)?;
                     key.workspace = upload.workspace.clone();
+                    // Authorization first, replay second: a recorded outcome is only ever
+                    // shown to a caller allowed to make the request.
+                    claims.require(&upload.workspace, Role::Write)?;
                     if let Some(done) = key.recorded(w)? {
                         return Ok((Admit::Done(done?), key));
                     }
-                    claims.require(&upload.workspace, Role::Write)?;
                     let now = now_ms();
                     require_open_and_live(&upload, now)?;
                     let block_count = upload.block_count;
@@ -307,10 +309,10 @@ impl Shard {
             .write(move |w| {
                 let mut upload = load_upload(w, &req.upload_id)?;
                 key.workspace = upload.workspace.clone();
+                claims.require(&upload.workspace, Role::Write)?;
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
-                claims.require(&upload.workspace, Role::Write)?;
                 let now = now_ms();
                 require_open_and_live(&upload, now)?;
                 if upload.size == 0 && req.sha256 != Sha256::digest(b"").to_vec() {
@@ -396,10 +398,10 @@ impl Shard {
             .write(move |w| {
                 let mut upload = load_upload(w, &req.upload_id)?;
                 key.workspace = upload.workspace.clone();
+                claims.require(&upload.workspace, Role::Write)?;
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
-                claims.require(&upload.workspace, Role::Write)?;
                 match UploadState::try_from(upload.state) {
                     Ok(UploadState::Committed) => {
                         return Err(Error::FailedPrecondition(
