@@ -519,3 +519,38 @@ async fn an_unknown_writers_guard_outlives_the_delete_of_its_late_bytes() {
         "the writer may still land bytes"
     );
 }
+
+#[tokio::test]
+async fn a_commit_whose_declared_sha256_does_not_match_the_bytes_is_refused_and_changes_nothing() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 8).await;
+    for (i, part) in [b"abcd", b"efgh"].iter().enumerate() {
+        f.shard
+            .put_block(writer(), block(&up, i as u32, *part, &format!("b{i}")))
+            .await
+            .unwrap();
+    }
+    // Every block digest matches; only the whole-file digest is false.
+    let err = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcdefgX", "c-wrong"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch(_)), "{err:?}");
+    let err = f.shard.stat("ws", "art").await.unwrap_err();
+    assert!(
+        matches!(err, Error::NotFound(_)),
+        "nothing published: {err:?}"
+    );
+    assert_eq!(f.shard.counts().await.unwrap().uploads, 1, "still open");
+    // The upload can still be committed with the true digest.
+    let done = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcdefgh", "c-right"))
+        .await
+        .unwrap();
+    assert_eq!(
+        done.entry.unwrap().sha256,
+        Sha256::digest(b"abcdefgh").to_vec()
+    );
+}
