@@ -94,6 +94,38 @@ impl Shard {
             }
         }
     }
+
+    /// Removes terminal upload records (committed, aborted, claimed) that ended more than
+    /// the replay TTL ago: no replay record can reference them any more, so history does not
+    /// accumulate. One bounded page per write session; a record still named by a cleanup
+    /// guard is kept (the guard's sweep reads it to decide whether the key is live).
+    pub async fn prune_uploads(&self) -> crate::error::Result<usize> {
+        const PAGE: usize = 500;
+        let ttl_ms = self.cfg.replay_ttl.as_millis() as i64;
+        let mut total = 0;
+        loop {
+            let (seen, removed) = self
+                .gate
+                .write(move |w| {
+                    let ended = w.ended_uploads(now_ms() - ttl_ms, PAGE)?;
+                    let guarded: std::collections::HashSet<String> =
+                        w.guards()?.into_iter().map(|(_, g)| g.upload_id).collect();
+                    let mut removed = 0;
+                    for id in &ended {
+                        if !guarded.contains(id) {
+                            w.remove_upload(id)?;
+                            removed += 1;
+                        }
+                    }
+                    Ok((ended.len(), removed))
+                })
+                .await?;
+            total += removed;
+            if seen < PAGE || removed == 0 {
+                return Ok(total);
+            }
+        }
+    }
 }
 
 /// The shard clock: wall time in milliseconds. Leases are judged by it only after the gate is

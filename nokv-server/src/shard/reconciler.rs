@@ -1,11 +1,14 @@
 //! The shard's reconciler: deletes bytes nobody may reference any more, never bytes that are
-//! live. Three passes, each a bounded page:
+//! live. Three steps per pass; metadata is always read and changed in bounded pages:
 //!
 //! * **Expired uploads** are claimed by an atomic state change to `Deleting` after re-checking,
 //!   inside the claiming session, that the upload is still open and its lease has ended —
 //!   so a stale candidate list can never claim an upload that was renewed or committed. The
 //!   claim moves its uploaded block keys to the collectable set; pending attempts keep their
-//!   guards.
+//!   guards. Pages are claimed until none is left or the pass's 5 s budget is spent; the
+//!   candidates come from the open-upload index, so the cost follows the open uploads, not
+//!   the upload history (ended records are pruned after the replay window, see
+//!   [`Shard::prune_uploads`]).
 //! * **Collectable keys** (retired revisions, aborted and expired uploads) are deleted from the
 //!   provider with no lock held, then forgotten in one session. Keys are never reused, so a
 //!   collectable key can never become referenced again.
@@ -16,12 +19,16 @@
 //!
 //! Failed deletions keep their record and are retried on the next pass.
 
+use std::time::{Duration, Instant};
+
 use super::{Shard, now_ms};
 use crate::error::Result;
 use crate::meta::{GuardRecord, ReadView, UploadState, WriterState};
 
-/// Records handled per pass and kind.
+/// Records handled per page and kind.
 const PAGE: usize = 100;
+/// Time budget of one pass's metadata scans: a pass keeps claiming pages until it is spent.
+const BUDGET: Duration = Duration::from_secs(5);
 
 /// What one pass did, for logs and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +41,8 @@ pub struct Pass {
 
 impl Shard {
     pub async fn reconcile(&self) -> Result<Pass> {
+        // Once per data directory: index uploads recorded before the upload indexes existed.
+        self.gate.write(|w| Ok(w.index_uploads()?)).await?;
         let mut pass = Pass {
             expired_uploads: self.claim_expired_uploads().await?,
             ..Pass::default()
@@ -43,12 +52,32 @@ impl Shard {
         Ok(pass)
     }
 
+    /// Claims expired uploads page after page until none is left or the pass's time budget
+    /// is spent (the rest waits for the next pass), so a backlog drains at the speed of the
+    /// store, not at one page per pass.
     async fn claim_expired_uploads(&self) -> Result<usize> {
-        let now = now_ms();
-        let candidates = self
-            .gate
-            .read(|r| Ok(r.expired_uploads(now, PAGE)?))
-            .await?;
+        let started = Instant::now();
+        let mut claimed = 0;
+        while started.elapsed() < BUDGET {
+            let now = now_ms();
+            let candidates = self
+                .gate
+                .read(|r| Ok(r.expired_uploads(now, PAGE)?))
+                .await?;
+            if candidates.is_empty() {
+                break;
+            }
+            let page_claimed = self.claim_page(candidates).await?;
+            claimed += page_claimed;
+            if page_claimed == 0 {
+                // Every candidate was renewed or ended meanwhile: nothing more to drain now.
+                break;
+            }
+        }
+        Ok(claimed)
+    }
+
+    async fn claim_page(&self, candidates: Vec<String>) -> Result<usize> {
         let mut claimed = 0;
         for id in candidates {
             claimed += self
@@ -68,6 +97,7 @@ impl Shard {
                     }
                     w.remove_blocks(&id)?;
                     u.state = UploadState::Deleting as i32;
+                    u.ended_ms = now_ms();
                     w.put_upload(&id, &u)?;
                     Ok(1)
                 })

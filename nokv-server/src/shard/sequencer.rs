@@ -100,6 +100,7 @@ impl Shard {
                     lease_expires_ms: now + lease_ms,
                     created_ms: now,
                     revision: 0,
+                    ended_ms: 0,
                 };
                 w.put_upload(&upload_id, &rec)?;
                 let resp = pb::BeginUploadResponse {
@@ -470,6 +471,7 @@ impl Shard {
                 };
                 w.put_entry(&ws, &path, &entry)?;
                 upload.state = UploadState::Committed as i32;
+                upload.ended_ms = now;
                 upload.revision = revision;
                 w.put_upload(&req.upload_id, &upload)?;
                 w.remove_blocks(&req.upload_id)?;
@@ -516,6 +518,7 @@ impl Shard {
                         }
                         w.remove_blocks(&req.upload_id)?;
                         upload.state = UploadState::Aborted as i32;
+                        upload.ended_ms = now_ms();
                         w.put_upload(&req.upload_id, &upload)?;
                     }
                     _ => {}

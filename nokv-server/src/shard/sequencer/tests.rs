@@ -554,3 +554,80 @@ async fn a_commit_whose_declared_sha256_does_not_match_the_bytes_is_refused_and_
         Sha256::digest(b"abcdefgh").to_vec()
     );
 }
+
+/// A fixture whose replay window is zero, so ended uploads are prunable at once.
+fn fixture_without_replay_window(lease: Duration) -> Fixture {
+    let f = fixture(4, lease);
+    let cfg = ShardConfig {
+        block_size: 4,
+        upload_lease: lease,
+        replay_ttl: Duration::ZERO,
+        ..ShardConfig::default()
+    };
+    let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
+    let meta = MetaStore::open(&f._dir.path().join("p.redb")).unwrap();
+    let shard = Shard::open(3, meta, f.provider.clone(), bulk, Signer::new(b"k"), cfg);
+    Fixture { shard, ..f }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pass_claims_every_expired_upload_not_just_one_page() {
+    // A zero lease: every upload is expired as soon as it is begun.
+    let f = fixture(4, Duration::ZERO);
+    let begins: Vec<_> = (0..250)
+        .map(|i| {
+            let s = f.shard.clone();
+            tokio::spawn(async move {
+                s.begin_upload(pb::BeginUploadRequest {
+                    workspace: "ws".into(),
+                    path: format!("a{i}"),
+                    size: 4,
+                    request_id: format!("begin-{i}"),
+                })
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    for b in begins {
+        b.await.unwrap();
+    }
+    assert_eq!(f.shard.reconcile().await.unwrap().expired_uploads, 250);
+    assert_eq!(f.shard.counts().await.unwrap().uploads, 0);
+}
+
+#[tokio::test]
+async fn ended_upload_records_are_pruned_after_the_replay_window_and_open_ones_kept() {
+    let f = fixture_without_replay_window(Duration::from_secs(60));
+    for i in 0..30 {
+        let up = begin(&f, &format!("a{i}"), 4).await;
+        let abort = pb::AbortUploadRequest {
+            upload_id: up.upload_id.clone(),
+            upload_token: up.upload_token.clone(),
+            request_id: format!("ab{i}"),
+        };
+        f.shard.abort_upload(writer(), abort).await.unwrap();
+    }
+    publish_one(&f, "kept", b"abcd", "p").await;
+    let open = begin(&f, "open", 4).await;
+    let before = f.shard.counts().await.unwrap();
+    assert_eq!((before.upload_records, before.uploads), (32, 1));
+    f.shard.prune_replays().await.unwrap();
+    assert_eq!(f.shard.prune_uploads().await.unwrap(), 31);
+    let after = f.shard.counts().await.unwrap();
+    assert_eq!(
+        (after.upload_records, after.uploads),
+        (1, 1),
+        "only the open upload"
+    );
+    // The open upload is untouched and the published artifact still reads.
+    f.shard
+        .put_block(writer(), block(&open, 0, b"wxyz", "b-open"))
+        .await
+        .unwrap();
+    let m = f.shard.get_manifest("ws", "kept").await.unwrap();
+    assert_eq!(
+        &f.shard.read_block("ws", m.revision, 0).await.unwrap()[..],
+        b"abcd"
+    );
+}
