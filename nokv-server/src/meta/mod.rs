@@ -92,6 +92,10 @@ const ENDED_UPLOADS: TableDefinition<(i64, &str), ()> = TableDefinition::new("en
 /// Marker in SEQUENCES: the two upload indexes above cover every upload record (data dirs
 /// written before the indexes existed are indexed once, by [`WriteView::index_uploads`]).
 const UPLOAD_INDEX_MARKER: &str = "upload-index-v1";
+/// (retired ms, revision) -> () : revisions no entry points at any more. They stay readable
+/// (a restore that started before an overwrite completes) until the retired grace has
+/// passed; then the reconciler releases their block keys to COLLECTABLE.
+const RETIRED: TableDefinition<(i64, u64), ()> = TableDefinition::new("retired");
 
 fn decode<R: Message + Default>(bytes: &[u8]) -> MetaResult<R> {
     Ok(R::decode(bytes)?)
@@ -347,6 +351,33 @@ macro_rules! readable {
                 Ok(out)
             }
 
+            /// Up to `limit` retired revisions retired at or before `cutoff_ms`, oldest first.
+            pub fn retired_before(
+                &self,
+                cutoff_ms: i64,
+                limit: usize,
+            ) -> MetaResult<Vec<(i64, u64)>> {
+                let mut out = Vec::new();
+                let Some(t) = optional(self.txn.open_table(RETIRED))? else {
+                    return Ok(out);
+                };
+                for item in t.iter()? {
+                    let (k, _) = item?;
+                    let (ms, rev) = k.value();
+                    if ms > cutoff_ms || out.len() == limit {
+                        break;
+                    }
+                    out.push((ms, rev));
+                }
+                Ok(out)
+            }
+
+            /// The last value a named sequence issued (0 if none yet).
+            pub fn last_sequence(&self, name: &str) -> MetaResult<u64> {
+                let t = self.txn.open_table(SEQUENCES)?;
+                Ok(t.get(name)?.map(|v| v.value()).unwrap_or(0))
+            }
+
             /// Counters for health. Every one is a table length (constant cost): open uploads
             /// come from their index, never from a scan of the upload history.
             pub fn counts(&self) -> MetaResult<Counts> {
@@ -536,6 +567,18 @@ impl WriteView {
 
     pub fn remove_guard(&mut self, key: &str) -> MetaResult<()> {
         self.txn.open_table(GUARDS)?.remove(key)?;
+        Ok(())
+    }
+
+    /// Records that no entry points at `rev` any more (it stays stored and readable).
+    pub fn retire_revision(&mut self, rev: u64, now_ms: i64) -> MetaResult<()> {
+        self.txn.open_table(RETIRED)?.insert((now_ms, rev), ())?;
+        Ok(())
+    }
+
+    /// Forgets a retired revision's index entry (once its keys were released).
+    pub fn remove_retired(&mut self, retired_ms: i64, rev: u64) -> MetaResult<()> {
+        self.txn.open_table(RETIRED)?.remove((retired_ms, rev))?;
         Ok(())
     }
 

@@ -30,6 +30,9 @@ pub struct ShardConfig {
     pub block_size: u64,
     pub upload_lease: Duration,
     pub replay_ttl: Duration,
+    /// How long a replaced or deleted artifact's revision stays readable before its blocks
+    /// become collectable.
+    pub retired_grace: Duration,
 }
 
 impl Default for ShardConfig {
@@ -39,6 +42,7 @@ impl Default for ShardConfig {
             block_size: 4 * 1024 * 1024,
             upload_lease: Duration::from_secs(60),
             replay_ttl: Duration::from_secs(24 * 3600),
+            retired_grace: Duration::from_secs(600),
         }
     }
 }

@@ -9,7 +9,9 @@
 //!   candidates come from the open-upload index, so the cost follows the open uploads, not
 //!   the upload history (ended records are pruned after the replay window, see
 //!   [`Shard::prune_uploads`]).
-//! * **Collectable keys** (retired revisions, aborted and expired uploads) are deleted from the
+//! * **Retired revisions** (replaced or deleted artifacts) stay readable for the retired
+//!   grace; then their block keys move to the collectable set and the revision is dropped.
+//! * **Collectable keys** (released revisions, aborted and expired uploads) are deleted from the
 //!   provider with no lock held, then forgotten in one session. Keys are never reused, so a
 //!   collectable key can never become referenced again.
 //! * **Guards** whose upload is no longer live are deleted, oldest-attempted first; the
@@ -34,6 +36,7 @@ const BUDGET: Duration = Duration::from_secs(5);
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
     pub expired_uploads: usize,
+    pub released_revisions: usize,
     pub deleted_keys: usize,
     pub settled_guards: usize,
     pub failed_deletes: usize,
@@ -47,6 +50,7 @@ impl Shard {
             expired_uploads: self.claim_expired_uploads().await?,
             ..Pass::default()
         };
+        pass.released_revisions = self.release_retired().await?;
         self.collect_keys(&mut pass).await?;
         self.sweep_guards(&mut pass).await?;
         Ok(pass)
@@ -104,6 +108,37 @@ impl Shard {
                 .await?;
         }
         Ok(claimed)
+    }
+
+    /// Drops retired revisions whose grace has passed, page by page within the pass budget,
+    /// and makes their block keys collectable. Until then a retired revision stays readable.
+    async fn release_retired(&self) -> Result<usize> {
+        let started = Instant::now();
+        let grace_ms = self.cfg.retired_grace.as_millis() as i64;
+        let mut released = 0;
+        while started.elapsed() < BUDGET {
+            let n = self
+                .gate
+                .write(move |w| {
+                    let due = w.retired_before(now_ms() - grace_ms, PAGE)?;
+                    for (ms, rev) in &due {
+                        if let Some(r) = w.revision(*rev)? {
+                            for b in &r.blocks {
+                                w.add_collectable(&b.key, *rev)?;
+                            }
+                            w.remove_revision(*rev)?;
+                        }
+                        w.remove_retired(*ms, *rev)?;
+                    }
+                    Ok(due.len())
+                })
+                .await?;
+            released += n;
+            if n < PAGE {
+                break;
+            }
+        }
+        Ok(released)
     }
 
     async fn collect_keys(&self, pass: &mut Pass) -> Result<()> {

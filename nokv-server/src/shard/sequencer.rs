@@ -568,10 +568,20 @@ impl Shard {
         let key = self
             .gate
             .read(|r| {
-                let rev = r
-                    .revision(revision)?
-                    .filter(|rev| rev.workspace == ws)
-                    .ok_or_else(|| Error::NotFound(format!("revision {revision} not found")))?;
+                let rev = match r.revision(revision)? {
+                    Some(rev) if rev.workspace == ws => rev,
+                    Some(_) => {
+                        return Err(Error::NotFound(format!("revision {revision} not found")));
+                    }
+                    // Issued once and gone now: only the end of a retired grace drops one.
+                    None if revision != 0 && revision <= r.last_sequence("revision")? => {
+                        return Err(Error::NotFound(format!(
+                            "revision {revision} is no longer readable: the artifact was replaced \
+                             or deleted and its retired-grace period has ended"
+                        )));
+                    }
+                    None => return Err(Error::NotFound(format!("revision {revision} not found"))),
+                };
                 rev.blocks
                     .get(index as usize)
                     .map(|b| b.key.clone())

@@ -29,6 +29,14 @@ struct Fixture {
 }
 
 fn fixture(block_size: u64, lease: Duration) -> Fixture {
+    fixture_with(ShardConfig {
+        block_size,
+        upload_lease: lease,
+        ..ShardConfig::default()
+    })
+}
+
+fn fixture_with(cfg: ShardConfig) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let meta = MetaStore::open(&dir.path().join("s.redb")).unwrap();
     let faults = Faults::default();
@@ -36,11 +44,6 @@ fn fixture(block_size: u64, lease: Duration) -> Fixture {
     let faulty: Arc<dyn object_store::ObjectStore> =
         Arc::new(FaultyStore::new(mem.clone(), faults.clone()));
     let provider = ObjectProvider::from_stores("memory", "t".into(), faulty, mem);
-    let cfg = ShardConfig {
-        block_size,
-        upload_lease: lease,
-        ..ShardConfig::default()
-    };
     let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
     let shard = Shard::open(3, meta, provider.clone(), bulk, Signer::new(b"k"), cfg);
     Fixture {
@@ -426,7 +429,11 @@ async fn publish_one(f: &Fixture, path: &str, body: &[u8; 4], rid: &str) {
 
 #[tokio::test]
 async fn a_replaced_artifacts_blocks_are_deleted_and_the_live_ones_kept() {
-    let f = fixture(4, Duration::from_secs(60));
+    let f = fixture_with(ShardConfig {
+        block_size: 4,
+        retired_grace: Duration::ZERO,
+        ..ShardConfig::default()
+    });
     publish_one(&f, "art", b"old!", "1").await;
     publish_one(&f, "art", b"new!", "2").await;
     assert_eq!(f.provider.list_keys().await.unwrap().len(), 2);
@@ -557,17 +564,12 @@ async fn a_commit_whose_declared_sha256_does_not_match_the_bytes_is_refused_and_
 
 /// A fixture whose replay window is zero, so ended uploads are prunable at once.
 fn fixture_without_replay_window(lease: Duration) -> Fixture {
-    let f = fixture(4, lease);
-    let cfg = ShardConfig {
+    fixture_with(ShardConfig {
         block_size: 4,
         upload_lease: lease,
         replay_ttl: Duration::ZERO,
         ..ShardConfig::default()
-    };
-    let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
-    let meta = MetaStore::open(&f._dir.path().join("p.redb")).unwrap();
-    let shard = Shard::open(3, meta, f.provider.clone(), bulk, Signer::new(b"k"), cfg);
-    Fixture { shard, ..f }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -629,5 +631,46 @@ async fn ended_upload_records_are_pruned_after_the_replay_window_and_open_ones_k
     assert_eq!(
         &f.shard.read_block("ws", m.revision, 0).await.unwrap()[..],
         b"abcd"
+    );
+}
+
+#[tokio::test]
+async fn a_replaced_revision_stays_readable_until_the_retired_grace_has_passed() {
+    let f = fixture(4, Duration::from_secs(60)); // default grace: 10 minutes
+    publish_one(&f, "art", b"old!", "1").await;
+    let old = f.shard.get_manifest("ws", "art").await.unwrap().revision;
+    publish_one(&f, "art", b"new!", "2").await;
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.released_revisions, pass.deleted_keys), (0, 0));
+    // A restore that fetched the old manifest before the overwrite completes from it.
+    assert_eq!(
+        &f.shard.read_block("ws", old, 0).await.unwrap()[..],
+        b"old!"
+    );
+    assert_eq!(f.provider.list_keys().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn after_the_retired_grace_reading_a_replaced_revision_says_the_artifact_was_replaced() {
+    let f = fixture_with(ShardConfig {
+        block_size: 4,
+        retired_grace: Duration::ZERO,
+        ..ShardConfig::default()
+    });
+    publish_one(&f, "art", b"old!", "1").await;
+    let old = f.shard.get_manifest("ws", "art").await.unwrap().revision;
+    publish_one(&f, "art", b"new!", "2").await;
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.released_revisions, pass.deleted_keys), (1, 1));
+    let err = f.shard.read_block("ws", old, 0).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::NotFound(m) if m.contains("replaced")),
+        "{err:?}"
+    );
+    // A revision number never issued is plainly not found.
+    let err = f.shard.read_block("ws", 999, 0).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::NotFound(m) if !m.contains("replaced")),
+        "{err:?}"
     );
 }
