@@ -120,6 +120,8 @@ pub struct Counts {
     pub collectable: u64,
     /// Upload records of every state (terminal ones until they are pruned).
     pub upload_records: u64,
+    /// Guards whose writer's outcome is unknown (their bytes may still land).
+    pub unknown_guards: u64,
 }
 
 /// A table added after data directories existed may be absent from a read snapshot until
@@ -378,14 +380,21 @@ macro_rules! readable {
                 Ok(t.get(name)?.map(|v| v.value()).unwrap_or(0))
             }
 
-            /// Counters for health. Every one is a table length (constant cost): open uploads
-            /// come from their index, never from a scan of the upload history.
+            /// Counters for health. Table lengths (constant cost) except the unknown-guard
+            /// count: open uploads come from their index, never from the upload history.
             pub fn counts(&self) -> MetaResult<Counts> {
                 let open = match optional(self.txn.open_table(OPEN_UPLOADS))? {
                     Some(t) => t.len()?,
                     None => 0,
                 };
+                // Guards are few (one per unsettled attempt): counting by kind is a short scan.
+                let mut unknown_guards = 0;
+                for item in self.txn.open_table(GUARDS)?.iter()? {
+                    let g: GuardRecord = decode(item?.1.value())?;
+                    unknown_guards += u64::from(g.writer == WriterState::Unknown as i32);
+                }
                 Ok(Counts {
+                    unknown_guards,
                     entries: self.txn.open_table(ENTRIES)?.len()?,
                     uploads: open,
                     guards: self.txn.open_table(GUARDS)?.len()?,

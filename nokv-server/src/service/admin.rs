@@ -48,8 +48,10 @@ impl Admin for AdminService {
                 entries: c.entries,
                 open_uploads: c.uploads,
                 guards: c.guards,
+                unknown_guards: c.unknown_guards,
             });
         }
+        let unknown_guards = shards.iter().map(|s| s.unknown_guards).sum();
         Ok(Response::new(pb::HealthResponse {
             status: "SERVING".into(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -58,6 +60,7 @@ impl Admin for AdminService {
             shard_count: shards.len() as u32,
             shards,
             uptime_ms: self.node.started.elapsed().as_millis() as i64,
+            unknown_guards,
         }))
     }
 }

@@ -17,7 +17,8 @@
 //! * **Guards** whose upload is no longer live are deleted, oldest-attempted first; the
 //!   attempt is recorded before the I/O. A guard is removed only once its writer is known
 //!   finished *and* the delete succeeded; an unknown writer's guard stays and deletes late
-//!   bytes again on a later pass. A key the upload's revision references is never deleted.
+//!   bytes again later, with an exponential back-off (1 min doubling to 1 h) rather than
+//!   every pass. A guard's delete also removes the key's local staging leftovers. A key the upload's revision references is never deleted.
 //!
 //! Failed deletions keep their record and are retried on the next pass.
 
@@ -174,7 +175,7 @@ impl Shard {
             .read(|r| {
                 let mut out = Vec::new();
                 for (key, g) in r.guards()? {
-                    if !guard_protects_live_bytes(r, &key, &g, now)? {
+                    if guard_due(&g, now) && !guard_protects_live_bytes(r, &key, &g, now)? {
                         out.push((key, g));
                     }
                 }
@@ -196,7 +197,7 @@ impl Shard {
                     Ok(())
                 })
                 .await?;
-            if let Err(e) = self.object.delete(&key).await {
+            if let Err(e) = self.object.delete_attempt(&key).await {
                 pass.failed_deletes += 1;
                 tracing::warn!(shard = self.id, error = %e, "guarded delete failed; will retry");
                 continue;
@@ -218,6 +219,28 @@ impl Shard {
     }
 }
 
+/// First wait before an unknown writer's guard deletes its key again; doubles per attempt.
+const UNKNOWN_RETRY_FIRST: Duration = Duration::from_secs(60);
+/// Longest wait between two deletes of an unknown writer's key.
+const UNKNOWN_RETRY_MAX: Duration = Duration::from_secs(3600);
+
+/// How long after its `attempts`-th delete an unknown writer's guard waits before the next:
+/// 1 min, 2 min, 4 min ... capped at 1 h. Late bytes are rare and the delete is idempotent,
+/// so a guard that may stay for good must not cost a provider call every pass.
+pub(crate) fn unknown_retry_after(attempts: u32) -> Duration {
+    let doublings = attempts.saturating_sub(1).min(16);
+    (UNKNOWN_RETRY_FIRST * (1u32 << doublings)).min(UNKNOWN_RETRY_MAX)
+}
+
+/// Whether a guard's delete is due now. A finished writer's guard is due every pass until
+/// its delete succeeds (then it is removed); an unknown writer's guard backs off.
+fn guard_due(g: &GuardRecord, now: i64) -> bool {
+    if g.writer != WriterState::Unknown as i32 || g.attempts == 0 {
+        return true;
+    }
+    now >= g.last_attempt_ms + unknown_retry_after(g.attempts).as_millis() as i64
+}
+
 /// True while the guarded key may still become (or is) referenced: its upload is open with a
 /// live lease (a write may be in flight and about to be recorded), or the upload's revision
 /// references the key.
@@ -234,4 +257,35 @@ fn guard_protects_live_bytes(r: &ReadView, key: &str, g: &GuardRecord, now: i64)
         return Ok(rev.blocks.iter().any(|b| b.key == key));
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_writers_guard_is_retried_with_exponential_back_off_capped_at_an_hour() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(unknown_retry_after(1), minute);
+        assert_eq!(unknown_retry_after(2), 2 * minute);
+        assert_eq!(unknown_retry_after(6), 32 * minute);
+        assert_eq!(unknown_retry_after(7), 60 * minute);
+        assert_eq!(unknown_retry_after(u32::MAX), 60 * minute);
+        let g = |writer: WriterState, attempts| GuardRecord {
+            writer: writer as i32,
+            attempts,
+            last_attempt_ms: 1_000_000,
+            ..Default::default()
+        };
+        assert!(
+            guard_due(&g(WriterState::Unknown, 0), 0),
+            "first delete at once"
+        );
+        assert!(!guard_due(&g(WriterState::Unknown, 3), 1_000_000 + 239_999));
+        assert!(guard_due(&g(WriterState::Unknown, 3), 1_000_000 + 240_000));
+        assert!(
+            guard_due(&g(WriterState::Finished, 3), 1_000_000),
+            "finished: every pass"
+        );
+    }
 }

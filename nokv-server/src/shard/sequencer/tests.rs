@@ -674,3 +674,24 @@ async fn after_the_retired_grace_reading_a_replaced_revision_says_the_artifact_w
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn an_unknown_writers_guard_backs_off_instead_of_deleting_every_pass_and_is_counted() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.faults.lose_next_response();
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap_err();
+    let abort = pb::AbortUploadRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        request_id: "ab".into(),
+    };
+    f.shard.abort_upload(writer(), abort).await.unwrap();
+    assert_eq!(f.shard.reconcile().await.unwrap().deleted_keys, 1);
+    // The next pass comes well within the first back-off (a minute): no second delete.
+    assert_eq!(f.shard.reconcile().await.unwrap().deleted_keys, 0);
+    assert_eq!(f.shard.counts().await.unwrap().unknown_guards, 1);
+}
