@@ -681,4 +681,35 @@ mod tests {
         assert!(s.read(|r| r.replay("ws", "r3")).unwrap().is_some());
         assert!(s.read(|r| r.replay("ws", "r0")).unwrap().is_none());
     }
+
+    #[test]
+    fn uploads_recorded_before_the_upload_indexes_existed_are_indexed_once() {
+        let (_d, s) = store();
+        let rec = |state: UploadState, lease| UploadRecord {
+            state: state as i32,
+            lease_expires_ms: lease,
+            created_ms: 5,
+            ..Default::default()
+        };
+        // Written the way a data dir from before the indexes holds them: records only.
+        s.write(|w| {
+            let mut t = w.txn.open_table(UPLOADS)?;
+            t.insert(
+                "open",
+                rec(UploadState::Open, 10).encode_to_vec().as_slice(),
+            )?;
+            t.insert(
+                "done",
+                rec(UploadState::Aborted, 10).encode_to_vec().as_slice(),
+            )?;
+            Ok::<_, MetaError>(())
+        })
+        .unwrap();
+        assert_eq!(s.read(|r| r.counts()).unwrap().uploads, 0);
+        assert_eq!(s.write(|w| w.index_uploads()).unwrap(), 2);
+        assert_eq!(s.write(|w| w.index_uploads()).unwrap(), 0, "only once");
+        assert_eq!(s.read(|r| r.counts()).unwrap().uploads, 1);
+        assert_eq!(s.read(|r| r.expired_uploads(10, 10)).unwrap(), ["open"]);
+        assert_eq!(s.read(|r| r.ended_uploads(5, 10)).unwrap(), ["done"]);
+    }
 }
