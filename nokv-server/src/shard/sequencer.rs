@@ -19,10 +19,12 @@
 //! ([`Shard::verify_declared_digest`]). The commit session then re-checks that it publishes
 //! exactly the block keys that were hashed. A mismatch answers `DigestMismatch` and changes
 //! nothing (the upload stays open). Cost: one provider GET of every block plus one SHA-256
-//! pass over the artifact per commit — commit latency grows with the artifact's size
-//! (`nokv bench upload-vs-direct` figures are in the commit that introduced it); the
-//! alternative, hashing the in-order prefix as blocks arrive, would need the hasher state
-//! persisted per block and ordered block arrival, which parallel clients do not give.
+//! pass over the artifact per commit, so commit latency grows with the artifact's size.
+//! Measured with `nokv bench upload-vs-direct` (release, 64 MiB, 3 interleaved runs each
+//! with and without the check, 2-CPU machine at load 4-5): median publish 120 vs 134 MiB/s
+//! on the local provider (-10 %), 76 vs 91 MiB/s on S3/moto (-17 %). The alternative,
+//! hashing the in-order prefix as blocks arrive, would need the hasher state persisted per
+//! block and in-order arrival, which parallel clients do not give.
 //!
 //! Invariants: a key is written at most once and never reused; every key the provider may
 //! hold is referenced by a block or revision, guarded, or collectable; a superseded or expired
