@@ -98,6 +98,10 @@ pub struct ServeArgs {
     /// How long request-id replay records are kept [default: 24h].
     #[arg(long, env = "NOKV_REPLAY_TTL")]
     pub replay_ttl: Option<String>,
+    /// How long a replaced or deleted artifact's revision stays readable (so a restore that
+    /// started before the overwrite completes) before its blocks are collected [default: 10m].
+    #[arg(long, env = "NOKV_RETIRED_GRACE")]
+    pub retired_grace: Option<String>,
     /// An upload's lease; clients renew at a third of it [default: 60s].
     #[arg(long, env = "NOKV_UPLOAD_LEASE")]
     pub upload_lease: Option<String>,
@@ -209,6 +213,7 @@ impl ServeArgs {
                 shards,
                 inline_max,
                 replay_ttl,
+                retired_grace,
                 upload_lease,
                 bulk_parallel,
                 worker_threads,
@@ -241,6 +246,7 @@ impl ServeArgs {
             block_size: defaults.block_size,
             upload_lease: duration(self.upload_lease, defaults.upload_lease)?,
             replay_ttl: duration(self.replay_ttl, defaults.replay_ttl)?,
+            retired_grace: duration(self.retired_grace, defaults.retired_grace)?,
         };
         if shard.inline_max > MAX_INLINE_MAX {
             return Err(ConfigError(format!(
@@ -343,6 +349,25 @@ mod tests {
         assert_eq!(s.listen, "127.0.0.1:9");
         assert_eq!(s.shard.upload_lease, Duration::from_secs(30));
         assert_eq!(s.shard.inline_max, 256 * 1024);
+    }
+
+    #[test]
+    fn retired_revisions_stay_readable_for_ten_minutes_unless_configured() {
+        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
+        assert_eq!(s.shard.retired_grace, Duration::from_secs(600));
+        let s = Cli::parse_from(["nokv-server", "--retired-grace", "90s"])
+            .serve
+            .resolve()
+            .unwrap();
+        assert_eq!(s.shard.retired_grace, Duration::from_secs(90));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "retired_grace = \"1h\"\n").unwrap();
+        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap()]);
+        assert_eq!(
+            cli.serve.resolve().unwrap().shard.retired_grace,
+            Duration::from_secs(3600)
+        );
     }
 
     #[test]

@@ -203,7 +203,7 @@ impl ObjectProvider {
                 Ok(()) => PutOutcome::Written,
                 Err(e) => PutOutcome::Unknown(format!("written but not made durable: {e}")),
             },
-            Err(e) => classify(&e),
+            Err(e) => classify(&e, self.local.is_some()),
         }
     }
 
@@ -246,6 +246,24 @@ impl ObjectProvider {
         }
     }
 
+    /// Deletes what one write attempt may have left under `key`: the object and, on the
+    /// local provider, its staging files (`<key>#<n>`: object_store writes there first and
+    /// links the result into place, so a writer killed mid-write leaves one behind that no
+    /// other record names). Idempotent like [`ObjectProvider::delete`].
+    pub async fn delete_attempt(&self, key: &str) -> Result<(), ObjectError> {
+        self.delete(key).await?;
+        let Some(fs) = &self.local else {
+            return Ok(());
+        };
+        let path = fs
+            .path_to_filesystem(&Path::from(key))
+            .map_err(|e| ObjectError::Provider(flatten(&e)))?;
+        tokio::task::spawn_blocking(move || remove_staging_leftovers(&path))
+            .await
+            .map_err(|e| ObjectError::Provider(e.to_string()))?
+            .map_err(|e| ObjectError::Provider(e.to_string()))
+    }
+
     /// Every key under the provider prefix (for inventory and tests).
     pub async fn list_keys(&self) -> Result<Vec<String>, ObjectError> {
         let prefix = (!self.prefix.is_empty()).then(|| Path::from(self.prefix.as_str()));
@@ -259,15 +277,65 @@ impl ObjectProvider {
     }
 }
 
-/// Sorts a failed create into "never sent" or "unknown". Only a connection that was never
-/// established proves the provider received nothing; everything else may have landed.
-fn classify(e: &object_store::Error) -> PutOutcome {
+/// Removes `<path>#<n>` staging files beside `path` (exactly that name, then `#`, then
+/// digits); an absent directory means there is nothing to remove.
+fn remove_staging_leftovers(path: &std::path::Path) -> std::io::Result<()> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Ok(());
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let file_name = entry.file_name();
+        let Some(suffix) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(name))
+            .and_then(|rest| rest.strip_prefix('#'))
+        else {
+            continue;
+        };
+        if !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit()) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sorts a failed create into "never sent" or "unknown". A connection that was never
+/// established proves the provider received nothing; on the local provider, a file-system
+/// refusal (no space, read-only, permission denied, quota) proves the final key was never
+/// created: object_store writes a staging file and only links it into place as the last
+/// step, which cannot have happened when writing or linking failed. Everything else may
+/// have landed.
+fn classify(e: &object_store::Error, local: bool) -> PutOutcome {
+    use std::io::ErrorKind;
     let text = flatten(e);
     if let object_store::Error::NotSupported { .. } | object_store::Error::InvalidPath { .. } = e {
         return PutOutcome::NotWritten(text);
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
+        if local
+            && let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ErrorKind::StorageFull
+                    | ErrorKind::ReadOnlyFilesystem
+                    | ErrorKind::PermissionDenied
+                    | ErrorKind::QuotaExceeded
+                    | ErrorKind::FileTooLarge
+            )
+        {
+            return PutOutcome::NotWritten(text);
+        }
         if let Some(r) = err.downcast_ref::<reqwest::Error>()
             && r.is_connect()
         {
@@ -341,6 +409,67 @@ mod tests {
         p.delete(&key).await.unwrap();
         p.delete(&key).await.unwrap();
         assert!(matches!(p.get(&key).await, Err(ObjectError::NotFound(_))));
+    }
+
+    #[test]
+    fn local_refusals_that_prove_the_key_never_existed_are_not_written() {
+        use std::io::{Error as IoError, ErrorKind};
+        let local_error = |kind: ErrorKind| object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(IoError::new(kind, "refused")),
+        };
+        for kind in [
+            ErrorKind::StorageFull,
+            ErrorKind::ReadOnlyFilesystem,
+            ErrorKind::PermissionDenied,
+        ] {
+            let out = classify(&local_error(kind), true);
+            assert!(
+                matches!(out, PutOutcome::NotWritten(_)),
+                "{kind:?}: {out:?}"
+            );
+            // A remote provider's answer proves nothing about what landed.
+            let out = classify(&local_error(kind), false);
+            assert!(
+                matches!(out, PutOutcome::Unknown(_)),
+                "remote {kind:?}: {out:?}"
+            );
+        }
+        let out = classify(&local_error(ErrorKind::TimedOut), true);
+        assert!(matches!(out, PutOutcome::Unknown(_)), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn deleting_an_attempt_also_removes_its_local_staging_leftovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("objects");
+        let p = ObjectProvider::open(&ProviderConfig::Local { root: root.clone() }, "pfx").unwrap();
+        let key = p.block_key(1, "u", 0, "abc");
+        let neighbour = p.block_key(1, "u", 0, "abcd");
+        assert_eq!(
+            p.create(&neighbour, Bytes::from_static(b"live")).await,
+            PutOutcome::Written
+        );
+        // What a writer killed with -9 in the middle of its write leaves behind.
+        let path = root.join(&key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let leftover = |n: &str| std::path::PathBuf::from(format!("{}#{n}", path.display()));
+        std::fs::write(leftover("1"), b"partial").unwrap();
+        std::fs::write(leftover("2"), b"partial").unwrap();
+        let other = std::path::PathBuf::from(format!("{}#1", root.join(&neighbour).display()));
+        std::fs::write(&other, b"another attempt's staging").unwrap();
+
+        p.delete_attempt(&key).await.unwrap();
+        assert!(!leftover("1").exists() && !leftover("2").exists());
+        assert!(
+            other.exists(),
+            "another key's staging file is not this attempt's"
+        );
+        assert_eq!(
+            p.get(&neighbour).await.unwrap(),
+            Bytes::from_static(b"live")
+        );
+        p.delete_attempt(&key).await.unwrap();
     }
 
     #[tokio::test]

@@ -232,7 +232,7 @@ async fn self_check(endpoint: String, ca: std::path::PathBuf) {
 }
 
 /// Per-shard maintenance until `stop` flips: a reconciler pass at start-up and every 20 s,
-/// and replay-record pruning. The first tick fires at once, which is the start-up scan.
+/// and pruning of replay records and of the upload records they could reference. The first tick fires at once, which is the start-up scan.
 async fn maintain(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(20));
     loop {
@@ -253,6 +253,9 @@ async fn maintain(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
                 }
                 if let Err(e) = shard.prune_replays().await {
                     tracing::warn!(shard = shard.id, error = %e, "replay pruning failed; will retry");
+                }
+                if let Err(e) = shard.prune_uploads().await {
+                    tracing::warn!(shard = shard.id, error = %e, "upload pruning failed; will retry");
                 }
             };
             // Shutdown never waits for more than the shard being worked on.

@@ -623,3 +623,55 @@ fn the_stdin_spool_file_is_private_and_removed_on_ctrl_c() {
     d.cli(&["stat", "ws:piped.bin"])
         .assert_fails_with("NotFound");
 }
+
+#[test]
+fn a_commit_whose_declared_sha256_is_wrong_answers_digest_mismatch_and_publishes_nothing() {
+    use nokv_proto::v1 as pb;
+    let d = Daemon::start(&[]);
+    let body = pseudo_random_bytes(12, BLOCK + 100);
+    let blocks: Vec<&[u8]> = body.chunks(BLOCK).collect();
+    let mut wrong = body.clone();
+    *wrong.last_mut().unwrap() ^= 1;
+    let status = sdk(async {
+        let client = d.sdk().await;
+        let mut ws = client.workspace_client();
+        let up = ws
+            .begin_upload(pb::BeginUploadRequest {
+                workspace: "ws".into(),
+                path: "lie.bin".into(),
+                size: body.len() as u64,
+                request_id: "begin-lie".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        for (i, b) in blocks.iter().enumerate() {
+            ws.put_block(pb::PutBlockRequest {
+                upload_id: up.upload_id.clone(),
+                upload_token: up.upload_token.clone(),
+                index: i as u32,
+                block_sha256: Sha256::digest(b).to_vec(),
+                data: b.to_vec().into(),
+                request_id: format!("put-lie-{i}"),
+            })
+            .await
+            .unwrap();
+        }
+        // Every block is what it claims; the whole-file digest is that of other bytes.
+        ws.commit_upload(pb::CommitUploadRequest {
+            upload_id: up.upload_id.clone(),
+            upload_token: up.upload_token.clone(),
+            sha256: Sha256::digest(&wrong).to_vec(),
+            request_id: "commit-lie".into(),
+        })
+        .await
+        .unwrap_err()
+    });
+    let reason = status
+        .metadata()
+        .get("nokv-reason")
+        .and_then(|v| v.to_str().ok());
+    assert_eq!(reason, Some("DigestMismatch"), "{status:?}");
+    let out = d.cli(&["--json", "stat", "ws:lie.bin"]);
+    out.assert_fails_with("NotFound");
+}

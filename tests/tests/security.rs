@@ -769,3 +769,101 @@ fn an_admin_token_scoped_to_some_workspaces_cannot_see_node_wide_health() {
     let shards = h["shards"].as_array().unwrap();
     assert!(shards.iter().all(|s| s["serving"] == true), "{h}");
 }
+
+/// The `nokv-reason` of a raw gRPC status.
+fn status_reason(s: &tonic::Status) -> String {
+    s.metadata()
+        .get("nokv-reason")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test]
+async fn replaying_an_upload_request_id_with_another_workspaces_token_is_refused_before_replay() {
+    use sha2::{Digest, Sha256};
+    install_crypto_provider();
+    let d = Daemon::start(&[]);
+    let owner = Client::connect(&sdk_config(
+        &d,
+        d.ca_path(),
+        Some(d.token("w1", "write", None)),
+    ))
+    .await
+    .unwrap()
+    .with_retry(no_retries());
+    let intruder = Client::connect(&sdk_config(
+        &d,
+        d.ca_path(),
+        Some(d.token("w2", "write", None)),
+    ))
+    .await
+    .unwrap()
+    .with_retry(no_retries());
+    let (mut own, mut other) = (owner.workspace_client(), intruder.workspace_client());
+    let body = b"secret artifact".to_vec();
+    let sha = Sha256::digest(&body).to_vec();
+
+    // The owner publishes one artifact and aborts another upload, all with request ids.
+    let begin = |path: &str, rid: &str| pb::BeginUploadRequest {
+        workspace: "w1".into(),
+        path: path.into(),
+        size: body.len() as u64,
+        request_id: rid.into(),
+    };
+    let up = own
+        .begin_upload(begin("art", "b1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let put = pb::PutBlockRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        index: 0,
+        block_sha256: sha.clone(),
+        data: body.clone().into(),
+        request_id: "p1".into(),
+    };
+    own.put_block(put.clone()).await.unwrap();
+    let commit = pb::CommitUploadRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        sha256: sha.clone(),
+        request_id: "c1".into(),
+    };
+    own.commit_upload(commit.clone()).await.unwrap();
+    let up2 = own
+        .begin_upload(begin("gone", "b2"))
+        .await
+        .unwrap()
+        .into_inner();
+    let abort = pb::AbortUploadRequest {
+        upload_id: up2.upload_id.clone(),
+        upload_token: up2.upload_token.clone(),
+        request_id: "a1".into(),
+    };
+    own.abort_upload(abort.clone()).await.unwrap();
+
+    // The same requests (same ids, same upload capabilities) under a token for w2.
+    let refused = [
+        (
+            "PutBlock",
+            other.put_block(put).await.map(|_| ()).unwrap_err(),
+        ),
+        (
+            "CommitUpload",
+            other.commit_upload(commit).await.map(|_| ()).unwrap_err(),
+        ),
+        (
+            "AbortUpload",
+            other.abort_upload(abort).await.map(|_| ()).unwrap_err(),
+        ),
+    ];
+    for (what, status) in refused {
+        assert_eq!(
+            status_reason(&status),
+            "PermissionDenied",
+            "{what} replay under another workspace's token: {status:?}"
+        );
+    }
+}

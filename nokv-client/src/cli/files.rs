@@ -230,25 +230,32 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
         .map(|s| {
             json!({"shard": s.shard, "owned": s.owned, "entries": s.entries,
                    "open_uploads": s.open_uploads, "guards": s.guards,
-                   "serving": s.serving})
+                   "unknown_guards": s.unknown_guards, "serving": s.serving})
         })
         .collect();
     out.emit(
         json!({"status": h.status, "version": h.version, "node": h.node,
                "provider": h.provider, "shard_count": h.shard_count,
-               "uptime_ms": h.uptime_ms, "shards": shards}),
+               "uptime_ms": h.uptime_ms, "unknown_guards": h.unknown_guards,
+               "shards": shards}),
         || {
             let entries: u64 = h.shards.iter().map(|s| s.entries).sum();
-            format!(
-                "{} · nokv-server {} · node {} · provider {} · {} shards · {} entries · up {}s",
+            let mut text = format!(
+                "{} · nokv-server {} · node {} · provider {} · {} shards · {} entries · \
+                 {} unknown-writer guards · up {}s",
                 h.status,
                 h.version,
                 h.node,
                 h.provider,
                 h.shard_count,
                 entries,
+                h.unknown_guards,
                 h.uptime_ms / 1000
-            )
+            );
+            for s in h.shards.iter().filter(|s| !s.serving) {
+                text.push_str(&format!("\nshard {} is NOT SERVING (metadata store out of service; requests answer Unavailable)", s.shard));
+            }
+            text
         },
     );
     Ok(())

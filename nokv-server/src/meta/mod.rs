@@ -107,9 +107,31 @@ const GUARDS: TableDefinition<&str, Bytes> = TableDefinition::new("guards");
 const COLLECTABLE: TableDefinition<&str, u64> = TableDefinition::new("collectable");
 /// sequence name -> last issued value
 const SEQUENCES: TableDefinition<&str, u64> = TableDefinition::new("sequences");
+/// (lease expiry ms, upload id) -> () for every open upload: health counts open uploads and
+/// the reconciler finds expired ones without reading the upload history.
+const OPEN_UPLOADS: TableDefinition<(i64, &str), ()> = TableDefinition::new("open_uploads");
+/// (ended ms, upload id) -> () for every terminal upload: the pruning order of UPLOADS.
+const ENDED_UPLOADS: TableDefinition<(i64, &str), ()> = TableDefinition::new("ended_uploads");
+/// Marker in SEQUENCES: the two upload indexes above cover every upload record (data dirs
+/// written before the indexes existed are indexed once, by [`WriteView::index_uploads`]).
+const UPLOAD_INDEX_MARKER: &str = "upload-index-v1";
+/// (retired ms, revision) -> () : revisions no entry points at any more. They stay readable
+/// (a restore that started before an overwrite completes) until the retired grace has
+/// passed; then the reconciler releases their block keys to COLLECTABLE.
+const RETIRED: TableDefinition<(i64, u64), ()> = TableDefinition::new("retired");
 
 fn decode<R: Message + Default>(bytes: &[u8]) -> MetaResult<R> {
     Ok(R::decode(bytes)?)
+}
+
+/// The ended-index time of a terminal upload (records from before `ended_ms` existed use
+/// their creation time: they are old).
+fn ended_at(rec: &UploadRecord) -> i64 {
+    if rec.ended_ms != 0 {
+        rec.ended_ms
+    } else {
+        rec.created_ms
+    }
 }
 
 /// Counters shown by the admin health call.
@@ -119,6 +141,20 @@ pub struct Counts {
     pub uploads: u64,
     pub guards: u64,
     pub collectable: u64,
+    /// Upload records of every state (terminal ones until they are pruned).
+    pub upload_records: u64,
+    /// Guards whose writer's outcome is unknown (their bytes may still land).
+    pub unknown_guards: u64,
+}
+
+/// A table added after data directories existed may be absent from a read snapshot until
+/// the first write session creates it: absent reads as empty.
+fn optional<T>(t: Result<T, redb::TableError>) -> MetaResult<Option<T>> {
+    match t {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub struct MetaStore {
@@ -387,36 +423,90 @@ macro_rules! readable {
                 Ok(out)
             }
 
-            /// Open uploads whose lease ended before `now_ms`.
+            /// Up to `limit` open uploads whose lease ended at or before `now_ms`, soonest
+            /// expired first (a range of the open-upload index: its cost does not grow with
+            /// the number of ended uploads).
             pub fn expired_uploads(&self, now_ms: i64, limit: usize) -> MetaResult<Vec<String>> {
-                let t = self.txn.open_table(UPLOADS)?;
                 let mut out = Vec::new();
+                let Some(t) = optional(self.txn.open_table(OPEN_UPLOADS))? else {
+                    return Ok(out);
+                };
                 for item in t.iter()? {
-                    let (k, v) = item?;
-                    let u: UploadRecord = decode(v.value())?;
-                    if u.state == UploadState::Open as i32 && u.lease_expires_ms <= now_ms {
-                        out.push(k.value().to_string());
-                        if out.len() == limit {
-                            break;
-                        }
+                    let (k, _) = item?;
+                    let (lease, id) = k.value();
+                    if lease > now_ms || out.len() == limit {
+                        break;
                     }
+                    out.push(id.to_string());
                 }
                 Ok(out)
             }
 
-            /// Counters for health: `uploads` counts open uploads only (a scan; admin calls
-            /// are rare).
+            /// Up to `limit` terminal uploads that ended at or before `cutoff_ms`, oldest
+            /// first.
+            pub fn ended_uploads(&self, cutoff_ms: i64, limit: usize) -> MetaResult<Vec<String>> {
+                let mut out = Vec::new();
+                let Some(t) = optional(self.txn.open_table(ENDED_UPLOADS))? else {
+                    return Ok(out);
+                };
+                for item in t.iter()? {
+                    let (k, _) = item?;
+                    let (ended, id) = k.value();
+                    if ended > cutoff_ms || out.len() == limit {
+                        break;
+                    }
+                    out.push(id.to_string());
+                }
+                Ok(out)
+            }
+
+            /// Up to `limit` retired revisions retired at or before `cutoff_ms`, oldest first.
+            pub fn retired_before(
+                &self,
+                cutoff_ms: i64,
+                limit: usize,
+            ) -> MetaResult<Vec<(i64, u64)>> {
+                let mut out = Vec::new();
+                let Some(t) = optional(self.txn.open_table(RETIRED))? else {
+                    return Ok(out);
+                };
+                for item in t.iter()? {
+                    let (k, _) = item?;
+                    let (ms, rev) = k.value();
+                    if ms > cutoff_ms || out.len() == limit {
+                        break;
+                    }
+                    out.push((ms, rev));
+                }
+                Ok(out)
+            }
+
+            /// The last value a named sequence issued (0 if none yet).
+            pub fn last_sequence(&self, name: &str) -> MetaResult<u64> {
+                let t = self.txn.open_table(SEQUENCES)?;
+                Ok(t.get(name)?.map(|v| v.value()).unwrap_or(0))
+            }
+
+            /// Counters for health. Table lengths (constant cost) except the unknown-guard
+            /// count: open uploads come from their index, never from the upload history.
             pub fn counts(&self) -> MetaResult<Counts> {
-                let mut open = 0;
-                for item in self.txn.open_table(UPLOADS)?.iter()? {
-                    let u: UploadRecord = decode(item?.1.value())?;
-                    open += u64::from(u.state == UploadState::Open as i32);
+                let open = match optional(self.txn.open_table(OPEN_UPLOADS))? {
+                    Some(t) => t.len()?,
+                    None => 0,
+                };
+                // Guards are few (one per unsettled attempt): counting by kind is a short scan.
+                let mut unknown_guards = 0;
+                for item in self.txn.open_table(GUARDS)?.iter()? {
+                    let g: GuardRecord = decode(item?.1.value())?;
+                    unknown_guards += u64::from(g.writer == WriterState::Unknown as i32);
                 }
                 Ok(Counts {
+                    unknown_guards,
                     entries: self.txn.open_table(ENTRIES)?.len()?,
                     uploads: open,
                     guards: self.txn.open_table(GUARDS)?.len()?,
                     collectable: self.txn.open_table(COLLECTABLE)?.len()?,
+                    upload_records: self.txn.open_table(UPLOADS)?.len()?,
                 })
             }
         }
@@ -496,10 +586,68 @@ impl WriteView {
         Ok(victims.len())
     }
 
+    /// Stores an upload record and keeps the open and ended indexes in step with it.
     pub fn put_upload(&mut self, id: &str, rec: &UploadRecord) -> MetaResult<()> {
+        let old = self.upload(id)?;
+        if let Some(old) = &old {
+            self.unindex_upload(id, old)?;
+        }
         let mut t = self.txn.open_table(UPLOADS)?;
         t.insert(id, rec.encode_to_vec().as_slice())?;
+        drop(t);
+        self.index_upload(id, rec)
+    }
+
+    /// Forgets a terminal upload record (pruning).
+    pub fn remove_upload(&mut self, id: &str) -> MetaResult<()> {
+        if let Some(old) = self.upload(id)? {
+            self.unindex_upload(id, &old)?;
+            self.txn.open_table(UPLOADS)?.remove(id)?;
+        }
         Ok(())
+    }
+
+    fn index_upload(&mut self, id: &str, rec: &UploadRecord) -> MetaResult<()> {
+        if rec.state == UploadState::Open as i32 {
+            self.txn
+                .open_table(OPEN_UPLOADS)?
+                .insert((rec.lease_expires_ms, id), ())?;
+        } else if rec.is_ended() {
+            self.txn
+                .open_table(ENDED_UPLOADS)?
+                .insert((ended_at(rec), id), ())?;
+        }
+        Ok(())
+    }
+
+    fn unindex_upload(&mut self, id: &str, rec: &UploadRecord) -> MetaResult<()> {
+        self.txn
+            .open_table(OPEN_UPLOADS)?
+            .remove((rec.lease_expires_ms, id))?;
+        self.txn
+            .open_table(ENDED_UPLOADS)?
+            .remove((ended_at(rec), id))?;
+        Ok(())
+    }
+
+    /// Indexes every upload record once, for data directories written before the indexes
+    /// existed; a no-op afterwards. Returns how many records were indexed.
+    pub fn index_uploads(&mut self) -> MetaResult<u64> {
+        let mut seq = self.txn.open_table(SEQUENCES)?;
+        if seq.get(UPLOAD_INDEX_MARKER)?.is_some() {
+            return Ok(0);
+        }
+        seq.insert(UPLOAD_INDEX_MARKER, 1)?;
+        drop(seq);
+        let mut all = Vec::new();
+        for item in self.txn.open_table(UPLOADS)?.iter()? {
+            let (k, v) = item?;
+            all.push((k.value().to_string(), decode::<UploadRecord>(v.value())?));
+        }
+        for (id, rec) in &all {
+            self.index_upload(id, rec)?;
+        }
+        Ok(all.len() as u64)
     }
 
     pub fn put_block(&mut self, upload: &str, index: u32, rec: &BlockRecord) -> MetaResult<()> {
@@ -535,6 +683,18 @@ impl WriteView {
 
     pub fn remove_guard(&mut self, key: &str) -> MetaResult<()> {
         self.txn.open_table(GUARDS)?.remove(key)?;
+        Ok(())
+    }
+
+    /// Records that no entry points at `rev` any more (it stays stored and readable).
+    pub fn retire_revision(&mut self, rev: u64, now_ms: i64) -> MetaResult<()> {
+        self.txn.open_table(RETIRED)?.insert((now_ms, rev), ())?;
+        Ok(())
+    }
+
+    /// Forgets a retired revision's index entry (once its keys were released).
+    pub fn remove_retired(&mut self, retired_ms: i64, rev: u64) -> MetaResult<()> {
+        self.txn.open_table(RETIRED)?.remove((retired_ms, rev))?;
         Ok(())
     }
 
@@ -627,5 +787,36 @@ mod tests {
         assert_eq!(s.write(|w| w.prune_replays(35, 2)).unwrap(), 0);
         assert!(s.read(|r| r.replay("ws", "r3")).unwrap().is_some());
         assert!(s.read(|r| r.replay("ws", "r0")).unwrap().is_none());
+    }
+
+    #[test]
+    fn uploads_recorded_before_the_upload_indexes_existed_are_indexed_once() {
+        let (_d, s) = store();
+        let rec = |state: UploadState, lease| UploadRecord {
+            state: state as i32,
+            lease_expires_ms: lease,
+            created_ms: 5,
+            ..Default::default()
+        };
+        // Written the way a data dir from before the indexes holds them: records only.
+        s.write(|w| {
+            let mut t = w.txn.open_table(UPLOADS)?;
+            t.insert(
+                "open",
+                rec(UploadState::Open, 10).encode_to_vec().as_slice(),
+            )?;
+            t.insert(
+                "done",
+                rec(UploadState::Aborted, 10).encode_to_vec().as_slice(),
+            )?;
+            Ok::<_, MetaError>(())
+        })
+        .unwrap();
+        assert_eq!(s.read(|r| r.counts()).unwrap().uploads, 0);
+        assert_eq!(s.write(|w| w.index_uploads()).unwrap(), 2);
+        assert_eq!(s.write(|w| w.index_uploads()).unwrap(), 0, "only once");
+        assert_eq!(s.read(|r| r.counts()).unwrap().uploads, 1);
+        assert_eq!(s.read(|r| r.expired_uploads(10, 10)).unwrap(), ["open"]);
+        assert_eq!(s.read(|r| r.ended_uploads(5, 10)).unwrap(), ["done"]);
     }
 }

@@ -85,6 +85,20 @@ pub struct UploadRecord {
     /// Set when committed.
     #[prost(uint64, tag = "8")]
     pub revision: u64,
+    /// Shard clock when the upload became terminal (committed, aborted or claimed after
+    /// expiry); its record is pruned once the replay window that could reference it ended.
+    #[prost(int64, tag = "9")]
+    pub ended_ms: i64,
+}
+
+impl UploadRecord {
+    /// Committed, aborted or claimed: no request can change it any more.
+    pub fn is_ended(&self) -> bool {
+        matches!(
+            UploadState::try_from(self.state),
+            Ok(UploadState::Committed | UploadState::Aborted | UploadState::Deleting)
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]

@@ -66,9 +66,11 @@ impl Admin for AdminService {
                 open_uploads: c.uploads,
                 guards: c.guards,
                 serving,
+                unknown_guards: c.unknown_guards,
             });
         }
         let all_serving = shards.iter().all(|s| s.serving);
+        let unknown_guards = shards.iter().map(|s| s.unknown_guards).sum();
         Ok(Response::new(pb::HealthResponse {
             status: if all_serving {
                 "SERVING"
@@ -82,6 +84,7 @@ impl Admin for AdminService {
             shard_count: shards.len() as u32,
             shards,
             uptime_ms: self.node.started.elapsed().as_millis() as i64,
+            unknown_guards,
         }))
     }
 }

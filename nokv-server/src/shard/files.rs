@@ -175,16 +175,13 @@ impl Shard {
     }
 }
 
-/// Releases what an entry being replaced or deleted held: an artifact's revision is dropped
-/// and every block key it referenced becomes collectable (the reconciler deletes them).
+/// Releases what an entry being replaced or deleted held. An artifact's revision is retired,
+/// not dropped: it stays readable for the shard's retired grace (`--retired-grace`), so a
+/// restore that started before the overwrite completes from its revision; after the grace
+/// the reconciler drops it and makes its block keys collectable.
 pub(crate) fn retire(w: &mut WriteView, old: &EntryRecord) -> Result<()> {
-    if old.kind == KIND_ARTIFACT
-        && let Some(rev) = w.revision(old.revision)?
-    {
-        for b in &rev.blocks {
-            w.add_collectable(&b.key, old.revision)?;
-        }
-        w.remove_revision(old.revision)?;
+    if old.kind == KIND_ARTIFACT && w.revision(old.revision)?.is_some() {
+        w.retire_revision(old.revision, super::now_ms())?;
     }
     Ok(())
 }

@@ -30,6 +30,9 @@ pub struct ShardConfig {
     pub block_size: u64,
     pub upload_lease: Duration,
     pub replay_ttl: Duration,
+    /// How long a replaced or deleted artifact's revision stays readable before its blocks
+    /// become collectable.
+    pub retired_grace: Duration,
 }
 
 impl Default for ShardConfig {
@@ -39,6 +42,7 @@ impl Default for ShardConfig {
             block_size: 4 * 1024 * 1024,
             upload_lease: Duration::from_secs(60),
             replay_ttl: Duration::from_secs(24 * 3600),
+            retired_grace: Duration::from_secs(600),
         }
     }
 }
@@ -96,6 +100,38 @@ impl Shard {
                 .await?;
             total += n;
             if n < PAGE {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Removes terminal upload records (committed, aborted, claimed) that ended more than
+    /// the replay TTL ago: no replay record can reference them any more, so history does not
+    /// accumulate. One bounded page per write session; a record still named by a cleanup
+    /// guard is kept (the guard's sweep reads it to decide whether the key is live).
+    pub async fn prune_uploads(&self) -> crate::error::Result<usize> {
+        const PAGE: usize = 500;
+        let ttl_ms = self.cfg.replay_ttl.as_millis() as i64;
+        let mut total = 0;
+        loop {
+            let (seen, removed) = self
+                .gate
+                .write(move |w| {
+                    let ended = w.ended_uploads(now_ms() - ttl_ms, PAGE)?;
+                    let guarded: std::collections::HashSet<String> =
+                        w.guards()?.into_iter().map(|(_, g)| g.upload_id).collect();
+                    let mut removed = 0;
+                    for id in &ended {
+                        if !guarded.contains(id) {
+                            w.remove_upload(id)?;
+                            removed += 1;
+                        }
+                    }
+                    Ok((ended.len(), removed))
+                })
+                .await?;
+            total += removed;
+            if seen < PAGE || removed == 0 {
                 return Ok(total);
             }
         }

@@ -1,32 +1,43 @@
 //! The shard's reconciler: deletes bytes nobody may reference any more, never bytes that are
-//! live. Three passes, each a bounded page:
+//! live. Three steps per pass; metadata is always read and changed in bounded pages:
 //!
 //! * **Expired uploads** are claimed by an atomic state change to `Deleting` after re-checking,
 //!   inside the claiming session, that the upload is still open and its lease has ended —
 //!   so a stale candidate list can never claim an upload that was renewed or committed. The
 //!   claim moves its uploaded block keys to the collectable set; pending attempts keep their
-//!   guards.
-//! * **Collectable keys** (retired revisions, aborted and expired uploads) are deleted from the
+//!   guards. Pages are claimed until none is left or the pass's 5 s budget is spent; the
+//!   candidates come from the open-upload index, so the cost follows the open uploads, not
+//!   the upload history (ended records are pruned after the replay window, see
+//!   [`Shard::prune_uploads`]).
+//! * **Retired revisions** (replaced or deleted artifacts) stay readable for the retired
+//!   grace; then their block keys move to the collectable set and the revision is dropped.
+//! * **Collectable keys** (released revisions, aborted and expired uploads) are deleted from the
 //!   provider with no lock held, then forgotten in one session. Keys are never reused, so a
 //!   collectable key can never become referenced again.
 //! * **Guards** whose upload is no longer live are deleted, oldest-attempted first; the
 //!   attempt is recorded before the I/O. A guard is removed only once its writer is known
 //!   finished *and* the delete succeeded; an unknown writer's guard stays and deletes late
-//!   bytes again on a later pass. A key the upload's revision references is never deleted.
+//!   bytes again later, with an exponential back-off (1 min doubling to 1 h) rather than
+//!   every pass. A guard's delete also removes the key's local staging leftovers. A key the upload's revision references is never deleted.
 //!
 //! Failed deletions keep their record and are retried on the next pass.
+
+use std::time::{Duration, Instant};
 
 use super::{Shard, now_ms};
 use crate::error::Result;
 use crate::meta::{GuardRecord, ReadView, UploadState, WriterState};
 
-/// Records handled per pass and kind.
+/// Records handled per page and kind.
 const PAGE: usize = 100;
+/// Time budget of one pass's metadata scans: a pass keeps claiming pages until it is spent.
+const BUDGET: Duration = Duration::from_secs(5);
 
 /// What one pass did, for logs and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
     pub expired_uploads: usize,
+    pub released_revisions: usize,
     pub deleted_keys: usize,
     pub settled_guards: usize,
     pub failed_deletes: usize,
@@ -34,21 +45,44 @@ pub struct Pass {
 
 impl Shard {
     pub async fn reconcile(&self) -> Result<Pass> {
+        // Once per data directory: index uploads recorded before the upload indexes existed.
+        self.gate.write(|w| Ok(w.index_uploads()?)).await?;
         let mut pass = Pass {
             expired_uploads: self.claim_expired_uploads().await?,
             ..Pass::default()
         };
+        pass.released_revisions = self.release_retired().await?;
         self.collect_keys(&mut pass).await?;
         self.sweep_guards(&mut pass).await?;
         Ok(pass)
     }
 
+    /// Claims expired uploads page after page until none is left or the pass's time budget
+    /// is spent (the rest waits for the next pass), so a backlog drains at the speed of the
+    /// store, not at one page per pass.
     async fn claim_expired_uploads(&self) -> Result<usize> {
-        let now = now_ms();
-        let candidates = self
-            .gate
-            .read(|r| Ok(r.expired_uploads(now, PAGE)?))
-            .await?;
+        let started = Instant::now();
+        let mut claimed = 0;
+        while started.elapsed() < BUDGET {
+            let now = now_ms();
+            let candidates = self
+                .gate
+                .read(|r| Ok(r.expired_uploads(now, PAGE)?))
+                .await?;
+            if candidates.is_empty() {
+                break;
+            }
+            let page_claimed = self.claim_page(candidates).await?;
+            claimed += page_claimed;
+            if page_claimed == 0 {
+                // Every candidate was renewed or ended meanwhile: nothing more to drain now.
+                break;
+            }
+        }
+        Ok(claimed)
+    }
+
+    async fn claim_page(&self, candidates: Vec<String>) -> Result<usize> {
         let mut claimed = 0;
         for id in candidates {
             claimed += self
@@ -68,12 +102,44 @@ impl Shard {
                     }
                     w.remove_blocks(&id)?;
                     u.state = UploadState::Deleting as i32;
+                    u.ended_ms = now_ms();
                     w.put_upload(&id, &u)?;
                     Ok(1)
                 })
                 .await?;
         }
         Ok(claimed)
+    }
+
+    /// Drops retired revisions whose grace has passed, page by page within the pass budget,
+    /// and makes their block keys collectable. Until then a retired revision stays readable.
+    async fn release_retired(&self) -> Result<usize> {
+        let started = Instant::now();
+        let grace_ms = self.cfg.retired_grace.as_millis() as i64;
+        let mut released = 0;
+        while started.elapsed() < BUDGET {
+            let n = self
+                .gate
+                .write(move |w| {
+                    let due = w.retired_before(now_ms() - grace_ms, PAGE)?;
+                    for (ms, rev) in &due {
+                        if let Some(r) = w.revision(*rev)? {
+                            for b in &r.blocks {
+                                w.add_collectable(&b.key, *rev)?;
+                            }
+                            w.remove_revision(*rev)?;
+                        }
+                        w.remove_retired(*ms, *rev)?;
+                    }
+                    Ok(due.len())
+                })
+                .await?;
+            released += n;
+            if n < PAGE {
+                break;
+            }
+        }
+        Ok(released)
     }
 
     async fn collect_keys(&self, pass: &mut Pass) -> Result<()> {
@@ -109,7 +175,7 @@ impl Shard {
             .read(|r| {
                 let mut out = Vec::new();
                 for (key, g) in r.guards()? {
-                    if !guard_protects_live_bytes(r, &key, &g, now)? {
+                    if guard_due(&g, now) && !guard_protects_live_bytes(r, &key, &g, now)? {
                         out.push((key, g));
                     }
                 }
@@ -131,7 +197,7 @@ impl Shard {
                     Ok(())
                 })
                 .await?;
-            if let Err(e) = self.object.delete(&key).await {
+            if let Err(e) = self.object.delete_attempt(&key).await {
                 pass.failed_deletes += 1;
                 tracing::warn!(shard = self.id, error = %e, "guarded delete failed; will retry");
                 continue;
@@ -153,6 +219,28 @@ impl Shard {
     }
 }
 
+/// First wait before an unknown writer's guard deletes its key again; doubles per attempt.
+const UNKNOWN_RETRY_FIRST: Duration = Duration::from_secs(60);
+/// Longest wait between two deletes of an unknown writer's key.
+const UNKNOWN_RETRY_MAX: Duration = Duration::from_secs(3600);
+
+/// How long after its `attempts`-th delete an unknown writer's guard waits before the next:
+/// 1 min, 2 min, 4 min ... capped at 1 h. Late bytes are rare and the delete is idempotent,
+/// so a guard that may stay for good must not cost a provider call every pass.
+pub(crate) fn unknown_retry_after(attempts: u32) -> Duration {
+    let doublings = attempts.saturating_sub(1).min(16);
+    (UNKNOWN_RETRY_FIRST * (1u32 << doublings)).min(UNKNOWN_RETRY_MAX)
+}
+
+/// Whether a guard's delete is due now. A finished writer's guard is due every pass until
+/// its delete succeeds (then it is removed); an unknown writer's guard backs off.
+fn guard_due(g: &GuardRecord, now: i64) -> bool {
+    if g.writer != WriterState::Unknown as i32 || g.attempts == 0 {
+        return true;
+    }
+    now >= g.last_attempt_ms + unknown_retry_after(g.attempts).as_millis() as i64
+}
+
 /// True while the guarded key may still become (or is) referenced: its upload is open with a
 /// live lease (a write may be in flight and about to be recorded), or the upload's revision
 /// references the key.
@@ -169,4 +257,35 @@ fn guard_protects_live_bytes(r: &ReadView, key: &str, g: &GuardRecord, now: i64)
         return Ok(rev.blocks.iter().any(|b| b.key == key));
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_writers_guard_is_retried_with_exponential_back_off_capped_at_an_hour() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(unknown_retry_after(1), minute);
+        assert_eq!(unknown_retry_after(2), 2 * minute);
+        assert_eq!(unknown_retry_after(6), 32 * minute);
+        assert_eq!(unknown_retry_after(7), 60 * minute);
+        assert_eq!(unknown_retry_after(u32::MAX), 60 * minute);
+        let g = |writer: WriterState, attempts| GuardRecord {
+            writer: writer as i32,
+            attempts,
+            last_attempt_ms: 1_000_000,
+            ..Default::default()
+        };
+        assert!(
+            guard_due(&g(WriterState::Unknown, 0), 0),
+            "first delete at once"
+        );
+        assert!(!guard_due(&g(WriterState::Unknown, 3), 1_000_000 + 239_999));
+        assert!(guard_due(&g(WriterState::Unknown, 3), 1_000_000 + 240_000));
+        assert!(
+            guard_due(&g(WriterState::Finished, 3), 1_000_000),
+            "finished: every pass"
+        );
+    }
 }

@@ -12,6 +12,20 @@
 //!    block, verify the attempt key and the fences, mark the block uploaded, settle the guard,
 //!    record the request outcome.
 //!
+//! **CommitUpload proves the declared whole-file sha256 before it publishes.** Block digests
+//! are checked at PutBlock, but the whole-file digest cannot be derived from them, so the
+//! owner reads every recorded block back from the provider in index order and hashes it on
+//! a bulk thread, with no lock held and the lease renewed meanwhile
+//! ([`Shard::verify_declared_digest`]). The commit session then re-checks that it publishes
+//! exactly the block keys that were hashed. A mismatch answers `DigestMismatch` and changes
+//! nothing (the upload stays open). Cost: one provider GET of every block plus one SHA-256
+//! pass over the artifact per commit, so commit latency grows with the artifact's size.
+//! Measured with `nokv bench upload-vs-direct` (release, 64 MiB, 3 interleaved runs each
+//! with and without the check, 2-CPU machine at load 4-5): median publish 120 vs 134 MiB/s
+//! on the local provider (-10 %), 76 vs 91 MiB/s on S3/moto (-17 %). The alternative,
+//! hashing the in-order prefix as blocks arrive, would need the hasher state persisted per
+//! block and in-order arrival, which parallel clients do not give.
+//!
 //! Invariants: a key is written at most once and never reused; every key the provider may
 //! hold is referenced by a block or revision, guarded, or collectable; a superseded or expired
 //! attempt can never mark a block uploaded. Digest checks and hashing happen before any gate.
@@ -89,6 +103,7 @@ impl Shard {
                     lease_expires_ms: now + lease_ms,
                     created_ms: now,
                     revision: 0,
+                    ended_ms: 0,
                 };
                 w.put_upload(&upload_id, &rec)?;
                 let resp = pb::BeginUploadResponse {
@@ -160,10 +175,12 @@ impl Shard {
                 .write(move |w| {
                     let mut upload = load_upload(w, &upload_id)?;
                     key.workspace = upload.workspace.clone();
+                    // Authorization first, replay second: a recorded outcome is only ever
+                    // shown to a caller allowed to make the request.
+                    claims.require(&upload.workspace, Role::Write)?;
                     if let Some(done) = key.recorded(w)? {
                         return Ok((Admit::Done(done?), key));
                     }
-                    claims.require(&upload.workspace, Role::Write)?;
                     let now = now_ms();
                     require_open_and_live(&upload, now)?;
                     let block_count = upload.block_count;
@@ -271,20 +288,98 @@ impl Shard {
     ) -> Result<pb::RenewUploadResponse> {
         self.signer
             .verify_upload_capability(&req.upload_id, &req.upload_token)?;
+        let lease_expires_ms = self.extend_lease(claims, req.upload_id).await?;
+        Ok(pb::RenewUploadResponse { lease_expires_ms })
+    }
+
+    /// One session: proves the upload open, live and the caller's, and renews its lease.
+    async fn extend_lease(&self, claims: Claims, upload_id: String) -> Result<i64> {
         let lease_ms = self.cfg.upload_lease.as_millis() as i64;
         self.gate
             .write(move |w| {
-                let mut upload = load_upload(w, &req.upload_id)?;
+                let mut upload = load_upload(w, &upload_id)?;
                 claims.require(&upload.workspace, Role::Write)?;
                 let now = now_ms();
                 require_open_and_live(&upload, now)?;
                 upload.lease_expires_ms = now + lease_ms;
-                w.put_upload(&req.upload_id, &upload)?;
-                Ok(pb::RenewUploadResponse {
-                    lease_expires_ms: upload.lease_expires_ms,
-                })
+                w.put_upload(&upload_id, &upload)?;
+                Ok(upload.lease_expires_ms)
             })
             .await
+    }
+
+    /// Proves a commit's declared whole-file sha256 before the commit session: reads every
+    /// recorded block back from the provider in index order and hashes the bytes on a bulk
+    /// thread, with no lock held, renewing the upload's lease every third of it meanwhile
+    /// (the client stopped renewing when it sent the commit).
+    ///
+    /// Returns the verified block keys in index order, which the commit session requires to
+    /// be exactly the keys it publishes, or `None` when there is nothing to verify here —
+    /// the upload is not the caller's, not open, has missing blocks, or this request already
+    /// has a recorded outcome — so that the session gives its usual answer (refusal or
+    /// replay) and never publishes unverified. A mismatch is `DigestMismatch` and changes
+    /// nothing: the upload stays open and may be committed with the right digest.
+    async fn verify_declared_digest(
+        &self,
+        claims: &Claims,
+        key: &RequestKey,
+        req: &pb::CommitUploadRequest,
+    ) -> Result<Option<Vec<String>>> {
+        let upload_id = req.upload_id.clone();
+        let snapshot = self
+            .gate
+            .read(|r| {
+                let Some(upload) = r.upload(&upload_id)? else {
+                    return Ok(None);
+                };
+                claims.require(&upload.workspace, Role::Write)?;
+                if upload.state != UploadState::Open as i32
+                    || r.replay(&upload.workspace, &key.request_id)?.is_some()
+                {
+                    return Ok(None);
+                }
+                let blocks = r.blocks(&upload_id)?;
+                let mut keys = Vec::with_capacity(upload.block_count as usize);
+                for i in 0..upload.block_count {
+                    match blocks.iter().find(|(idx, _)| *idx == i) {
+                        Some((_, b)) if b.state == BlockState::Uploaded as i32 => {
+                            keys.push(b.key.clone())
+                        }
+                        _ => return Ok(None),
+                    }
+                }
+                Ok(Some(keys))
+            })
+            .await?;
+        let Some(keys) = snapshot else {
+            return Ok(None);
+        };
+        let renew_every = self.cfg.upload_lease / 3;
+        let mut renewed = tokio::time::Instant::now();
+        self.extend_lease(claims.clone(), upload_id.clone()).await?;
+        let mut hasher = Sha256::new();
+        for k in &keys {
+            if renewed.elapsed() >= renew_every {
+                self.extend_lease(claims.clone(), upload_id.clone()).await?;
+                renewed = tokio::time::Instant::now();
+            }
+            let (object, k) = (self.object.clone(), k.clone());
+            hasher = self
+                .bulk
+                .run(async move {
+                    let bytes = object.get(&k).await?;
+                    hasher.update(&bytes);
+                    Ok::<_, Error>(hasher)
+                })
+                .await??;
+        }
+        if hasher.finalize().as_slice() != req.sha256.as_slice() {
+            return Err(Error::DigestMismatch(
+                "the declared sha256 does not match the uploaded bytes; nothing was published"
+                    .into(),
+            ));
+        }
+        Ok(Some(keys))
     }
 
     /// Publishes atomically: every block recorded → one session creates the immutable
@@ -303,22 +398,19 @@ impl Shard {
         let request_id = std::mem::take(&mut req.request_id);
         req.upload_token.clear();
         let mut key = RequestKey::new("", &request_id, "CommitUpload", &req);
+        // Before the session: prove the declared digest over the recorded blocks' bytes.
+        let verified = self.verify_declared_digest(&claims, &key, &req).await?;
         let block_size = self.cfg.block_size;
         self.gate
             .write(move |w| {
                 let mut upload = load_upload(w, &req.upload_id)?;
                 key.workspace = upload.workspace.clone();
+                claims.require(&upload.workspace, Role::Write)?;
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
-                claims.require(&upload.workspace, Role::Write)?;
                 let now = now_ms();
                 require_open_and_live(&upload, now)?;
-                if upload.size == 0 && req.sha256 != Sha256::digest(b"").to_vec() {
-                    return Err(Error::DigestMismatch(
-                        "declared sha256 is not the digest of an empty body".into(),
-                    ));
-                }
                 let blocks = w.blocks(&req.upload_id)?;
                 let mut manifest = Sha256::new();
                 let mut rev_blocks = Vec::with_capacity(blocks.len());
@@ -336,6 +428,19 @@ impl Shard {
                         sha256: b.sha256.clone(),
                         key: b.key.clone(),
                     });
+                }
+                // Publish only the exact block set whose bytes were hashed. Uploaded blocks of
+                // an open upload never change, so a difference means the verification saw an
+                // earlier state (a block recorded meanwhile): nothing is recorded, retry.
+                let keys: Vec<&str> = rev_blocks.iter().map(|b| b.key.as_str()).collect();
+                if verified
+                    .as_deref()
+                    .map(|v| v.iter().map(String::as_str).eq(keys.iter().copied()))
+                    != Some(true)
+                {
+                    return Err(Error::Unavailable(
+                        "the upload's blocks changed while the commit was verified; retry".into(),
+                    ));
                 }
                 let manifest = manifest.finalize().to_vec();
                 let (ws, path) = (upload.workspace.clone(), upload.path.clone());
@@ -369,6 +474,7 @@ impl Shard {
                 };
                 w.put_entry(&ws, &path, &entry)?;
                 upload.state = UploadState::Committed as i32;
+                upload.ended_ms = now;
                 upload.revision = revision;
                 w.put_upload(&req.upload_id, &upload)?;
                 w.remove_blocks(&req.upload_id)?;
@@ -397,10 +503,10 @@ impl Shard {
             .write(move |w| {
                 let mut upload = load_upload(w, &req.upload_id)?;
                 key.workspace = upload.workspace.clone();
+                claims.require(&upload.workspace, Role::Write)?;
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
-                claims.require(&upload.workspace, Role::Write)?;
                 match UploadState::try_from(upload.state) {
                     Ok(UploadState::Committed) => {
                         return Err(Error::FailedPrecondition(
@@ -415,6 +521,7 @@ impl Shard {
                         }
                         w.remove_blocks(&req.upload_id)?;
                         upload.state = UploadState::Aborted as i32;
+                        upload.ended_ms = now_ms();
                         w.put_upload(&req.upload_id, &upload)?;
                     }
                     _ => {}
@@ -471,10 +578,20 @@ impl Shard {
         let (key, length) = self
             .gate
             .read(|r| {
-                let rev = r
-                    .revision(revision)?
-                    .filter(|rev| rev.workspace == ws)
-                    .ok_or_else(|| Error::NotFound(format!("revision {revision} not found")))?;
+                let rev = match r.revision(revision)? {
+                    Some(rev) if rev.workspace == ws => rev,
+                    Some(_) => {
+                        return Err(Error::NotFound(format!("revision {revision} not found")));
+                    }
+                    // Issued once and gone now: only the end of a retired grace drops one.
+                    None if revision != 0 && revision <= r.last_sequence("revision")? => {
+                        return Err(Error::NotFound(format!(
+                            "revision {revision} is no longer readable: the artifact was replaced \
+                             or deleted and its retired-grace period has ended"
+                        )));
+                    }
+                    None => return Err(Error::NotFound(format!("revision {revision} not found"))),
+                };
                 rev.blocks
                     .get(index as usize)
                     .map(|b| (b.key.clone(), b.length))

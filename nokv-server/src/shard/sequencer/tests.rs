@@ -29,6 +29,14 @@ struct Fixture {
 }
 
 fn fixture(block_size: u64, lease: Duration) -> Fixture {
+    fixture_with(ShardConfig {
+        block_size,
+        upload_lease: lease,
+        ..ShardConfig::default()
+    })
+}
+
+fn fixture_with(cfg: ShardConfig) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
     let faults = Faults::default();
@@ -36,11 +44,6 @@ fn fixture(block_size: u64, lease: Duration) -> Fixture {
     let faulty: Arc<dyn object_store::ObjectStore> =
         Arc::new(FaultyStore::new(mem.clone(), faults.clone()));
     let provider = ObjectProvider::from_stores("memory", "t".into(), faulty, mem);
-    let cfg = ShardConfig {
-        block_size,
-        upload_lease: lease,
-        ..ShardConfig::default()
-    };
     let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
     let shard = Shard::open(3, meta, provider.clone(), bulk, Signer::new(b"k"), cfg);
     Fixture {
@@ -436,7 +439,11 @@ async fn publish_one(f: &Fixture, path: &str, body: &[u8; 4], rid: &str) {
 
 #[tokio::test]
 async fn a_replaced_artifacts_blocks_are_deleted_and_the_live_ones_kept() {
-    let f = fixture(4, Duration::from_secs(60));
+    let f = fixture_with(ShardConfig {
+        block_size: 4,
+        retired_grace: Duration::ZERO,
+        ..ShardConfig::default()
+    });
     publish_one(&f, "art", b"old!", "1").await;
     publish_one(&f, "art", b"new!", "2").await;
     assert_eq!(f.provider.list_keys().await.unwrap().len(), 2);
@@ -531,4 +538,184 @@ async fn an_unknown_writers_guard_outlives_the_delete_of_its_late_bytes() {
         1,
         "the writer may still land bytes"
     );
+}
+
+#[tokio::test]
+async fn a_commit_whose_declared_sha256_does_not_match_the_bytes_is_refused_and_changes_nothing() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 8).await;
+    for (i, part) in [b"abcd", b"efgh"].iter().enumerate() {
+        f.shard
+            .put_block(writer(), block(&up, i as u32, *part, &format!("b{i}")))
+            .await
+            .unwrap();
+    }
+    // Every block digest matches; only the whole-file digest is false.
+    let err = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcdefgX", "c-wrong"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch(_)), "{err:?}");
+    let err = f.shard.stat("ws", "art").await.unwrap_err();
+    assert!(
+        matches!(err, Error::NotFound(_)),
+        "nothing published: {err:?}"
+    );
+    assert_eq!(f.shard.counts().await.unwrap().uploads, 1, "still open");
+    // The upload can still be committed with the true digest.
+    let done = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcdefgh", "c-right"))
+        .await
+        .unwrap();
+    assert_eq!(
+        done.entry.unwrap().sha256,
+        Sha256::digest(b"abcdefgh").to_vec()
+    );
+}
+
+/// A fixture whose replay window is zero, so ended uploads are prunable at once.
+fn fixture_without_replay_window(lease: Duration) -> Fixture {
+    fixture_with(ShardConfig {
+        block_size: 4,
+        upload_lease: lease,
+        replay_ttl: Duration::ZERO,
+        ..ShardConfig::default()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pass_claims_every_expired_upload_not_just_one_page() {
+    // A zero lease: every upload is expired as soon as it is begun.
+    let f = fixture(4, Duration::ZERO);
+    let begins: Vec<_> = (0..250)
+        .map(|i| {
+            let s = f.shard.clone();
+            tokio::spawn(async move {
+                s.begin_upload(pb::BeginUploadRequest {
+                    workspace: "ws".into(),
+                    path: format!("a{i}"),
+                    size: 4,
+                    request_id: format!("begin-{i}"),
+                })
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    for b in begins {
+        b.await.unwrap();
+    }
+    assert_eq!(f.shard.reconcile().await.unwrap().expired_uploads, 250);
+    assert_eq!(f.shard.counts().await.unwrap().uploads, 0);
+}
+
+#[tokio::test]
+async fn ended_upload_records_are_pruned_after_the_replay_window_and_open_ones_kept() {
+    let f = fixture_without_replay_window(Duration::from_secs(60));
+    for i in 0..30 {
+        let up = begin(&f, &format!("a{i}"), 4).await;
+        let abort = pb::AbortUploadRequest {
+            upload_id: up.upload_id.clone(),
+            upload_token: up.upload_token.clone(),
+            request_id: format!("ab{i}"),
+        };
+        f.shard.abort_upload(writer(), abort).await.unwrap();
+    }
+    publish_one(&f, "kept", b"abcd", "p").await;
+    let open = begin(&f, "open", 4).await;
+    let before = f.shard.counts().await.unwrap();
+    assert_eq!((before.upload_records, before.uploads), (32, 1));
+    f.shard.prune_replays().await.unwrap();
+    assert_eq!(f.shard.prune_uploads().await.unwrap(), 31);
+    let after = f.shard.counts().await.unwrap();
+    assert_eq!(
+        (after.upload_records, after.uploads),
+        (1, 1),
+        "only the open upload"
+    );
+    // The open upload is untouched and the published artifact still reads.
+    f.shard
+        .put_block(writer(), block(&open, 0, b"wxyz", "b-open"))
+        .await
+        .unwrap();
+    let m = f.shard.get_manifest("ws", "kept").await.unwrap();
+    assert_eq!(
+        &f.shard
+            .read_block("ws", m.revision, 0, &memory())
+            .await
+            .unwrap()[..],
+        b"abcd"
+    );
+}
+
+#[tokio::test]
+async fn a_replaced_revision_stays_readable_until_the_retired_grace_has_passed() {
+    let f = fixture(4, Duration::from_secs(60)); // default grace: 10 minutes
+    publish_one(&f, "art", b"old!", "1").await;
+    let old = f.shard.get_manifest("ws", "art").await.unwrap().revision;
+    publish_one(&f, "art", b"new!", "2").await;
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.released_revisions, pass.deleted_keys), (0, 0));
+    // A restore that fetched the old manifest before the overwrite completes from it.
+    assert_eq!(
+        &f.shard.read_block("ws", old, 0, &memory()).await.unwrap()[..],
+        b"old!"
+    );
+    assert_eq!(f.provider.list_keys().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn after_the_retired_grace_reading_a_replaced_revision_says_the_artifact_was_replaced() {
+    let f = fixture_with(ShardConfig {
+        block_size: 4,
+        retired_grace: Duration::ZERO,
+        ..ShardConfig::default()
+    });
+    publish_one(&f, "art", b"old!", "1").await;
+    let old = f.shard.get_manifest("ws", "art").await.unwrap().revision;
+    publish_one(&f, "art", b"new!", "2").await;
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.released_revisions, pass.deleted_keys), (1, 1));
+    let err = f
+        .shard
+        .read_block("ws", old, 0, &memory())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::NotFound(m) if m.contains("replaced")),
+        "{err:?}"
+    );
+    // A revision number never issued is plainly not found.
+    let err = f
+        .shard
+        .read_block("ws", 999, 0, &memory())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::NotFound(m) if !m.contains("replaced")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_writers_guard_backs_off_instead_of_deleting_every_pass_and_is_counted() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.faults.lose_next_response();
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap_err();
+    let abort = pb::AbortUploadRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        request_id: "ab".into(),
+    };
+    f.shard.abort_upload(writer(), abort).await.unwrap();
+    assert_eq!(f.shard.reconcile().await.unwrap().deleted_keys, 1);
+    // The next pass comes well within the first back-off (a minute): no second delete.
+    assert_eq!(f.shard.reconcile().await.unwrap().deleted_keys, 0);
+    assert_eq!(f.shard.counts().await.unwrap().unknown_guards, 1);
 }
