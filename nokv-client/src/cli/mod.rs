@@ -151,7 +151,13 @@ pub fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
+    // Bench workers end on SIGTERM/SIGINT themselves and exit 0 with their figures (the probe
+    // stops them that way), so only other commands are cut short by a signal.
+    let own_signals = matches!(cli.command, Command::Bench(_));
     let result = runtime.block_on(async {
+        if own_signals {
+            return Some(run(cli, out).await);
+        }
         tokio::select! {
             // Polled first, so the SIGINT handler is installed before the command starts.
             biased;
