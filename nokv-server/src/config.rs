@@ -102,6 +102,14 @@ pub struct ServeArgs {
     /// started before the overwrite completes) before its blocks are collected [default: 10m].
     #[arg(long, env = "NOKV_RETIRED_GRACE")]
     pub retired_grace: Option<String>,
+    /// Time between reconciler passes; the first pass runs at start-up [default: 20s].
+    #[arg(long, env = "NOKV_RECONCILE_INTERVAL")]
+    pub reconcile_interval: Option<String>,
+    /// Time budget of each kind of reconciler scan in one pass (expired-upload claims,
+    /// collectable deletes, guard sweep), so a slow one cannot eat the others' turn
+    /// [default: 5s].
+    #[arg(long, env = "NOKV_SCAN_BUDGET")]
+    pub scan_budget: Option<String>,
     /// An upload's lease; clients renew at a third of it [default: 60s].
     #[arg(long, env = "NOKV_UPLOAD_LEASE")]
     pub upload_lease: Option<String>,
@@ -171,6 +179,9 @@ fn cpus() -> usize {
 /// it keeps for framing and the request's other fields (path, workspace, request id).
 pub const MAX_INLINE_MAX: usize = crate::server::MAX_MESSAGE - 64 * 1024;
 
+/// Default time between reconciler passes.
+pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(20);
+
 /// Fully resolved settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -179,6 +190,8 @@ pub struct Settings {
     pub advertise: Option<String>,
     pub shards: u32,
     pub shard: ShardConfig,
+    /// Time between reconciler passes (the first runs at start-up).
+    pub reconcile_interval: Duration,
     pub bulk_parallel: usize,
     pub worker_threads: Option<usize>,
     pub bulk_mib_per_s: Option<f64>,
@@ -214,6 +227,8 @@ impl ServeArgs {
                 inline_max,
                 replay_ttl,
                 retired_grace,
+                reconcile_interval,
+                scan_budget,
                 upload_lease,
                 bulk_parallel,
                 worker_threads,
@@ -247,7 +262,14 @@ impl ServeArgs {
             upload_lease: duration(self.upload_lease, defaults.upload_lease)?,
             replay_ttl: duration(self.replay_ttl, defaults.replay_ttl)?,
             retired_grace: duration(self.retired_grace, defaults.retired_grace)?,
+            scan_budget: duration(self.scan_budget, defaults.scan_budget)?,
         };
+        let reconcile_interval = duration(self.reconcile_interval, DEFAULT_RECONCILE_INTERVAL)?;
+        if reconcile_interval.is_zero() || shard.scan_budget.is_zero() {
+            return Err(ConfigError(
+                "reconcile_interval and scan_budget must be greater than zero".into(),
+            ));
+        }
         if shard.inline_max > MAX_INLINE_MAX {
             return Err(ConfigError(format!(
                 "inline_max {} is larger than one request can carry: the transport takes at most \
@@ -306,6 +328,7 @@ impl ServeArgs {
             advertise: self.advertise,
             shards,
             shard,
+            reconcile_interval,
             bulk_parallel: self.bulk_parallel.unwrap_or(2),
             worker_threads: self.worker_threads,
             bulk_mib_per_s: match self.bulk_mib_per_s {
@@ -431,6 +454,29 @@ mod tests {
             cli.serve.resolve().unwrap().shard.inline_max,
             MAX_INLINE_MAX
         );
+    }
+
+    #[test]
+    fn reconciler_cadence_and_scan_budget_come_from_flags_or_defaults_and_zero_is_refused() {
+        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
+        assert_eq!(s.reconcile_interval, Duration::from_secs(20));
+        assert_eq!(s.shard.scan_budget, Duration::from_secs(5));
+        let s = Cli::parse_from([
+            "nokv-server",
+            "--reconcile-interval",
+            "2s",
+            "--scan-budget",
+            "500ms",
+        ])
+        .serve
+        .resolve()
+        .unwrap();
+        assert_eq!(s.reconcile_interval, Duration::from_secs(2));
+        assert_eq!(s.shard.scan_budget, Duration::from_millis(500));
+        for bad in [["--reconcile-interval", "0s"], ["--scan-budget", "0s"]] {
+            let cli = Cli::parse_from(["nokv-server", bad[0], bad[1]]);
+            assert!(cli.serve.resolve().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -74,7 +74,15 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir)?;
     let material = bootstrap::ensure(&settings.data_dir, settings.advertise.as_deref())?;
     let provider = ObjectProvider::open(&settings.provider, &settings.prefix)?;
-    provider.check().await?;
+    // A provider outage at start-up must not take the small-file API down with it: the node
+    // serves, artifact calls fail with the provider's error meanwhile, and the reconciler's
+    // periodic passes retry until the provider is back — no restart needed.
+    if let Err(e) = provider.check().await {
+        tracing::error!(error = %e, "object provider unreachable at start-up; serving small files, retrying artifact work");
+        eprintln!(
+            "nokv-server: warning: object provider unreachable at start-up ({e}); serving anyway"
+        );
+    }
 
     let listener = TcpListener::bind(&settings.listen)
         .await
@@ -153,7 +161,11 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         .add_service(admin);
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let maintenance = tokio::spawn(maintain(node.clone(), stop_rx.clone()));
+    let maintenance = tokio::spawn(maintain(
+        node.clone(),
+        settings.reconcile_interval,
+        stop_rx.clone(),
+    ));
 
     tracing::info!(
         %endpoint,
@@ -231,10 +243,13 @@ async fn self_check(endpoint: String, ca: std::path::PathBuf) {
     }
 }
 
-/// Per-shard maintenance until `stop` flips: a reconciler pass at start-up and every 20 s,
+/// Per-shard maintenance until `stop` flips: a reconciler pass at start-up and then every
+/// `interval` (`--reconcile-interval`),
 /// and pruning of replay records and of the upload records they could reference. The first tick fires at once, which is the start-up scan.
-async fn maintain(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(20));
+async fn maintain(node: Arc<Node>, interval: Duration, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(interval);
+    // A pass that overran the interval is followed by the next one, not by a burst.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.changed() => return,

@@ -33,6 +33,8 @@ pub struct ShardConfig {
     /// How long a replaced or deleted artifact's revision stays readable before its blocks
     /// become collectable.
     pub retired_grace: Duration,
+    /// Time budget of each kind of reconciler scan within one pass (`--scan-budget`).
+    pub scan_budget: Duration,
 }
 
 impl Default for ShardConfig {
@@ -43,6 +45,7 @@ impl Default for ShardConfig {
             upload_lease: Duration::from_secs(60),
             replay_ttl: Duration::from_secs(24 * 3600),
             retired_grace: Duration::from_secs(600),
+            scan_budget: Duration::from_secs(5),
         }
     }
 }

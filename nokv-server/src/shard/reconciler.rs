@@ -30,8 +30,6 @@ use crate::meta::{GuardRecord, ReadView, UploadState, WriterState};
 
 /// Records handled per page and kind.
 const PAGE: usize = 100;
-/// Time budget of one pass's metadata scans: a pass keeps claiming pages until it is spent.
-const BUDGET: Duration = Duration::from_secs(5);
 
 /// What one pass did, for logs and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +61,7 @@ impl Shard {
     async fn claim_expired_uploads(&self) -> Result<usize> {
         let started = Instant::now();
         let mut claimed = 0;
-        while started.elapsed() < BUDGET {
+        while started.elapsed() < self.cfg.scan_budget {
             let now = now_ms();
             let candidates = self
                 .gate
@@ -117,7 +115,7 @@ impl Shard {
         let started = Instant::now();
         let grace_ms = self.cfg.retired_grace.as_millis() as i64;
         let mut released = 0;
-        while started.elapsed() < BUDGET {
+        while started.elapsed() < self.cfg.scan_budget {
             let n = self
                 .gate
                 .write(move |w| {
