@@ -75,3 +75,31 @@ impl Shard {
         self.gate.read(Ledger::read).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutation: `(true, true) => KeyClass::CollectableButReferenced` →
+    /// `(true, true) => KeyClass::Referenced` (live bytes queued for deletion would pass).
+    #[test]
+    fn a_key_is_referenced_guarded_collectable_or_unaccounted_and_live_collectable_is_a_violation()
+    {
+        let set = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect();
+        let ledger = Ledger {
+            referenced: set(&["live", "live-and-queued", "live-and-guarded"]),
+            guarded: set(&["guarded", "live-and-guarded", "guarded-and-queued"]),
+            collectable: set(&["queued", "live-and-queued", "guarded-and-queued"]),
+        };
+        assert_eq!(ledger.classify("live"), KeyClass::Referenced);
+        assert_eq!(ledger.classify("live-and-guarded"), KeyClass::Referenced);
+        assert_eq!(ledger.classify("guarded"), KeyClass::Guarded);
+        assert_eq!(ledger.classify("queued"), KeyClass::Collectable);
+        assert_eq!(ledger.classify("guarded-and-queued"), KeyClass::Collectable);
+        assert_eq!(
+            ledger.classify("live-and-queued"),
+            KeyClass::CollectableButReferenced
+        );
+        assert_eq!(ledger.classify("stray"), KeyClass::Unaccounted);
+    }
+}
