@@ -411,6 +411,36 @@ macro_rules! readable {
                 Ok(out)
             }
 
+            /// Every collectable key, in key order (for accounting; the reconciler pages
+            /// with [`Self::collectable_page`]).
+            pub fn collectable_keys(&self) -> MetaResult<Vec<String>> {
+                self.collectable_page(usize::MAX)
+            }
+
+            /// The object key of every block record. Block records exist only while their
+            /// upload is open, so this follows the open uploads.
+            pub fn block_keys(&self) -> MetaResult<Vec<String>> {
+                let t = self.txn.open_table(BLOCKS)?;
+                let mut out = Vec::new();
+                for item in t.iter()? {
+                    let b: BlockRecord = decode(item?.1.value())?;
+                    out.push(b.key);
+                }
+                Ok(out)
+            }
+
+            /// The object key of every block of every revision, live or retired (a retired
+            /// revision's keys stay referenced until the reconciler releases it).
+            pub fn revision_keys(&self) -> MetaResult<Vec<String>> {
+                let t = self.txn.open_table(REVISIONS)?;
+                let mut out = Vec::new();
+                for item in t.iter()? {
+                    let r: RevisionRecord = decode(item?.1.value())?;
+                    out.extend(r.blocks.into_iter().map(|b| b.key));
+                }
+                Ok(out)
+            }
+
             /// Every guard with its record (guards are small and few: one per unsettled
             /// attempt).
             pub fn guards(&self) -> MetaResult<Vec<(String, GuardRecord)>> {

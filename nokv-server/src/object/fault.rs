@@ -1,17 +1,20 @@
 //! A fault-injecting object store — a fake for tests, named as such. It wraps a real store
 //! (usually in-memory) and can hold every create until released, lose the response of a
-//! create that did land, or fail a create before sending it. It counts creates that reached
-//! the inner store so tests can prove "the provider received no write".
+//! create that did land, or fail a create before sending it; it can also fail the next
+//! deletes and reads (nothing reaches the inner store then). It counts creates and deletes
+//! that reached the inner store so tests can prove "the provider received no write" or "the
+//! key was deleted once".
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use futures::StreamExt;
 use futures::stream::BoxStream;
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use tokio::sync::{Notify, Semaphore};
 
@@ -29,6 +32,11 @@ struct FaultState {
     creates: AtomicUsize,
     lose_next_response: AtomicBool,
     refuse_next: AtomicBool,
+    /// Deletes still to fail before they reach the inner store.
+    failing_deletes: AtomicUsize,
+    deletes: AtomicUsize,
+    /// Reads still to fail before they reach the inner store.
+    failing_reads: AtomicUsize,
 }
 
 impl Default for FaultState {
@@ -41,6 +49,9 @@ impl Default for FaultState {
             creates: AtomicUsize::new(0),
             lose_next_response: AtomicBool::new(false),
             refuse_next: AtomicBool::new(false),
+            failing_deletes: AtomicUsize::new(0),
+            deletes: AtomicUsize::new(0),
+            failing_reads: AtomicUsize::new(0),
         }
     }
 }
@@ -82,6 +93,28 @@ impl Faults {
     pub fn refuse_next(&self) {
         self.inner.refuse_next.store(true, Ordering::SeqCst);
     }
+
+    /// The next `n` deletes fail as if the connection was refused (nothing deleted).
+    pub fn fail_next_deletes(&self, n: usize) {
+        self.inner.failing_deletes.store(n, Ordering::SeqCst);
+    }
+
+    /// Deletes that reached the inner store.
+    pub fn deletes(&self) -> usize {
+        self.inner.deletes.load(Ordering::SeqCst)
+    }
+
+    /// The next `n` reads (GET, HEAD, ranges) fail as if the connection was refused.
+    pub fn fail_next_reads(&self, n: usize) {
+        self.inner.failing_reads.store(n, Ordering::SeqCst);
+    }
+}
+
+/// Takes one injected failure from `counter` if any is left.
+fn take_one(counter: &AtomicUsize) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 pub struct FaultyStore {
@@ -157,6 +190,9 @@ impl ObjectStore for FaultyStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
+        if take_one(&self.faults.inner.failing_reads) {
+            return Err(refused());
+        }
         self.inner.get_opts(location, options).await
     }
 
@@ -164,7 +200,22 @@ impl ObjectStore for FaultyStore {
         &self,
         locations: BoxStream<'static, object_store::Result<Path>>,
     ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        locations
+            .then(move |location| {
+                let (inner, faults) = (inner.clone(), faults.clone());
+                async move {
+                    let location = location?;
+                    let s = &faults.inner;
+                    if take_one(&s.failing_deletes) {
+                        return Err(refused());
+                    }
+                    s.deletes.fetch_add(1, Ordering::SeqCst);
+                    inner.delete(&location).await?;
+                    Ok(location)
+                }
+            })
+            .boxed()
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {

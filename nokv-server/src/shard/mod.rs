@@ -4,6 +4,7 @@
 //! Every mutation is one short write session (see [`gate`]); the upload sequencer is the one
 //! operation that spans two sessions with provider I/O between them.
 
+pub mod accounting;
 pub mod claims;
 pub mod files;
 pub mod gate;

@@ -62,11 +62,7 @@ impl Shard {
         let started = Instant::now();
         let mut claimed = 0;
         while started.elapsed() < self.cfg.scan_budget {
-            let now = now_ms();
-            let candidates = self
-                .gate
-                .read(|r| Ok(r.expired_uploads(now, PAGE)?))
-                .await?;
+            let candidates = self.expired_candidates(now_ms()).await?;
             if candidates.is_empty() {
                 break;
             }
@@ -80,7 +76,16 @@ impl Shard {
         Ok(claimed)
     }
 
-    async fn claim_page(&self, candidates: Vec<String>) -> Result<usize> {
+    /// Lists up to a page of uploads whose lease ended by `now`, from a snapshot. The list
+    /// may be stale by the time it is claimed; [`Shard::claim_page`] re-checks each one.
+    pub(super) async fn expired_candidates(&self, now: i64) -> Result<Vec<String>> {
+        self.gate.read(|r| Ok(r.expired_uploads(now, PAGE)?)).await
+    }
+
+    /// Claims the listed uploads that are still open with an ended lease, each in its own
+    /// session; returns how many it claimed. Separate from the listing so that tests can
+    /// change an upload between the two steps.
+    pub(super) async fn claim_page(&self, candidates: Vec<String>) -> Result<usize> {
         let mut claimed = 0;
         for id in candidates {
             claimed += self

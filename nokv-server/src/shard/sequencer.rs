@@ -269,13 +269,14 @@ impl Shard {
                     }
                 })
                 .await?;
-            // 3. Record.
+            // 3. Record. A refusal is the session's outcome, not its failure: the session
+            // commits the settled guard and the caller hears the refusal.
             shard
                 .gate
                 .write(move |w| {
                     record_block(w, &key, &upload_id, index, &object_key, outcome, lease_ms)
                 })
-                .await
+                .await?
         })
         .await
         .map_err(|e| Error::Internal(format!("block sequence task failed: {e}")))?
@@ -635,6 +636,15 @@ fn require_open_and_live(upload: &UploadRecord, now: i64) -> Result<()> {
 }
 
 /// The record session of a PutBlock (step 3).
+///
+/// Returns the session's *outcome*: `Ok(Ok(response))` when the block was recorded,
+/// `Ok(Err(refusal))` when the attempt may not publish — its provider write was not sent,
+/// its outcome is unknown, or the upload is no longer open and live or the block names
+/// another attempt's key. A refusal still commits the one bookkeeping change it makes: a
+/// writer known to be finished has its guard marked `Finished`, so that the reconciler
+/// removes the guard once the key is deleted instead of deleting it again on every pass. An
+/// outer `Err` is a failure of the session itself and rolls everything back. Invariant: a
+/// refused attempt changes nothing but its own guard.
 fn record_block(
     w: &mut WriteView,
     key: &RequestKey,
@@ -643,7 +653,7 @@ fn record_block(
     object_key: &str,
     outcome: PutOutcome,
     lease_ms: i64,
-) -> Result<pb::PutBlockResponse> {
+) -> Result<Result<pb::PutBlockResponse>> {
     let finished = |w: &mut WriteView| -> Result<()> {
         if let Some(mut g) = w.guard(object_key)? {
             g.writer = WriterState::Finished as i32;
@@ -655,18 +665,23 @@ fn record_block(
         PutOutcome::Written => {}
         PutOutcome::NotWritten(why) => {
             finished(w)?;
-            return Err(Error::Unavailable(format!(
+            return Ok(Err(Error::Unavailable(format!(
                 "block write was not sent: {why}"
-            )));
+            ))));
         }
         // Unknown: the guard stays an unknown-writer guard; the bytes may still land.
         PutOutcome::Unknown(why) => {
-            return Err(Error::Unavailable(format!(
+            return Ok(Err(Error::Unavailable(format!(
                 "block write outcome unknown: {why}"
-            )));
+            ))));
         }
     }
-    let mut upload = load_upload(w, upload_id)?;
+    let Some(mut upload) = w.upload(upload_id)? else {
+        finished(w)?;
+        return Ok(Err(Error::NotFound(format!(
+            "upload {upload_id} not found"
+        ))));
+    };
     let now = now_ms();
     let block = w.block(upload_id, index)?;
     let current = block.as_ref().is_some_and(|b| b.key == object_key);
@@ -681,7 +696,7 @@ fn record_block(
     }) {
         // The writer finished but may not publish: its bytes are left to the guard.
         finished(w)?;
-        return Err(e);
+        return Ok(Err(e));
     }
     let mut block = block.expect("checked current");
     block.state = BlockState::Uploaded as i32;
@@ -695,7 +710,7 @@ fn record_block(
         lease_expires_ms: upload.lease_expires_ms,
     };
     key.record(w, &resp, now)?;
-    Ok(resp)
+    Ok(Ok(resp))
 }
 
 #[cfg(test)]

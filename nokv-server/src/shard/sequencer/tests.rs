@@ -43,7 +43,8 @@ fn fixture_with(cfg: ShardConfig) -> Fixture {
     let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let faulty: Arc<dyn object_store::ObjectStore> =
         Arc::new(FaultyStore::new(mem.clone(), faults.clone()));
-    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty, mem);
+    // Reads and deletes go through the fault layer too, so tests can fail them.
+    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
     let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
     let shard = Shard::open(3, meta, provider.clone(), bulk, Signer::new(b"k"), cfg);
     Fixture {
@@ -142,6 +143,7 @@ async fn a_held_provider_create_blocks_neither_reads_nor_small_writes_nor_other_
     within(first).await.unwrap().unwrap();
     within(second).await.unwrap().unwrap();
     assert_eq!(f.faults.creates(), 2);
+    assert_accounted(&f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,6 +170,7 @@ async fn concurrent_duplicates_of_one_put_block_write_once_and_share_the_outcome
     let err = f.shard.put_block(writer(), reused).await.unwrap_err();
     assert!(matches!(err, Error::RequestIdReused(_)), "{err:?}");
     assert_eq!(f.faults.creates(), 1);
+    assert_accounted(&f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,6 +199,7 @@ async fn a_put_block_whose_caller_went_away_is_still_written_and_recorded() {
         0,
         "the first write was recorded"
     );
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -221,6 +225,7 @@ async fn a_wrong_digest_or_length_is_refused_before_any_provider_write() {
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
     assert_eq!(f.faults.creates(), 0);
     assert!(f.provider.list_keys().await.unwrap().is_empty());
+    assert_accounted(&f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,6 +289,7 @@ async fn blocks_may_arrive_out_of_order_and_commit_waits_for_every_one() {
         );
     }
     assert_eq!(restored, body);
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -316,6 +322,10 @@ async fn commit_after_abort_is_refused_and_its_blocks_become_collectable() {
         f.shard.stat("ws", "art").await,
         Err(Error::NotFound(_))
     ));
+    // Item 5: the aborted upload's uploaded block is collectable, not leaked.
+    let classes = assert_accounted(&f).await;
+    assert_eq!(classes.len(), 1, "{classes:?}");
+    assert_eq!(classes[0].1, KeyClass::Collectable, "{classes:?}");
 }
 
 #[tokio::test]
@@ -337,6 +347,7 @@ async fn an_expired_upload_is_refused_at_put_block_and_commit() {
         .unwrap_err();
     assert!(matches!(err, Error::LeaseExpired(_)), "{err:?}");
     assert_eq!(f.faults.creates(), 0);
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -371,6 +382,7 @@ async fn a_lost_provider_response_keeps_its_guard_and_a_retry_writes_a_fresh_key
         .commit_upload(writer(), commit(&up, b"abcd", "c"))
         .await
         .unwrap();
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -385,11 +397,36 @@ async fn a_refused_connection_settles_its_guard_as_finished() {
         .unwrap_err();
     assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
     assert_eq!(f.faults.creates(), 0);
+    // Issue 8 (the defect): the refusal commits the guard as finished. Catches the mutation
+    // `return Ok(Err(..))` → `return Err(..)` in record_block's NotWritten branch (the
+    // refusal rolls the session back): red, the guard stays an unknown writer's.
+    let counts = f.shard.counts().await.unwrap();
+    assert_eq!(
+        (counts.guards, counts.unknown_guards),
+        (1, 0),
+        "one guard, finished"
+    );
     f.shard
         .put_block(writer(), block(&up, 0, b"abcd", "b0"))
         .await
         .unwrap();
     assert_eq!(f.faults.creates(), 1);
+    f.shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap();
+    // The finished writer's guard is settled by the first pass that deletes its key.
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.deleted_keys, pass.settled_guards), (1, 1));
+    assert_eq!(f.shard.counts().await.unwrap().guards, 0);
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.deleted_keys, pass.settled_guards), (0, 0));
+    assert_eq!(
+        f.faults.deletes(),
+        1,
+        "the refused key is deleted exactly once"
+    );
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -412,6 +449,7 @@ async fn a_token_for_another_workspace_cannot_touch_the_upload() {
     let err = f.shard.put_block(writer(), forged).await.unwrap_err();
     assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
     assert_eq!(f.faults.creates(), 0);
+    assert_accounted(&f).await;
 }
 
 // Reconciliation of what uploads leave behind (shard/reconciler.rs).
@@ -459,6 +497,7 @@ async fn a_replaced_artifacts_blocks_are_deleted_and_the_live_ones_kept() {
         b"new!"
     );
     assert_eq!(f.shard.counts().await.unwrap().collectable, 0);
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -486,6 +525,7 @@ async fn an_expired_upload_is_claimed_and_its_blocks_deleted() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::LeaseExpired(_)), "{err:?}");
+    assert_accounted(&f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -511,6 +551,7 @@ async fn a_guarded_key_of_a_live_upload_is_never_deleted_while_its_write_is_in_f
         1,
         "the published block stays"
     );
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -538,6 +579,7 @@ async fn an_unknown_writers_guard_outlives_the_delete_of_its_late_bytes() {
         1,
         "the writer may still land bytes"
     );
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -573,6 +615,7 @@ async fn a_commit_whose_declared_sha256_does_not_match_the_bytes_is_refused_and_
         done.entry.unwrap().sha256,
         Sha256::digest(b"abcdefgh").to_vec()
     );
+    assert_accounted(&f).await;
 }
 
 /// A fixture whose replay window is zero, so ended uploads are prunable at once.
@@ -609,6 +652,7 @@ async fn one_pass_claims_every_expired_upload_not_just_one_page() {
     }
     assert_eq!(f.shard.reconcile().await.unwrap().expired_uploads, 250);
     assert_eq!(f.shard.counts().await.unwrap().uploads, 0);
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -648,6 +692,7 @@ async fn ended_upload_records_are_pruned_after_the_replay_window_and_open_ones_k
             .unwrap()[..],
         b"abcd"
     );
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -664,6 +709,7 @@ async fn a_replaced_revision_stays_readable_until_the_retired_grace_has_passed()
         b"old!"
     );
     assert_eq!(f.provider.list_keys().await.unwrap().len(), 2);
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -697,6 +743,7 @@ async fn after_the_retired_grace_reading_a_replaced_revision_says_the_artifact_w
         matches!(&err, Error::NotFound(m) if !m.contains("replaced")),
         "{err:?}"
     );
+    assert_accounted(&f).await;
 }
 
 #[tokio::test]
@@ -718,4 +765,535 @@ async fn an_unknown_writers_guard_backs_off_instead_of_deleting_every_pass_and_i
     // The next pass comes well within the first back-off (a minute): no second delete.
     assert_eq!(f.shard.reconcile().await.unwrap().deleted_keys, 0);
     assert_eq!(f.shard.counts().await.unwrap().unknown_guards, 1);
+    assert_accounted(&f).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 8, engineer F: the guard-settling defect, the record step, accounting, faults.
+// Every test names the one-line mutation it catches; each was made locally and went red.
+// ---------------------------------------------------------------------------------------
+
+use crate::meta::{BlockRecord, GuardRecord, ReplayRecord, UploadRecord, UploadState, WriterState};
+use crate::object::PutOutcome;
+use crate::shard::accounting::KeyClass;
+use crate::shard::replay::RequestKey;
+
+/// Issue 8 item 5: every key the provider holds is referenced, guarded or collectable, by
+/// the one classification the shard has (shard/accounting.rs). Returns each key's class.
+async fn assert_accounted(f: &Fixture) -> Vec<(String, KeyClass)> {
+    let ledger = f.shard.ledger().await.unwrap();
+    let classes: Vec<(String, KeyClass)> = f
+        .provider
+        .list_keys()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|k| {
+            let class = ledger.classify(&k);
+            (k, class)
+        })
+        .collect();
+    let bad: Vec<_> = classes
+        .iter()
+        .filter(|(_, c)| {
+            matches!(
+                c,
+                KeyClass::Unaccounted | KeyClass::CollectableButReferenced
+            )
+        })
+        .collect();
+    assert!(bad.is_empty(), "provider keys not accounted for: {bad:?}");
+    classes
+}
+
+fn abort(up: &pb::BeginUploadResponse, rid: &str) -> pb::AbortUploadRequest {
+    pb::AbortUploadRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        request_id: rid.into(),
+    }
+}
+
+// The defect: a refused attempt's guard must be committed as finished.
+
+/// Before the fix this scenario settled 0 guards and left 1 unknown-writer guard for good;
+/// after it, 1 guard is settled and none is left.
+/// Mutation: `return Ok(Err(..))` → `return Err(..)` in record_block's NotWritten branch.
+#[tokio::test]
+async fn a_refused_write_then_abort_settles_its_guard_in_one_pass_and_deletes_its_key_once() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.faults.refuse_next();
+    let err = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    f.shard
+        .abort_upload(writer(), abort(&up, "ab"))
+        .await
+        .unwrap();
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.deleted_keys, pass.settled_guards), (1, 1));
+    assert_eq!(
+        f.shard.counts().await.unwrap().guards,
+        0,
+        "the guard is gone"
+    );
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.deleted_keys, pass.settled_guards), (0, 0));
+    assert_eq!(f.faults.deletes(), 1, "its key was deleted exactly once");
+    assert_accounted(&f).await;
+}
+
+// Item 3: the record step of a superseded or fenced attempt.
+
+/// What one record step may change, read inside its own session.
+#[derive(Debug, PartialEq)]
+struct RecordState {
+    upload: Option<UploadRecord>,
+    blocks: Vec<(u32, BlockRecord)>,
+    guards: Vec<(String, GuardRecord)>,
+    collectable: Vec<String>,
+    replay: Option<ReplayRecord>,
+}
+
+fn record_state(w: &crate::meta::WriteView, upload_id: &str) -> RecordState {
+    RecordState {
+        upload: w.upload(upload_id).unwrap(),
+        blocks: w.blocks(upload_id).unwrap(),
+        guards: w.guards().unwrap(),
+        collectable: w.collectable_keys().unwrap(),
+        replay: w.replay("ws", "direct").unwrap(),
+    }
+}
+
+/// Admits one attempt of block 0 through the real PutBlock and holds its provider create.
+/// Returns the running put and the attempt's key.
+async fn admit_held(
+    f: &Fixture,
+    up: &pb::BeginUploadResponse,
+) -> (
+    tokio::task::JoinHandle<crate::error::Result<pb::PutBlockResponse>>,
+    String,
+) {
+    f.faults.hold_creates();
+    let (s, req) = (f.shard.clone(), block(up, 0, b"abcd", "held"));
+    let put = tokio::spawn(async move { s.put_block(writer(), req).await });
+    within(f.faults.wait_held(1)).await;
+    let (id, index) = (up.upload_id.clone(), 0);
+    let key = f
+        .shard
+        .gate
+        .read(move |r| Ok(r.block(&id, index)?.expect("admitted").key))
+        .await
+        .unwrap();
+    (put, key)
+}
+
+/// Sets the upload's lease to have ended (what the passing of time does to the record).
+async fn end_lease(f: &Fixture, up: &pb::BeginUploadResponse) {
+    let id = up.upload_id.clone();
+    f.shard
+        .gate
+        .write(move |w| {
+            let mut u = w.upload(&id)?.unwrap();
+            u.lease_expires_ms = crate::shard::now_ms() - 1;
+            w.put_upload(&id, &u)?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+}
+
+/// Calls the record step directly for the attempt `key` whose write succeeded, after
+/// `fence` changed the upload; asserts it refuses with `expected` and changes nothing but
+/// marking its own guard finished; then lets the held real sequence finish (it refuses too).
+async fn assert_record_refused(
+    f: &Fixture,
+    up: &pb::BeginUploadResponse,
+    put: tokio::task::JoinHandle<crate::error::Result<pb::PutBlockResponse>>,
+    key: String,
+    expected: fn(&Error) -> bool,
+) {
+    let (id, k) = (up.upload_id.clone(), key.clone());
+    let request = block(up, 0, b"abcd", "");
+    let (outcome, before, after) = f
+        .shard
+        .gate
+        .write(move |w| {
+            let rk = RequestKey::new("ws", "direct", "PutBlock", &request);
+            let before = record_state(w, &id);
+            let outcome = super::record_block(w, &rk, &id, 0, &k, PutOutcome::Written, 60_000)?;
+            Ok((outcome, before, record_state(w, &id)))
+        })
+        .await
+        .unwrap();
+    let err = outcome.unwrap_err();
+    assert!(expected(&err), "{err:?}");
+    let own = |s: &RecordState| s.guards.iter().find(|(g, _)| *g == key).cloned();
+    let (own_before, own_after) = (own(&before).expect("guarded"), own(&after).unwrap());
+    assert_eq!(own_after.1.writer, WriterState::Finished as i32);
+    let mut expected_after = before;
+    for (g, rec) in &mut expected_after.guards {
+        if *g == key {
+            *rec = own_after.1.clone();
+        }
+    }
+    assert_eq!(after, expected_after, "only its own guard changed");
+    assert_ne!(own_before, own_after);
+    // The committed state says the same: the block is not uploaded, the guard is finished.
+    let id = up.upload_id.clone();
+    let block_state = f
+        .shard
+        .gate
+        .read(move |r| Ok(r.block(&id, 0)?.map(|b| (b.key, b.state))))
+        .await
+        .unwrap();
+    assert_ne!(
+        block_state.map(|(_, s)| s),
+        Some(crate::meta::BlockState::Uploaded as i32)
+    );
+    assert_eq!(f.shard.counts().await.unwrap().unknown_guards, 0);
+    f.faults.release(1);
+    let err = within(put).await.unwrap().unwrap_err();
+    assert!(expected(&err), "the real record step refuses too: {err:?}");
+    assert_accounted(f).await;
+}
+
+/// Mutation: drop `finished(w)?;` before `return Ok(Err(e))` in record_block's fence branch
+/// (the attempt's guard stays unknown); also the defect itself (`Ok(Err(e))` → `Err(e)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_step_for_an_aborted_upload_refuses_and_changes_nothing_but_its_guard() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    let (put, key) = admit_held(&f, &up).await;
+    f.shard
+        .abort_upload(writer(), abort(&up, "ab"))
+        .await
+        .unwrap();
+    assert_record_refused(
+        &f,
+        &up,
+        put,
+        key,
+        |e| matches!(e, Error::FailedPrecondition(m) if m.contains("aborted")),
+    )
+    .await;
+}
+
+/// Mutation: `require_open_and_live(&upload, now)` → `Ok(())` in record_block (the block
+/// still names this attempt, so only the lease fence refuses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_step_after_the_lease_ended_refuses_and_changes_nothing_but_its_guard() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    let (put, key) = admit_held(&f, &up).await;
+    end_lease(&f, &up).await;
+    assert_record_refused(&f, &up, put, key, |e| matches!(e, Error::LeaseExpired(_))).await;
+}
+
+/// Mutation: `Ok(Err(e))` → `Err(e)` in record_block's fence branch (the reclaimed
+/// attempt's guard stays unknown and is never settled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_step_for_a_reclaimed_upload_refuses_and_changes_nothing_but_its_guard() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    let (put, key) = admit_held(&f, &up).await;
+    end_lease(&f, &up).await;
+    assert_eq!(f.shard.reconcile().await.unwrap().expired_uploads, 1);
+    assert_record_refused(
+        &f,
+        &up,
+        put,
+        key,
+        |e| matches!(e, Error::LeaseExpired(m) if m.contains("cleaned up")),
+    )
+    .await;
+}
+
+/// Mutation: `let current = block.as_ref().is_some_and(|b| b.key == object_key)` →
+/// `block.is_some()` in record_block (the attempt would mark another attempt's block
+/// uploaded under its own bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_step_for_a_block_that_names_another_attempt_refuses_and_changes_nothing_but_its_guard()
+ {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    let (put, key) = admit_held(&f, &up).await;
+    // What a newer admission of the same block writes: the block names its own key.
+    let id = up.upload_id.clone();
+    f.shard
+        .gate
+        .write(move |w| {
+            let mut b = w.block(&id, 0)?.unwrap();
+            b.key = format!("{}-newer", b.key);
+            w.put_block(&id, 0, &b)?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_record_refused(
+        &f,
+        &up,
+        put,
+        key,
+        |e| matches!(e, Error::FailedPrecondition(m) if m.contains("superseded")),
+    )
+    .await;
+}
+
+// Item 6: replay versus the "already uploaded" shortcut; the claim re-check.
+
+/// A retried PutBlock answers from its replay record, not from the upload's state.
+/// Mutation: delete the `if let Some(done) = key.recorded(w)? { .. }` line of PutBlock's
+/// admit session (the retry then meets a committed upload: FailedPrecondition).
+#[tokio::test]
+async fn a_retried_put_block_answers_its_recorded_outcome_even_after_the_commit() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    let first = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    f.shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap();
+    let again = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    assert_eq!(f.faults.creates(), 1);
+    assert_accounted(&f).await;
+}
+
+/// Mutation: delete the "already uploaded" shortcut (`if let Some(b) = w.block(..)? && b.state
+/// == Uploaded { .. }`) in PutBlock's admit: the same bytes are written again under a new
+/// key and the uploaded key loses its reference.
+#[tokio::test]
+async fn the_same_block_under_a_new_request_id_is_answered_without_a_second_write() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    let again = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0-new-id"))
+        .await
+        .unwrap();
+    assert_eq!(again.index, 0);
+    assert_eq!(f.faults.creates(), 1, "no second provider write");
+    assert_eq!(f.shard.counts().await.unwrap().guards, 0);
+    assert_accounted(&f).await;
+    f.shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap();
+    assert_accounted(&f).await;
+}
+
+/// Mutation: delete the `if b.sha256 != digest { return Err(DigestMismatch) }` check of the
+/// shortcut in PutBlock's admit (other content would be answered as uploaded).
+#[tokio::test]
+async fn other_content_for_an_uploaded_block_is_refused_with_digest_mismatch_and_changes_nothing() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    let err = f
+        .shard
+        .put_block(writer(), block(&up, 0, b"wxyz", "b0-other"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch(_)), "{err:?}");
+    assert_eq!(f.faults.creates(), 1);
+    f.shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap();
+    let m = f.shard.get_manifest("ws", "art").await.unwrap();
+    assert_eq!(
+        &f.shard
+            .read_block("ws", m.revision, 0, &memory())
+            .await
+            .unwrap()[..],
+        b"abcd"
+    );
+    assert_accounted(&f).await;
+}
+
+/// The listing is taken at a clock reading past the lease (a stale view); the upload is
+/// renewed before the claim. Mutation: drop `|| u.lease_expires_ms > now_ms()` from
+/// claim_page's re-check.
+#[tokio::test]
+async fn a_stale_candidate_list_never_claims_an_upload_renewed_since_the_listing() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    let later = crate::shard::now_ms() + 120_000;
+    let candidates = f.shard.expired_candidates(later).await.unwrap();
+    assert_eq!(candidates, vec![up.upload_id.clone()]);
+    f.shard
+        .renew_upload(
+            writer(),
+            pb::RenewUploadRequest {
+                upload_id: up.upload_id.clone(),
+                upload_token: up.upload_token.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(f.shard.claim_page(candidates).await.unwrap(), 0);
+    assert_eq!(f.shard.counts().await.unwrap().collectable, 0);
+    f.shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap();
+    assert_accounted(&f).await;
+}
+
+/// The upload is committed between listing and claiming, and its lease has run out by the
+/// claim. Mutation: drop `u.state != UploadState::Open as i32 ||` from claim_page's re-check.
+#[tokio::test]
+async fn a_stale_candidate_list_never_claims_an_upload_committed_since_the_listing() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    let later = crate::shard::now_ms() + 120_000;
+    let candidates = f.shard.expired_candidates(later).await.unwrap();
+    assert_eq!(candidates, vec![up.upload_id.clone()]);
+    f.shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap();
+    end_lease(&f, &up).await;
+    assert_eq!(f.shard.claim_page(candidates).await.unwrap(), 0);
+    let id = up.upload_id.clone();
+    let state = f
+        .shard
+        .gate
+        .read(move |r| Ok(r.upload(&id)?.unwrap().state))
+        .await
+        .unwrap();
+    assert_eq!(state, UploadState::Committed as i32);
+    let classes = assert_accounted(&f).await;
+    assert_eq!(classes.len(), 1);
+    assert_eq!(
+        classes[0].1,
+        KeyClass::Referenced,
+        "the published block stays live"
+    );
+}
+
+// Item 7: deletes (and reads) that fail.
+
+/// Mutation: in collect_keys, `Err(e) => { pass.failed_deletes += 1; .. }` also pushes the
+/// key to `deleted` (the record is forgotten although the bytes are still there).
+#[tokio::test]
+async fn a_collectable_delete_that_fails_keeps_its_record_and_is_retried_next_pass() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    f.shard
+        .abort_upload(writer(), abort(&up, "ab"))
+        .await
+        .unwrap();
+    f.faults.fail_next_deletes(1);
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.deleted_keys, pass.failed_deletes), (0, 1));
+    assert_eq!(
+        f.shard.counts().await.unwrap().collectable,
+        1,
+        "record kept"
+    );
+    let classes = assert_accounted(&f).await;
+    assert_eq!(classes.len(), 1);
+    assert_eq!(classes[0].1, KeyClass::Collectable);
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.deleted_keys, pass.failed_deletes), (1, 0));
+    assert_eq!(f.shard.counts().await.unwrap().collectable, 0);
+    assert!(f.provider.list_keys().await.unwrap().is_empty());
+    assert_accounted(&f).await;
+}
+
+/// A finished writer's bytes landed (its record step was refused: the upload was aborted
+/// while the write was in flight); the first delete fails. Mutation: drop the `continue;`
+/// after a failed `delete_attempt` in sweep_guards (the guard would be settled with its
+/// bytes still on the provider).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_whose_delete_fails_is_kept_and_retried_next_pass() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    let (put, key) = admit_held(&f, &up).await;
+    f.shard
+        .abort_upload(writer(), abort(&up, "ab"))
+        .await
+        .unwrap();
+    f.faults.release(1);
+    within(put).await.unwrap().unwrap_err();
+    assert_eq!(f.provider.list_keys().await.unwrap(), vec![key.clone()]);
+    f.faults.fail_next_deletes(1);
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!(
+        (pass.deleted_keys, pass.settled_guards, pass.failed_deletes),
+        (0, 0, 1)
+    );
+    assert_eq!(f.shard.counts().await.unwrap().guards, 1, "guard kept");
+    let classes = assert_accounted(&f).await;
+    assert_eq!(classes, vec![(key, KeyClass::Guarded)]);
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!(
+        (pass.deleted_keys, pass.settled_guards, pass.failed_deletes),
+        (1, 1, 0)
+    );
+    assert_eq!(f.shard.counts().await.unwrap().guards, 0);
+    assert!(f.provider.list_keys().await.unwrap().is_empty());
+    assert_accounted(&f).await;
+}
+
+/// Mutation: `let bytes = object.get(&k).await?;` → `.await.unwrap_or_default();` in
+/// verify_declared_digest (a failed read would be hashed as empty bytes).
+#[tokio::test]
+async fn a_commit_whose_block_read_fails_answers_unavailable_and_publishes_nothing() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    f.faults.fail_next_reads(1);
+    let err = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert!(matches!(
+        f.shard.stat("ws", "art").await,
+        Err(Error::NotFound(_))
+    ));
+    // The same request retried once the provider answers again publishes.
+    f.shard
+        .commit_upload(writer(), commit(&up, b"abcd", "c"))
+        .await
+        .unwrap();
+    assert_accounted(&f).await;
 }
