@@ -256,6 +256,17 @@ impl Client {
         Ok(r.generation)
     }
 
+    /// The accounting check: every provider object classified (admin token scoped to `*`).
+    pub async fn audit(&self) -> Result<pb::AuditResponse> {
+        let r = self
+            .retrying("audit", || {
+                let mut c = self.admin.clone();
+                async move { c.audit(pb::AuditRequest {}).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
             .retrying("health", || {

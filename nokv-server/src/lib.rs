@@ -5,6 +5,7 @@
 //! `node` (which shards, where) → `shard` (gate, files, replay, sequencer) →
 //! `meta` (redb, the only durable truth) and `object` (object_store, the only provider I/O).
 
+pub mod audit;
 pub mod auth;
 pub mod bootstrap;
 pub mod bulk;

@@ -176,6 +176,18 @@ impl ObjectProvider {
         }
     }
 
+    /// The shard a provider key belongs to, read from the `s{shard}/` segment that
+    /// [`ObjectProvider::block_key`] puts after the prefix; `None` for any other key.
+    pub fn shard_of_key(&self, key: &str) -> Option<u32> {
+        let rel = if self.prefix.is_empty() {
+            key
+        } else {
+            key.strip_prefix(self.prefix.as_str())?.strip_prefix('/')?
+        };
+        let shard = rel.strip_prefix('s')?.split_once('/')?.0;
+        (shard.len() == 4).then(|| shard.parse().ok()).flatten()
+    }
+
     /// Proves at start-up that the provider answers and the bucket and credentials work:
     /// a listing fails on a missing bucket or bad credentials, where a HEAD of an absent key
     /// would just say "not found".

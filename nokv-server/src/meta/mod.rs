@@ -145,6 +145,8 @@ pub struct Counts {
     pub upload_records: u64,
     /// Guards whose writer's outcome is unknown (their bytes may still land).
     pub unknown_guards: u64,
+    /// Uploads claimed after expiry whose attempts are not all settled yet.
+    pub deleting_uploads: u64,
 }
 
 /// A table added after data directories existed may be absent from a read snapshot until
@@ -526,12 +528,25 @@ macro_rules! readable {
                 };
                 // Guards are few (one per unsettled attempt): counting by kind is a short scan.
                 let mut unknown_guards = 0;
+                let mut guarded_uploads = std::collections::HashSet::new();
                 for item in self.txn.open_table(GUARDS)?.iter()? {
                     let g: GuardRecord = decode(item?.1.value())?;
                     unknown_guards += u64::from(g.writer == WriterState::Unknown as i32);
+                    guarded_uploads.insert(g.upload_id);
+                }
+                // A claimed upload stays `Deleting` exactly while a guard names it (see the
+                // reconciler), so the guarded uploads are the only candidates.
+                let mut deleting_uploads = 0;
+                let uploads = self.txn.open_table(UPLOADS)?;
+                for id in &guarded_uploads {
+                    if let Some(v) = uploads.get(id.as_str())? {
+                        let u: UploadRecord = decode(v.value())?;
+                        deleting_uploads += u64::from(u.state == UploadState::Deleting as i32);
+                    }
                 }
                 Ok(Counts {
                     unknown_guards,
+                    deleting_uploads,
                     entries: self.txn.open_table(ENTRIES)?.len()?,
                     uploads: open,
                     guards: self.txn.open_table(GUARDS)?.len()?,

@@ -61,8 +61,12 @@ pub enum UploadState {
     Committed = 2,
     /// Ended by the client; its block keys are collectable.
     Aborted = 3,
-    /// Claimed by the reconciler after expiry; its keys are being deleted.
+    /// Claimed by the reconciler after expiry; an attempt of it still has a guard (its bytes
+    /// may still land), so it is unresolved.
     Deleting = 4,
+    /// Claimed after expiry and every attempt's guard settled: nothing of it remains but
+    /// collectable keys, which the reconciler deletes on its own.
+    Reclaimed = 5,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -92,11 +96,14 @@ pub struct UploadRecord {
 }
 
 impl UploadRecord {
-    /// Committed, aborted or claimed: no request can change it any more.
+    /// Committed, aborted, claimed or reclaimed: no request can change it any more.
     pub fn is_ended(&self) -> bool {
         matches!(
             UploadState::try_from(self.state),
-            Ok(UploadState::Committed | UploadState::Aborted | UploadState::Deleting)
+            Ok(UploadState::Committed
+                | UploadState::Aborted
+                | UploadState::Deleting
+                | UploadState::Reclaimed)
         )
     }
 }

@@ -1,5 +1,6 @@
 //! `nokv.v1.Admin`: operator calls, admin token only. Summaries carry counts and names,
-//! never secrets, tokens or object keys.
+//! never secrets or tokens; only the audit names object keys (the unaccounted ones: naming
+//! them is its purpose).
 //!
 //! Admin calls are node-wide: a shard holds many workspaces, so its counts cannot be split
 //! by workspace without scanning. They therefore need an admin token scoped to every
@@ -67,10 +68,18 @@ impl Admin for AdminService {
                 guards: c.guards,
                 serving,
                 unknown_guards: c.unknown_guards,
+                unresolved_uploads: c.uploads + c.deleting_uploads,
+                guards_finished: c.guards - c.unknown_guards,
+                collectable: c.collectable,
+                dead_letters: 0,
             });
         }
         let all_serving = shards.iter().all(|s| s.serving);
-        let unknown_guards = shards.iter().map(|s| s.unknown_guards).sum();
+        let sum = |f: fn(&pb::ShardHealth) -> u64| shards.iter().map(f).sum::<u64>();
+        let unknown_guards = sum(|s| s.unknown_guards);
+        let unresolved_uploads = sum(|s| s.unresolved_uploads);
+        let guards_finished = sum(|s| s.guards_finished);
+        let collectable = sum(|s| s.collectable);
         Ok(Response::new(pb::HealthResponse {
             status: if all_serving {
                 "SERVING"
@@ -85,6 +94,28 @@ impl Admin for AdminService {
             shards,
             uptime_ms: self.node.started.elapsed().as_millis() as i64,
             unknown_guards,
+            unresolved_uploads,
+            guards_finished,
+            collectable,
+            dead_letters: 0,
+        }))
+    }
+
+    async fn audit(
+        &self,
+        req: Request<pb::AuditRequest>,
+    ) -> Result<Response<pb::AuditResponse>, Status> {
+        self.admit(&req)?;
+        let r = self.node.audit().await?;
+        Ok(Response::new(pb::AuditResponse {
+            objects: r.objects,
+            referenced: r.referenced,
+            guarded: r.guarded,
+            collectable: r.collectable,
+            unaccounted: r.unaccounted,
+            violations: r.violations,
+            unaccounted_keys: r.unaccounted_keys,
+            violation_keys: r.violation_keys,
         }))
     }
 }

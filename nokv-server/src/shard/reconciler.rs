@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::{Shard, now_ms};
 use crate::error::Result;
-use crate::meta::{GuardRecord, ReadView, UploadState, WriterState};
+use crate::meta::{GuardRecord, ReadView, UploadState, WriteView, WriterState};
 
 /// Records handled per page and kind.
 const PAGE: usize = 100;
@@ -104,7 +104,11 @@ impl Shard {
                         }
                     }
                     w.remove_blocks(&id)?;
-                    u.state = UploadState::Deleting as i32;
+                    u.state = if guards_name(w, &id)? {
+                        UploadState::Deleting
+                    } else {
+                        UploadState::Reclaimed
+                    } as i32;
                     u.ended_ms = now_ms();
                     w.put_upload(&id, &u)?;
                     Ok(1)
@@ -211,6 +215,7 @@ impl Shard {
                 .write(move |w| match w.guard(&key)? {
                     Some(g) if g.writer == WriterState::Finished as i32 => {
                         w.remove_guard(&key)?;
+                        resolve_if_reclaimed(w, &g.upload_id)?;
                         Ok(true)
                     }
                     _ => Ok(false),
@@ -220,6 +225,24 @@ impl Shard {
         }
         Ok(())
     }
+}
+
+/// True while some attempt of `upload_id` still has a guard (guards are few: a scan).
+fn guards_name(w: &WriteView, upload_id: &str) -> Result<bool> {
+    Ok(w.guards()?.iter().any(|(_, g)| g.upload_id == upload_id))
+}
+
+/// A claimed upload whose last guard just settled is resolved: `Deleting` → `Reclaimed`, so
+/// `unresolved_uploads` in health reaches 0 once reconciliation has settled.
+fn resolve_if_reclaimed(w: &mut WriteView, upload_id: &str) -> Result<()> {
+    if let Some(mut u) = w.upload(upload_id)?
+        && u.state == UploadState::Deleting as i32
+        && !guards_name(w, upload_id)?
+    {
+        u.state = UploadState::Reclaimed as i32;
+        w.put_upload(upload_id, &u)?;
+    }
+    Ok(())
 }
 
 /// First wait before an unknown writer's guard deletes its key again; doubles per attempt.
