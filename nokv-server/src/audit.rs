@@ -12,6 +12,7 @@
 //! is leaked.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use crate::error::{Error, Result};
 use crate::node::Node;
@@ -47,8 +48,8 @@ impl Node {
             report.objects += 1;
             let class = match self.provider.shard_of_key(&key) {
                 Some(id) if (id as usize) < self.shards().len() => {
-                    if !ledgers.contains_key(&id) {
-                        ledgers.insert(id, self.shard(id)?.ledger().await?);
+                    if let Entry::Vacant(slot) = ledgers.entry(id) {
+                        slot.insert(self.shard(id)?.ledger().await?);
                     }
                     ledgers[&id].classify(&key)
                 }
