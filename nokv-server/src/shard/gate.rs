@@ -476,7 +476,8 @@ mod tests {
         Box::pin(gate.write(move |w| Ok(w.put_inline("ws", &name, b"x")?)))
     }
 
-    // Catches: `const MAX_BATCH: usize = 1;` (every session its own batch and fsync).
+    // Catches: `const MAX_BATCH: usize = 1;` (every session its own batch and fsync; verified
+    // red).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sessions_queued_while_the_committer_is_busy_commit_together_as_one_batch() {
         let dir = tempfile::tempdir().unwrap();
@@ -502,7 +503,7 @@ mod tests {
     // Catches: the committer never making a batch durable — e.g. `let commit =
     // Commit::Deferred;` for every session together with `let flushed = Ok(());` (no flush).
     // A clean close would flush pending commits and hide that; a copy of the open file does
-    // not.
+    // not. (Verified red.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn what_an_answered_caller_saw_is_in_a_copy_of_the_file_taken_while_the_gate_is_open() {
         let dir = tempfile::tempdir().unwrap();
@@ -558,7 +559,8 @@ mod tests {
 
     // Catches: answering before the batch's durable end is known — `answer(&Ok(()))` in the
     // answer loop — and not flushing deferred commits after a failed durable commit —
-    // `Commit::Durable => false` in the `deferred_pending` update.
+    // `Commit::Durable => false` in the `deferred_pending` update, or `let flushed = Ok(());`.
+    // (Each verified red.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_whose_durable_commit_fails_answers_every_session_with_an_error() {
         let dir = tempfile::tempdir().unwrap();
@@ -584,8 +586,9 @@ mod tests {
         gate.wait_serving(true).await;
     }
 
-    // Catches: `let flushed = Ok(());` (deferred commits never flushed when the batch's last
-    // session fails by itself) and `answer(&Ok(()))` in the answer loop.
+    // Catches: `let flushed = Ok(());` or `Commit::Durable => false` in the `deferred_pending`
+    // update (deferred commits never flushed when the batch's last session fails by itself),
+    // and `answer(&Ok(()))` in the answer loop. (Each verified red.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_whose_flush_fails_answers_every_session_with_an_error() {
         let dir = tempfile::tempdir().unwrap();
