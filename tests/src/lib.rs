@@ -1,6 +1,11 @@
 //! Test support for the black-box tests: runs the real `nokv-server` and `nokv` binaries and
-//! the external services they talk to (etcd, moto's S3 server) on loopback, each owned by a
-//! guard that kills its process on drop so a failing test never leaks a process.
+//! external services on loopback, each owned by a guard that kills its process on drop so a
+//! failing test never leaks a process.
+//!
+//! What the tests really run against: the daemon in its embedded mode (local ownership), with
+//! the local-filesystem provider or moto's S3 server ([`Moto`]). The daemon has no etcd
+//! control plane yet, so no nokv test talks to etcd: [`Etcd`] is started only by the smoke
+//! test that checks the environment (`services_smoke.rs`), ready for cluster-mode tests.
 //!
 //! Only std is used for process control and HTTP so the support code has no moving parts of
 //! its own to debug when a test fails.

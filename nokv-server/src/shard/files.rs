@@ -208,3 +208,6 @@ fn verify_body(shard: u32, ws: &str, path: &str, e: &EntryRecord, data: &[u8]) -
         e.generation
     )))
 }
+
+#[cfg(test)]
+mod tests;

@@ -14,6 +14,10 @@
 //! submitted after it was answered, hence lands in a later batch: a crash can never keep a
 //! dependent mutation and lose what it depended on.
 //!
+//! **Stats.** The gate counts batches, the sessions they ran and the sessions it acknowledged
+//! ([`GateStats`]), so tests can prove that batches form and metrics can report the average
+//! batch size; the counters are updated before the batch's callers are answered.
+//!
 //! **Reads** take an MVCC snapshot of the last committed state and run concurrently with write
 //! sessions, so a stat or list never queues behind an fsync. Every acknowledged mutation was
 //! committed before it was acknowledged, so reads observe all of them; a read may also observe a
@@ -37,6 +41,7 @@
 //! bytes but not real writes stays one incident instead of a stream of errors.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::RwLock;
@@ -68,6 +73,27 @@ struct Slot {
     /// False for the whole of an outage (from a storage failure until a commit succeeds
     /// again), even while a reopened store already serves reads.
     serving: watch::Sender<bool>,
+    stats: Counters,
+}
+
+/// What the committer has done since the gate started (see [`Gate::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GateStats {
+    /// Batches the committer ran; each ends with one fsync, or with a failure.
+    pub batches: u64,
+    /// Sessions those batches ran, whatever their outcome (sessions refused without running
+    /// while the store is out of service are not counted).
+    pub sessions: u64,
+    /// Sessions answered with success: every one was committed *and* made durable first.
+    pub acknowledged: u64,
+}
+
+/// The live counters behind [`GateStats`]; written by the committer only.
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    sessions: AtomicU64,
+    acknowledged: AtomicU64,
 }
 
 impl Slot {
@@ -104,6 +130,7 @@ impl Gate {
         let slot = Arc::new(Slot {
             store: RwLock::new(Some(Arc::new(meta))),
             serving: watch::Sender::new(true),
+            stats: Counters::default(),
         });
         let (queue, jobs) = mpsc::unbounded_channel();
         let committer_slot = slot.clone();
@@ -121,6 +148,16 @@ impl Gate {
     /// False during a storage outage (see the module doc).
     pub fn serving(&self) -> bool {
         *self.slot.serving.borrow()
+    }
+
+    /// The committer's counters. A caller that was answered sees its own batch counted.
+    pub fn stats(&self) -> GateStats {
+        let c = &self.slot.stats;
+        GateStats {
+            batches: c.batches.load(Ordering::Acquire),
+            sessions: c.sessions.load(Ordering::Acquire),
+            acknowledged: c.acknowledged.load(Ordering::Acquire),
+        }
     }
 
     /// Waits until [`Gate::serving`] equals `serving`.
@@ -223,6 +260,7 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
         let mut answers = Vec::with_capacity(batch.len());
         let mut deferred_pending = false;
         let mut any_committed = false;
+        let mut committed_sessions = 0;
         for (i, job) in batch.into_iter().enumerate() {
             let commit = if i == last {
                 Commit::Durable
@@ -231,6 +269,7 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
             };
             let (committed, answer) = job(Some((&meta, commit)));
             any_committed |= committed;
+            committed_sessions += u64::from(committed);
             // A durable commit also makes every earlier deferred commit durable.
             deferred_pending = match commit {
                 Commit::Deferred => deferred_pending || committed,
@@ -253,6 +292,18 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
         } else if any_committed {
             outage.end(slot, name, true);
         }
+        let stats = &slot.stats;
+        stats.batches.fetch_add(1, Ordering::AcqRel);
+        stats
+            .sessions
+            .fetch_add(answers.len() as u64, Ordering::AcqRel);
+        if flushed.is_ok() {
+            stats
+                .acknowledged
+                .fetch_add(committed_sessions, Ordering::AcqRel);
+        }
+        // Only now, after the batch's fsync (the last durable commit or the flush), is anyone
+        // answered: every success handed out below is durable.
         for answer in answers {
             answer(&flushed);
         }
@@ -369,7 +420,209 @@ fn recover(
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+
     use super::*;
+
+    /// A session of the gate under test, submitted but not yet answered.
+    type Pending<'a> = Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>;
+
+    /// The committer, busy with a session that blocks until [`Held::release`].
+    struct Held {
+        release: std::sync::mpsc::Sender<()>,
+        answered: tokio::task::JoinHandle<Result<()>>,
+    }
+
+    impl Held {
+        async fn release(self) {
+            self.release.send(()).unwrap();
+            self.answered.await.unwrap().unwrap();
+        }
+    }
+
+    /// Occupies the committer with a session (writing `held`) that blocks until released;
+    /// returns once that session runs, so whatever is submitted next queues behind it.
+    async fn hold(gate: &Arc<Gate>) -> Held {
+        let (running, is_running) = oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let g = gate.clone();
+        let answered = tokio::spawn(async move {
+            g.write(move |w| {
+                running.send(()).unwrap();
+                released.recv().unwrap();
+                Ok(w.put_inline("ws", "held", b"h")?)
+            })
+            .await
+        });
+        is_running.await.unwrap();
+        Held { release, answered }
+    }
+
+    /// Submits each session: polling a write once puts its session on the committer's queue
+    /// (the send happens before the first await), so on return all of them are queued, in
+    /// order, behind the held session — a signal, not a timing guess.
+    async fn submit(sessions: &mut [Pending<'_>]) {
+        for s in sessions.iter_mut() {
+            assert!(
+                futures::poll!(s.as_mut()).is_pending(),
+                "answered while held"
+            );
+        }
+    }
+
+    /// A session writing the small file `name`.
+    fn put<'a>(gate: &'a Gate, name: String) -> Pending<'a> {
+        Box::pin(gate.write(move |w| Ok(w.put_inline("ws", &name, b"x")?)))
+    }
+
+    // Catches: `const MAX_BATCH: usize = 1;` (every session its own batch and fsync; verified
+    // red).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_queued_while_the_committer_is_busy_commit_together_as_one_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
+        let gate = Arc::new(Gate::new(meta, "t".into()));
+        let before = gate.stats();
+
+        let held = hold(&gate).await;
+        let mut queued: Vec<_> = (0..10).map(|i| put(&gate, format!("f{i}"))).collect();
+        submit(&mut queued).await;
+        held.release().await;
+        for s in queued {
+            s.await.unwrap();
+        }
+
+        let after = gate.stats();
+        // The held session's batch, then one batch of the ten queued behind it.
+        assert_eq!(after.batches - before.batches, 2, "{after:?}");
+        assert_eq!(after.sessions - before.sessions, 11, "{after:?}");
+        assert_eq!(after.acknowledged - before.acknowledged, 11, "{after:?}");
+    }
+
+    // Catches: the committer never making a batch durable — e.g. `let commit =
+    // Commit::Deferred;` for every session together with `let flushed = Ok(());` (no flush).
+    // A clean close would flush pending commits and hide that; a copy of the open file does
+    // not. (Verified red.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_an_answered_caller_saw_is_in_a_copy_of_the_file_taken_while_the_gate_is_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.redb");
+        let gate = Arc::new(Gate::new(MetaStore::create(&path).unwrap(), "t".into()));
+
+        let held = hold(&gate).await;
+        let mut queued: Vec<_> = (0..10).map(|i| put(&gate, format!("f{i}"))).collect();
+        submit(&mut queued).await;
+        held.release().await;
+        for s in queued {
+            s.await.unwrap();
+        }
+
+        // The gate (and its committer) stays open: these are the bytes a crash would leave.
+        let copy = dir.path().join("copy.redb");
+        std::fs::copy(&path, &copy).unwrap();
+        let copied = MetaStore::open(&copy).unwrap();
+        for name in ["held".to_string()]
+            .into_iter()
+            .chain((0..10).map(|i| format!("f{i}")))
+        {
+            let have = copied.read(|r| r.inline("ws", &name)).unwrap();
+            assert!(have.is_some(), "{name} was acknowledged but is not durable");
+        }
+        drop(gate);
+    }
+
+    /// Queues `n` sessions writing `f0..`, the last of which fills the disk before it ends
+    /// (so the batch's earlier, deferred commits succeed and its durable end fails), and
+    /// returns every answer. The last session returns `last` after filling the disk.
+    async fn batch_failing_at_its_end(
+        gate: &Arc<Gate>,
+        n: usize,
+        last: fn() -> Result<()>,
+    ) -> Vec<Result<()>> {
+        let disk = gate.slot.store.read().clone().unwrap().faults().clone();
+        let held = hold(gate).await;
+        let mut queued: Vec<_> = (0..n - 1).map(|i| put(gate, format!("f{i}"))).collect();
+        queued.push(Box::pin(gate.write(move |w| {
+            w.put_inline("ws", "last", b"x")?;
+            disk.fill_disk();
+            last()
+        })));
+        submit(&mut queued).await;
+        held.release().await;
+        let mut answers = Vec::new();
+        for s in queued {
+            answers.push(s.await);
+        }
+        answers
+    }
+
+    // Catches: answering before the batch's durable end is known — `answer(&Ok(()))` in the
+    // answer loop — and not flushing deferred commits after a failed durable commit —
+    // `Commit::Durable => false` in the `deferred_pending` update, or `let flushed = Ok(());`.
+    // (Each verified red.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_whose_durable_commit_fails_answers_every_session_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
+        let disk = meta.faults().clone();
+        let gate = Arc::new(Gate::new(meta, "t".into()));
+        let before = gate.stats();
+
+        let answers = batch_failing_at_its_end(&gate, 8, || Ok(())).await;
+        for (i, a) in answers.iter().enumerate() {
+            assert!(
+                matches!(a, Err(Error::Unavailable(_))),
+                "session {i}: {a:?}"
+            );
+        }
+        let after = gate.stats();
+        assert_eq!(
+            after.acknowledged - before.acknowledged,
+            1,
+            "only the held one"
+        );
+        disk.free_disk();
+        gate.wait_serving(true).await;
+    }
+
+    // Catches: `let flushed = Ok(());` or `Commit::Durable => false` in the `deferred_pending`
+    // update (deferred commits never flushed when the batch's last session fails by itself),
+    // and `answer(&Ok(()))` in the answer loop. (Each verified red.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_whose_flush_fails_answers_every_session_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
+        let disk = meta.faults().clone();
+        let gate = Arc::new(Gate::new(meta, "t".into()));
+        let before = gate.stats();
+
+        // The last session refuses by itself, so the batch ends with an explicit flush of
+        // the deferred commits before it — and that flush fails.
+        let answers = batch_failing_at_its_end(&gate, 8, || {
+            Err(Error::FailedPrecondition("the last session refuses".into()))
+        })
+        .await;
+        let (last, deferred) = answers.split_last().unwrap();
+        assert!(
+            matches!(last, Err(Error::FailedPrecondition(_))),
+            "{last:?}"
+        );
+        for (i, a) in deferred.iter().enumerate() {
+            assert!(
+                matches!(a, Err(Error::Unavailable(_))),
+                "session {i}: {a:?}"
+            );
+        }
+        let after = gate.stats();
+        assert_eq!(
+            after.acknowledged - before.acknowledged,
+            1,
+            "only the held one"
+        );
+        disk.free_disk();
+        gate.wait_serving(true).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_keeps_every_committed_session_and_nothing_of_a_failed_one() {

@@ -125,3 +125,6 @@ fn refusal_from_record(rec: &ReplayRecord) -> Error {
         other => Error::Internal(format!("recorded refusal {other:?} is unknown")),
     }
 }
+
+#[cfg(test)]
+mod tests;
