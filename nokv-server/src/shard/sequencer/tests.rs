@@ -1297,3 +1297,62 @@ async fn a_commit_whose_block_read_fails_answers_unavailable_and_publishes_nothi
         .unwrap();
     assert_accounted(&f).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 9 (accounting): a claimed upload is unresolved exactly while a guard names it.
+// ---------------------------------------------------------------------------------------------
+
+async fn upload_state(f: &Fixture, id: &str) -> crate::meta::UploadState {
+    let id = id.to_string();
+    let u = f
+        .shard
+        .gate
+        .read(move |r| Ok(r.upload(&id)?))
+        .await
+        .unwrap()
+        .expect("upload record");
+    crate::meta::UploadState::try_from(u.state).unwrap()
+}
+
+/// Mutations caught: dropping `resolve_if_reclaimed` from the guard sweep (the upload stays
+/// `Deleting` and unresolved for ever); always claiming to `Reclaimed` (a claimed upload whose
+/// attempt may still land would read as resolved).
+#[tokio::test]
+async fn a_claimed_upload_stays_unresolved_until_its_last_guard_settles_then_is_reclaimed() {
+    let lease = Duration::from_millis(50);
+    let f = fixture(4, lease);
+    let up = begin(&f, "art", 4).await;
+    f.faults.refuse_next();
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap_err();
+    // Past the lease by the real shard clock: a generous margin over the 50 ms lease.
+    tokio::time::sleep(lease * 3).await;
+    f.faults.fail_next_deletes(1);
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!(pass.expired_uploads, 1);
+    assert_eq!(
+        upload_state(&f, &up.upload_id).await,
+        crate::meta::UploadState::Deleting
+    );
+    assert_eq!(f.shard.counts().await.unwrap().deleting_uploads, 1);
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!(pass.settled_guards, 1);
+    assert_eq!(
+        upload_state(&f, &up.upload_id).await,
+        crate::meta::UploadState::Reclaimed
+    );
+    assert_eq!(f.shard.counts().await.unwrap().deleting_uploads, 0);
+    assert_accounted(&f).await;
+
+    // An expired upload with no attempt in flight is resolved by its claim alone.
+    let idle = begin(&f, "idle", 4).await;
+    tokio::time::sleep(lease * 3).await;
+    f.shard.reconcile().await.unwrap();
+    assert_eq!(
+        upload_state(&f, &idle.upload_id).await,
+        crate::meta::UploadState::Reclaimed
+    );
+    assert_accounted(&f).await;
+}
