@@ -186,8 +186,9 @@ async fn concurrent_duplicates_of_one_put_block_write_once_and_share_the_outcome
     let two = tokio::spawn(async move { s2.put_block(writer(), r2).await });
     // Issue 8 item 11: release only once the duplicate is parked on the block claim, so the
     // test never passes by the duplicate arriving after the first was recorded.
-    // Mutation caught: deleting `let claim = self.claims.claim(&upload_id, index).await;` in
-    // put_block → the duplicate never parks and this wait fails (verified red).
+    // Mutation caught: `let claim = self.claims.claim(&upload_id, index).await;` in put_block
+    // replaced by `let claim = ();` → the duplicate never parks and this wait fails (verified
+    // red).
     within(f.shard.claims.wait_parked(1)).await;
     f.faults.release(1);
     let (one, two) = (
