@@ -2,6 +2,9 @@
 //! flight; the whole-body sha256 is computed during that same pass and declared at commit.
 //! Memory is bounded by `parallel` blocks. Every call carries its own request id and is
 //! retried with that id, so a lost response never publishes twice or loses a block.
+//!
+//! While blocks are in flight the upload's lease is renewed every third of its length; a
+//! renewal failure stops the publish with that failure's reason and nothing is committed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,10 +74,26 @@ impl Client {
         };
         let begin = unary!(self, begin_upload, begin_req)?;
 
-        let (stop_renewal, renewal) = self.spawn_renewal(&begin);
-        let result = self.send_blocks(&begin, &mut reader, size, &opts).await;
+        let (stop_renewal, mut renewal) = self.spawn_renewal(&begin);
+        let mut renewal_ended = false;
+        let result = tokio::select! {
+            r = self.send_blocks(&begin, &mut reader, size, &opts) => r,
+            // A failed renewal ends the publish at once with its reason: the upload can no
+            // longer be committed, so the blocks in flight are cancelled (dropping
+            // `send_blocks` aborts its tasks) instead of being sent for nothing.
+            ended = &mut renewal => {
+                renewal_ended = true;
+                Err(ended.ok().flatten().unwrap_or_else(|| {
+                    ClientError::local("upload lease renewal ended unexpectedly")
+                }))
+            }
+        };
         let _ = stop_renewal.send(true);
-        let renewal_error = renewal.await.ok().flatten();
+        let renewal_error = if renewal_ended {
+            None
+        } else {
+            renewal.await.ok().flatten()
+        };
 
         let sha256 = match (result, renewal_error) {
             (Ok(sha), None) => sha,
@@ -206,3 +225,6 @@ impl Client {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

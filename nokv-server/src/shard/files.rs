@@ -101,6 +101,7 @@ impl Shard {
         let request_id = std::mem::take(&mut req.request_id);
         let key = RequestKey::new(&req.workspace, &request_id, "Write", &req);
         let sha256 = Sha256::digest(&req.data).to_vec();
+        let clock = self.clock.clone();
         self.gate
             .write(move |w| {
                 let (ws, path) = (req.workspace.as_str(), req.path.as_str());
@@ -125,7 +126,7 @@ impl Shard {
                 };
                 let apply = |w: &mut WriteView, current: Option<EntryRecord>, now| {
                     if let Some(old) = &current {
-                        retire(w, old)?;
+                        retire(w, old, now)?;
                     }
                     let rec = EntryRecord {
                         kind: KIND_FILE,
@@ -141,7 +142,7 @@ impl Shard {
                         entry: Some(to_entry(ws, path, &rec)),
                     })
                 };
-                key.execute(w, check, apply)
+                key.execute(w, clock.now_ms(), check, apply)
             })
             .await?
     }
@@ -149,6 +150,7 @@ impl Shard {
     pub async fn delete(&self, mut req: pb::DeleteRequest) -> Result<pb::DeleteResponse> {
         let request_id = std::mem::take(&mut req.request_id);
         let key = RequestKey::new(&req.workspace, &request_id, "Delete", &req);
+        let clock = self.clock.clone();
         self.gate
             .write(move |w| {
                 let (ws, path) = (req.workspace.as_str(), req.path.as_str());
@@ -162,14 +164,14 @@ impl Shard {
                     }
                     Ok(current)
                 };
-                let apply = |w: &mut WriteView, current: EntryRecord, _now| {
-                    retire(w, &current)?;
+                let apply = |w: &mut WriteView, current: EntryRecord, now| {
+                    retire(w, &current, now)?;
                     w.remove_entry(ws, path)?;
                     Ok(pb::DeleteResponse {
                         generation: current.generation,
                     })
                 };
-                key.execute(w, check, apply)
+                key.execute(w, clock.now_ms(), check, apply)
             })
             .await?
     }
@@ -179,9 +181,10 @@ impl Shard {
 /// not dropped: it stays readable for the shard's retired grace (`--retired-grace`), so a
 /// restore that started before the overwrite completes from its revision; after the grace
 /// the reconciler drops it and makes its block keys collectable.
-pub(crate) fn retire(w: &mut WriteView, old: &EntryRecord) -> Result<()> {
+/// `now` is the shard clock read inside the session.
+pub(crate) fn retire(w: &mut WriteView, old: &EntryRecord, now: i64) -> Result<()> {
     if old.kind == KIND_ARTIFACT && w.revision(old.revision)?.is_some() {
-        w.retire_revision(old.revision, super::now_ms())?;
+        w.retire_revision(old.revision, now)?;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@
 
 pub mod accounting;
 pub mod claims;
+pub mod clock;
 pub mod files;
 pub mod gate;
 pub mod reconciler;
@@ -13,7 +14,7 @@ pub mod replay;
 pub mod sequencer;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use nokv_proto::v1 as pb;
 
@@ -21,6 +22,7 @@ use crate::bulk::Bulk;
 use crate::meta::{EntryRecord, MetaStore};
 use crate::object::ObjectProvider;
 use crate::token::Signer;
+use clock::Clock;
 use gate::Gate;
 
 /// Per-shard limits and timings, resolved from the server configuration.
@@ -59,6 +61,8 @@ pub struct Shard {
     signer: Signer,
     cfg: ShardConfig,
     claims: claims::BlockClaims,
+    /// Every lease, replay window and grace period of this shard is judged by this clock.
+    clock: Clock,
 }
 
 impl Shard {
@@ -70,6 +74,19 @@ impl Shard {
         signer: Signer,
         cfg: ShardConfig,
     ) -> Arc<Shard> {
+        Self::open_with_clock(id, meta, object, bulk, signer, cfg, Clock::wall())
+    }
+
+    /// Like [`Shard::open`] with a given shard clock (tests pass a manual one).
+    pub fn open_with_clock(
+        id: u32,
+        meta: MetaStore,
+        object: ObjectProvider,
+        bulk: Arc<Bulk>,
+        signer: Signer,
+        cfg: ShardConfig,
+        clock: Clock,
+    ) -> Arc<Shard> {
         Arc::new(Shard {
             id,
             gate: Gate::new(meta, format!("nokv-shard-{id}")),
@@ -78,6 +95,7 @@ impl Shard {
             signer,
             cfg,
             claims: Default::default(),
+            clock,
         })
     }
 
@@ -98,9 +116,10 @@ impl Shard {
         let ttl_ms = self.cfg.replay_ttl.as_millis() as i64;
         let mut total = 0;
         loop {
+            let clock = self.clock.clone();
             let n = self
                 .gate
-                .write(move |w| Ok(w.prune_replays(now_ms() - ttl_ms, PAGE)?))
+                .write(move |w| Ok(w.prune_replays(clock.now_ms() - ttl_ms, PAGE)?))
                 .await?;
             total += n;
             if n < PAGE {
@@ -118,10 +137,11 @@ impl Shard {
         let ttl_ms = self.cfg.replay_ttl.as_millis() as i64;
         let mut total = 0;
         loop {
+            let clock = self.clock.clone();
             let (seen, removed) = self
                 .gate
                 .write(move |w| {
-                    let ended = w.ended_uploads(now_ms() - ttl_ms, PAGE)?;
+                    let ended = w.ended_uploads(clock.now_ms() - ttl_ms, PAGE)?;
                     let guarded: std::collections::HashSet<String> =
                         w.guards()?.into_iter().map(|(_, g)| g.upload_id).collect();
                     let mut removed = 0;
@@ -140,15 +160,6 @@ impl Shard {
             }
         }
     }
-}
-
-/// The shard clock: wall time in milliseconds. Leases are judged by it only after the gate is
-/// taken, so waiting for the gate can never authorise an already expired writer.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 pub(crate) fn to_entry(ws: &str, path: &str, r: &EntryRecord) -> pb::Entry {

@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Shard, now_ms};
+use super::Shard;
 use crate::error::Result;
 use crate::meta::{GuardRecord, ReadView, UploadState, WriteView, WriterState};
 
@@ -62,7 +62,7 @@ impl Shard {
         let started = Instant::now();
         let mut claimed = 0;
         while started.elapsed() < self.cfg.scan_budget {
-            let candidates = self.expired_candidates(now_ms()).await?;
+            let candidates = self.expired_candidates(self.clock.now_ms()).await?;
             if candidates.is_empty() {
                 break;
             }
@@ -88,14 +88,17 @@ impl Shard {
     pub(super) async fn claim_page(&self, candidates: Vec<String>) -> Result<usize> {
         let mut claimed = 0;
         for id in candidates {
+            let clock = self.clock.clone();
             claimed += self
                 .gate
                 .write(move |w| {
                     let Some(mut u) = w.upload(&id)? else {
                         return Ok(0);
                     };
-                    // Re-check inside the claiming session: the candidate list may be stale.
-                    if u.state != UploadState::Open as i32 || u.lease_expires_ms > now_ms() {
+                    // Re-check inside the claiming session, by a fresh reading of the clock:
+                    // the candidate list may be stale.
+                    let now = clock.now_ms();
+                    if u.state != UploadState::Open as i32 || u.lease_expires_ms > now {
                         return Ok(0);
                     }
                     for (_, b) in w.blocks(&id)? {
@@ -109,7 +112,7 @@ impl Shard {
                     } else {
                         UploadState::Reclaimed
                     } as i32;
-                    u.ended_ms = now_ms();
+                    u.ended_ms = now;
                     w.put_upload(&id, &u)?;
                     Ok(1)
                 })
@@ -125,10 +128,11 @@ impl Shard {
         let grace_ms = self.cfg.retired_grace.as_millis() as i64;
         let mut released = 0;
         while started.elapsed() < self.cfg.scan_budget {
+            let clock = self.clock.clone();
             let n = self
                 .gate
                 .write(move |w| {
-                    let due = w.retired_before(now_ms() - grace_ms, PAGE)?;
+                    let due = w.retired_before(clock.now_ms() - grace_ms, PAGE)?;
                     for (ms, rev) in &due {
                         if let Some(r) = w.revision(*rev)? {
                             for b in &r.blocks {
@@ -176,7 +180,7 @@ impl Shard {
     }
 
     async fn sweep_guards(&self, pass: &mut Pass) -> Result<()> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut due = self
             .gate
             .read(|r| {
@@ -193,12 +197,12 @@ impl Shard {
         due.truncate(PAGE);
         for (key, _) in due {
             // Record the attempt before the I/O, so a crash mid-delete is visible.
-            let k = key.clone();
+            let (k, clock) = (key.clone(), self.clock.clone());
             self.gate
                 .write(move |w| {
                     if let Some(mut g) = w.guard(&k)? {
                         g.attempts += 1;
-                        g.last_attempt_ms = now_ms();
+                        g.last_attempt_ms = clock.now_ms();
                         w.put_guard(&k, &g)?;
                     }
                     Ok(())

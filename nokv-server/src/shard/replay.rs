@@ -57,17 +57,17 @@ impl RequestKey {
     /// request; a refusal is recorded (so a retry sees the same answer even after the state
     /// changed) and returned as the inner error, with the session still committing the
     /// record. Only when `check` passes does `apply` write. Storage failures are the outer
-    /// error and abort the session.
+    /// error and abort the session. `now` is the shard clock, read inside the session.
     pub fn execute<S, R: Message + Default>(
         &self,
         w: &mut WriteView,
+        now: i64,
         check: impl FnOnce(&WriteView) -> Result<S>,
         apply: impl FnOnce(&mut WriteView, S, i64) -> Result<R>,
     ) -> Result<Result<R>> {
         if let Some(outcome) = self.recorded(w)? {
             return Ok(outcome);
         }
-        let now = super::now_ms();
         match check(w) {
             Ok(state) => {
                 let resp = apply(w, state, now)?;

@@ -31,7 +31,6 @@
 //! attempt can never mark a block uploaded. Digest checks and hashing happen before any gate.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use nokv_proto::v1 as pb;
@@ -39,7 +38,7 @@ use sha2::{Digest, Sha256};
 
 use super::files::{not_found, retire};
 use super::replay::RequestKey;
-use super::{Shard, now_ms, to_entry};
+use super::{Shard, to_entry};
 use crate::error::{Error, Result};
 use crate::ids::random_hex;
 use crate::memory::BlockMemory;
@@ -57,8 +56,9 @@ const MAX_ARTIFACT: u64 = 1 << 40;
 enum Admit {
     /// The request (or an identical block) was already recorded: answer without writing.
     Done(pb::PutBlockResponse),
-    /// Write `key`, then record; the lease allows the write for `lease_left`.
-    Write { key: String, lease_left: Duration },
+    /// Write `key`, then record; the lease allows the write until the shard clock reads
+    /// `deadline_ms`.
+    Write { key: String, deadline_ms: i64 },
 }
 
 /// Upload ids name their shard so that calls carrying only the id can be routed.
@@ -88,12 +88,13 @@ impl Shard {
         let lease_ms = self.cfg.upload_lease.as_millis() as i64;
         let upload_id = format!("{}.{}", self.id, random_hex(16));
         let upload_token = self.signer.upload_capability(&upload_id);
+        let clock = self.clock.clone();
         self.gate
             .write(move |w| {
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
-                let now = now_ms();
+                let now = clock.now_ms();
                 let rec = UploadRecord {
                     workspace: req.workspace.clone(),
                     path: req.path.clone(),
@@ -170,7 +171,8 @@ impl Shard {
         );
         let block_size = self.cfg.block_size;
         let admit = {
-            let (upload_id, digest) = (upload_id.clone(), digest.clone());
+            let (upload_id, digest, clock) =
+                (upload_id.clone(), digest.clone(), self.clock.clone());
             self.gate
                 .write(move |w| {
                     let mut upload = load_upload(w, &upload_id)?;
@@ -181,7 +183,7 @@ impl Shard {
                     if let Some(done) = key.recorded(w)? {
                         return Ok((Admit::Done(done?), key));
                     }
-                    let now = now_ms();
+                    let now = clock.now_ms();
                     require_open_and_live(&upload, now)?;
                     let block_count = upload.block_count;
                     if index >= block_count {
@@ -237,16 +239,22 @@ impl Shard {
                     Ok((
                         Admit::Write {
                             key: object_key,
-                            lease_left: Duration::from_millis(lease_ms as u64),
+                            deadline_ms: upload.lease_expires_ms,
                         },
                         key,
                     ))
                 })
                 .await?
         };
-        let (object_key, lease_left, key) = match admit {
+        let (object_key, deadline_ms, key) = match admit {
             (Admit::Done(resp), _) => return Ok(resp),
-            (Admit::Write { key: k, lease_left }, key) => (k, lease_left, key),
+            (
+                Admit::Write {
+                    key: k,
+                    deadline_ms,
+                },
+                key,
+            ) => (k, deadline_ms, key),
         };
 
         // 2 and 3 run detached from the caller: once a write is admitted it is written and
@@ -255,15 +263,17 @@ impl Shard {
         let shard = self.clone();
         tokio::spawn(async move {
             let _claim = claim;
-            // 2. Write, with no lock held and at bulk priority; the lease bounds the attempt.
-            let object = shard.object.clone();
+            // 2. Write, with no lock held and at bulk priority; the lease bounds the attempt:
+            // when the shard clock reaches its deadline the write is dropped and its outcome
+            // is unknown (the bytes may still land), so its guard stays.
+            let (object, clock) = (shard.object.clone(), shard.clock.clone());
             let create_key = object_key.clone();
             let outcome = shard
                 .bulk
                 .run(async move {
-                    match tokio::time::timeout(lease_left, object.create(&create_key, data)).await {
-                        Ok(o) => o,
-                        Err(_) => {
+                    tokio::select! {
+                        o = object.create(&create_key, data) => o,
+                        () = clock.reached(deadline_ms) => {
                             PutOutcome::Unknown("provider write outlived the upload lease".into())
                         }
                     }
@@ -271,10 +281,21 @@ impl Shard {
                 .await?;
             // 3. Record. A refusal is the session's outcome, not its failure: the session
             // commits the settled guard and the caller hears the refusal.
+            let clock = shard.clock.clone();
             shard
                 .gate
                 .write(move |w| {
-                    record_block(w, &key, &upload_id, index, &object_key, outcome, lease_ms)
+                    let now = clock.now_ms();
+                    record_block(
+                        w,
+                        &key,
+                        &upload_id,
+                        index,
+                        &object_key,
+                        outcome,
+                        lease_ms,
+                        now,
+                    )
                 })
                 .await?
         })
@@ -296,11 +317,12 @@ impl Shard {
     /// One session: proves the upload open, live and the caller's, and renews its lease.
     async fn extend_lease(&self, claims: Claims, upload_id: String) -> Result<i64> {
         let lease_ms = self.cfg.upload_lease.as_millis() as i64;
+        let clock = self.clock.clone();
         self.gate
             .write(move |w| {
                 let mut upload = load_upload(w, &upload_id)?;
                 claims.require(&upload.workspace, Role::Write)?;
-                let now = now_ms();
+                let now = clock.now_ms();
                 require_open_and_live(&upload, now)?;
                 upload.lease_expires_ms = now + lease_ms;
                 w.put_upload(&upload_id, &upload)?;
@@ -402,6 +424,7 @@ impl Shard {
         // Before the session: prove the declared digest over the recorded blocks' bytes.
         let verified = self.verify_declared_digest(&claims, &key, &req).await?;
         let block_size = self.cfg.block_size;
+        let clock = self.clock.clone();
         self.gate
             .write(move |w| {
                 let mut upload = load_upload(w, &req.upload_id)?;
@@ -410,7 +433,7 @@ impl Shard {
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
-                let now = now_ms();
+                let now = clock.now_ms();
                 require_open_and_live(&upload, now)?;
                 let blocks = w.blocks(&req.upload_id)?;
                 let mut manifest = Sha256::new();
@@ -460,7 +483,7 @@ impl Shard {
                     },
                 )?;
                 if let Some(old) = w.entry(&ws, &path)? {
-                    retire(w, &old)?;
+                    retire(w, &old, now)?;
                     w.remove_inline(&ws, &path)?;
                 }
                 let entry = EntryRecord {
@@ -500,6 +523,7 @@ impl Shard {
         let request_id = std::mem::take(&mut req.request_id);
         req.upload_token.clear();
         let mut key = RequestKey::new("", &request_id, "AbortUpload", &req);
+        let clock = self.clock.clone();
         self.gate
             .write(move |w| {
                 let mut upload = load_upload(w, &req.upload_id)?;
@@ -508,6 +532,7 @@ impl Shard {
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
+                let now = clock.now_ms();
                 match UploadState::try_from(upload.state) {
                     Ok(UploadState::Committed) => {
                         return Err(Error::FailedPrecondition(
@@ -522,13 +547,13 @@ impl Shard {
                         }
                         w.remove_blocks(&req.upload_id)?;
                         upload.state = UploadState::Aborted as i32;
-                        upload.ended_ms = now_ms();
+                        upload.ended_ms = now;
                         w.put_upload(&req.upload_id, &upload)?;
                     }
                     _ => {}
                 }
                 let resp = pb::AbortUploadResponse {};
-                key.record(w, &resp, now_ms())?;
+                key.record(w, &resp, now)?;
                 Ok(resp)
             })
             .await
@@ -644,7 +669,9 @@ fn require_open_and_live(upload: &UploadRecord, now: i64) -> Result<()> {
 /// writer known to be finished has its guard marked `Finished`, so that the reconciler
 /// removes the guard once the key is deleted instead of deleting it again on every pass. An
 /// outer `Err` is a failure of the session itself and rolls everything back. Invariant: a
-/// refused attempt changes nothing but its own guard.
+/// refused attempt changes nothing but its own guard. `now` is the shard clock read inside
+/// this session.
+#[allow(clippy::too_many_arguments)]
 fn record_block(
     w: &mut WriteView,
     key: &RequestKey,
@@ -653,6 +680,7 @@ fn record_block(
     object_key: &str,
     outcome: PutOutcome,
     lease_ms: i64,
+    now: i64,
 ) -> Result<Result<pb::PutBlockResponse>> {
     let finished = |w: &mut WriteView| -> Result<()> {
         if let Some(mut g) = w.guard(object_key)? {
@@ -682,7 +710,6 @@ fn record_block(
             "upload {upload_id} not found"
         ))));
     };
-    let now = now_ms();
     let block = w.block(upload_id, index)?;
     let current = block.as_ref().is_some_and(|b| b.key == object_key);
     if let Err(e) = require_open_and_live(&upload, now).and_then(|_| {

@@ -37,6 +37,7 @@ fn execute(
     meta.write(|w| {
         key.execute(
             w,
+            1_000,
             |_: &WriteView| check(),
             |_: &mut WriteView, (), _now| {
                 applied.set(applied.get() + 1);

@@ -10,6 +10,7 @@ use crate::error::Error;
 use crate::meta::MetaStore;
 use crate::object::ObjectProvider;
 use crate::object::fault::{Faults, FaultyStore};
+use crate::shard::clock::Clock;
 use crate::shard::{Shard, ShardConfig};
 use crate::token::{Claims, Role, Signer};
 
@@ -21,11 +22,25 @@ async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
         .expect("operation blocked: was the gate held across provider I/O?")
 }
 
+/// A fixture whose shard clock is manual: leases run out when the test advances it.
+fn manual_clock_fixture(block_size: u64, lease: Duration) -> Fixture {
+    fixture_on(
+        ShardConfig {
+            block_size,
+            upload_lease: lease,
+            ..ShardConfig::default()
+        },
+        Clock::manual(),
+    )
+}
+
 struct Fixture {
     _dir: tempfile::TempDir,
     shard: Arc<Shard>,
     faults: Faults,
     provider: ObjectProvider,
+    /// The shard clock: wall time unless the fixture was made with [`fixture_on`].
+    clock: Clock,
 }
 
 fn fixture(block_size: u64, lease: Duration) -> Fixture {
@@ -37,6 +52,11 @@ fn fixture(block_size: u64, lease: Duration) -> Fixture {
 }
 
 fn fixture_with(cfg: ShardConfig) -> Fixture {
+    fixture_on(cfg, Clock::wall())
+}
+
+/// A fixture whose shard judges leases by `clock` (e.g. [`Clock::manual`]).
+fn fixture_on(cfg: ShardConfig, clock: Clock) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
     let faults = Faults::default();
@@ -46,12 +66,21 @@ fn fixture_with(cfg: ShardConfig) -> Fixture {
     // Reads and deletes go through the fault layer too, so tests can fail them.
     let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
     let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
-    let shard = Shard::open(3, meta, provider.clone(), bulk, Signer::new(b"k"), cfg);
+    let shard = Shard::open_with_clock(
+        3,
+        meta,
+        provider.clone(),
+        bulk,
+        Signer::new(b"k"),
+        cfg,
+        clock.clone(),
+    );
     Fixture {
         _dir: dir,
         shard,
         faults,
         provider,
+        clock,
     }
 }
 
@@ -157,6 +186,12 @@ async fn concurrent_duplicates_of_one_put_block_write_once_and_share_the_outcome
     let one = tokio::spawn(async move { s1.put_block(writer(), r1).await });
     within(f.faults.wait_held(1)).await;
     let two = tokio::spawn(async move { s2.put_block(writer(), r2).await });
+    // Issue 8 item 11: release only once the duplicate is parked on the block claim, so the
+    // test never passes by the duplicate arriving after the first was recorded.
+    // Mutation caught: `let claim = self.claims.claim(&upload_id, index).await;` in put_block
+    // replaced by `let claim = ();` → the duplicate never parks and this wait fails (verified
+    // red).
+    within(f.shard.claims.wait_parked(1)).await;
     f.faults.release(1);
     let (one, two) = (
         within(one).await.unwrap().unwrap(),
@@ -330,10 +365,9 @@ async fn commit_after_abort_is_refused_and_its_blocks_become_collectable() {
 
 #[tokio::test]
 async fn an_expired_upload_is_refused_at_put_block_and_commit() {
-    let f = fixture(4, Duration::from_millis(200));
+    let f = manual_clock_fixture(4, Duration::from_secs(60));
     let up = begin(&f, "art", 4).await;
-    // Let the lease run out on the shard clock (this waits for time itself, not for a signal).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    f.clock.advance(Duration::from_secs(60));
     let err = f
         .shard
         .put_block(writer(), block(&up, 0, b"abcd", "b0"))
@@ -502,7 +536,7 @@ async fn a_replaced_artifacts_blocks_are_deleted_and_the_live_ones_kept() {
 
 #[tokio::test]
 async fn an_expired_upload_is_claimed_and_its_blocks_deleted() {
-    let f = fixture(4, Duration::from_millis(300));
+    let f = manual_clock_fixture(4, Duration::from_secs(60));
     let up = begin(&f, "art", 8).await;
     f.shard
         .put_block(writer(), block(&up, 0, b"abcd", "b0"))
@@ -514,8 +548,7 @@ async fn an_expired_upload_is_claimed_and_its_blocks_deleted() {
         "lease still live"
     );
     assert_eq!(f.provider.list_keys().await.unwrap().len(), 1);
-    // Let the lease run out on the shard clock (waiting for time itself, not for a signal).
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    f.clock.advance(Duration::from_secs(60));
     let pass = f.shard.reconcile().await.unwrap();
     assert_eq!((pass.expired_uploads, pass.deleted_keys), (1, 1));
     assert!(f.provider.list_keys().await.unwrap().is_empty());
@@ -895,11 +928,12 @@ async fn admit_held(
 /// Sets the upload's lease to have ended (what the passing of time does to the record).
 async fn end_lease(f: &Fixture, up: &pb::BeginUploadResponse) {
     let id = up.upload_id.clone();
+    let now = f.clock.now_ms();
     f.shard
         .gate
         .write(move |w| {
             let mut u = w.upload(&id)?.unwrap();
-            u.lease_expires_ms = crate::shard::now_ms() - 1;
+            u.lease_expires_ms = now - 1;
             w.put_upload(&id, &u)?;
             Ok(())
         })
@@ -919,13 +953,15 @@ async fn assert_record_refused(
 ) {
     let (id, k) = (up.upload_id.clone(), key.clone());
     let request = block(up, 0, b"abcd", "");
+    let now = f.clock.now_ms();
     let (outcome, before, after) = f
         .shard
         .gate
         .write(move |w| {
             let rk = RequestKey::new("ws", "direct", "PutBlock", &request);
             let before = record_state(w, &id);
-            let outcome = super::record_block(w, &rk, &id, 0, &k, PutOutcome::Written, 60_000)?;
+            let outcome =
+                super::record_block(w, &rk, &id, 0, &k, PutOutcome::Written, 60_000, now)?;
             Ok((outcome, before, record_state(w, &id)))
         })
         .await
@@ -1142,7 +1178,7 @@ async fn a_stale_candidate_list_never_claims_an_upload_renewed_since_the_listing
         .put_block(writer(), block(&up, 0, b"abcd", "b0"))
         .await
         .unwrap();
-    let later = crate::shard::now_ms() + 120_000;
+    let later = f.clock.now_ms() + 120_000;
     let candidates = f.shard.expired_candidates(later).await.unwrap();
     assert_eq!(candidates, vec![up.upload_id.clone()]);
     f.shard
@@ -1174,7 +1210,7 @@ async fn a_stale_candidate_list_never_claims_an_upload_committed_since_the_listi
         .put_block(writer(), block(&up, 0, b"abcd", "b0"))
         .await
         .unwrap();
-    let later = crate::shard::now_ms() + 120_000;
+    let later = f.clock.now_ms() + 120_000;
     let candidates = f.shard.expired_candidates(later).await.unwrap();
     assert_eq!(candidates, vec![up.upload_id.clone()]);
     f.shard
@@ -1355,4 +1391,206 @@ async fn a_claimed_upload_stays_unresolved_until_its_last_guard_settles_then_is_
         crate::meta::UploadState::Reclaimed
     );
     assert_accounted(&f).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 8 items 2 and 4 (engineer G): leases and the shard clock, the lease cut-off of a
+// provider write, renew_upload. Every lease here runs out on a manual shard clock.
+
+/// Polls `fut` until it is pending with `parked()` true, without letting it finish: the
+/// caller then knows where the request waits (e.g. queued on the gate) and resumes it later.
+async fn park<F: std::future::Future + Unpin>(fut: &mut F, parked: impl Fn() -> bool) {
+    std::future::poll_fn(|cx| match std::pin::Pin::new(&mut *fut).poll(cx) {
+        std::task::Poll::Ready(_) => panic!("the request finished before it was parked"),
+        std::task::Poll::Pending if parked() => std::task::Poll::Ready(()),
+        std::task::Poll::Pending => std::task::Poll::Pending,
+    })
+    .await
+}
+
+/// Occupies the shard's committer with a write session that blocks until the returned
+/// sender is used (or dropped); returns once the session runs.
+async fn hold_committer(f: &Fixture) -> std::sync::mpsc::Sender<()> {
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let s = f.shard.clone();
+    tokio::spawn(async move {
+        s.gate
+            .write(move |_| {
+                let _ = entered_tx.send(());
+                let _ = release_rx.recv();
+                Ok(())
+            })
+            .await
+    });
+    within(entered_rx).await.unwrap();
+    release_tx
+}
+
+fn renew(up: &pb::BeginUploadResponse) -> pb::RenewUploadRequest {
+    pb::RenewUploadRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+    }
+}
+
+/// Mutation caught: in `extend_lease` (or the admit / commit session) reading
+/// `let now = clock.now_ms();` before `self.gate.write(..)` instead of inside the session →
+/// the queued request is judged by a reading from before the lease ran out and succeeds
+/// (verified red for extend_lease and for the admit session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_runs_out_while_requests_queue_for_the_gate_refuses_them_when_they_get_it() {
+    let lease = Duration::from_secs(60);
+    let f = manual_clock_fixture(4, lease);
+    // One upload per request, so that one request's renewal cannot save another's lease.
+    let (to_renew, to_commit, to_put) = (
+        begin(&f, "renewed", 4).await,
+        begin(&f, "committed", 4).await,
+        begin(&f, "put", 4).await,
+    );
+    let release = hold_committer(&f).await;
+
+    // Each request is driven until it waits for the gate: renew and commit queue their
+    // session on the first poll (everything before it is synchronous; this commit has no
+    // blocks to verify); PutBlock queues its admit session in the poll that takes the claim.
+    let mut renewing = Box::pin(f.shard.renew_upload(writer(), renew(&to_renew)));
+    park(&mut renewing, || true).await;
+    let mut committing = Box::pin(
+        f.shard
+            .commit_upload(writer(), commit(&to_commit, b"abcd", "c")),
+    );
+    park(&mut committing, || true).await;
+    let mut putting = Box::pin(f.shard.put_block(writer(), block(&to_put, 0, b"abcd", "p")));
+    within(park(&mut putting, || f.shard.claims.held() == 1)).await;
+
+    // The lease runs out while all three wait; then the committer is released.
+    f.clock.advance(lease);
+    release.send(()).unwrap();
+
+    for (what, err) in [
+        ("renew", within(renewing).await.map(|_| ()).unwrap_err()),
+        ("commit", within(committing).await.map(|_| ()).unwrap_err()),
+        ("put", within(putting).await.map(|_| ()).unwrap_err()),
+    ] {
+        assert!(matches!(err, Error::LeaseExpired(_)), "{what}: {err:?}");
+    }
+    assert_eq!(f.faults.creates(), 0, "no block was admitted");
+}
+
+/// Mutation caught: the cut-off branch `() = clock.reached(deadline_ms) => ..` of the write
+/// step replaced by `() = std::future::pending() => ..` → the held write is never cut off
+/// and the PutBlock hangs (verified red).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_write_held_past_the_lease_ends_as_unknown_and_keeps_its_guard() {
+    let lease = Duration::from_secs(60);
+    let f = manual_clock_fixture(4, lease);
+    let up = begin(&f, "art", 4).await;
+    f.faults.hold_creates();
+    let s = f.shard.clone();
+    let req = block(&up, 0, b"abcd", "b0");
+    let put = tokio::spawn(async move { s.put_block(writer(), req).await });
+    within(f.faults.wait_held(1)).await;
+
+    f.clock.advance(lease);
+    let err = within(put).await.unwrap().unwrap_err();
+    assert!(
+        matches!(&err, Error::Unavailable(m) if m.contains("outcome unknown")),
+        "{err:?}"
+    );
+    let counts = f.shard.counts().await.unwrap();
+    assert_eq!(
+        (counts.guards, counts.unknown_guards),
+        (1, 1),
+        "the bytes may still land: the attempt stays guarded as an unknown writer"
+    );
+    assert_eq!(
+        f.faults.creates(),
+        0,
+        "the held write was dropped, not sent"
+    );
+}
+
+/// Mutations caught: dropping `upload.lease_expires_ms = now + lease_ms;` from
+/// `extend_lease` → the lease is not extended; dropping `require_open_and_live(&upload, now)?`
+/// from it → an expired upload is renewed (both verified red).
+#[tokio::test]
+async fn renew_upload_extends_the_lease_by_the_shard_clock_and_refuses_once_it_ran_out() {
+    let lease = Duration::from_secs(60);
+    let f = manual_clock_fixture(4, lease);
+    let up = begin(&f, "art", 4).await;
+    f.clock.advance(Duration::from_secs(30));
+    let renewed = f.shard.renew_upload(writer(), renew(&up)).await.unwrap();
+    assert_eq!(
+        renewed.lease_expires_ms,
+        f.clock.now_ms() + lease.as_millis() as i64
+    );
+    assert!(renewed.lease_expires_ms > up.lease_expires_ms);
+    // Past the first lease but within the renewed one: the upload is still live.
+    f.clock.advance(Duration::from_secs(40));
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    // put_block renewed the lease too; let that one run out as well.
+    f.clock.advance(lease);
+    let err = f
+        .shard
+        .renew_upload(writer(), renew(&up))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseExpired(_)), "{err:?}");
+}
+
+/// Mutations caught: dropping `claims.require(&upload.workspace, Role::Write)?` from
+/// `extend_lease` → another workspace's token renews; dropping its
+/// `require_open_and_live(..)?` → an aborted or committed upload is renewed (verified red).
+#[tokio::test]
+async fn renew_upload_refuses_an_aborted_or_committed_upload_and_another_workspaces_token() {
+    let f = manual_clock_fixture(4, Duration::from_secs(60));
+    let other = Claims {
+        workspaces: vec!["other".into()],
+        role: Role::Write,
+        expires: u64::MAX,
+    };
+    let open = begin(&f, "open", 4).await;
+    let err = f.shard.renew_upload(other, renew(&open)).await.unwrap_err();
+    assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
+    let mut forged = renew(&open);
+    forged.upload_token = "00".repeat(32);
+    let err = f.shard.renew_upload(writer(), forged).await.unwrap_err();
+    assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
+
+    let aborted = begin(&f, "aborted", 4).await;
+    f.shard
+        .abort_upload(writer(), abort(&aborted, "ab"))
+        .await
+        .unwrap();
+    let err = f
+        .shard
+        .renew_upload(writer(), renew(&aborted))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::FailedPrecondition(m) if m.contains("aborted")),
+        "{err:?}"
+    );
+
+    let committed = begin(&f, "committed", 4).await;
+    f.shard
+        .put_block(writer(), block(&committed, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    f.shard
+        .commit_upload(writer(), commit(&committed, b"abcd", "c"))
+        .await
+        .unwrap();
+    let err = f
+        .shard
+        .renew_upload(writer(), renew(&committed))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::FailedPrecondition(m) if m.contains("committed")),
+        "{err:?}"
+    );
 }
