@@ -1355,16 +1355,15 @@ async fn upload_state(f: &Fixture, id: &str) -> crate::meta::UploadState {
 /// attempt may still land would read as resolved).
 #[tokio::test]
 async fn a_claimed_upload_stays_unresolved_until_its_last_guard_settles_then_is_reclaimed() {
-    let lease = Duration::from_millis(50);
-    let f = fixture(4, lease);
+    let lease = Duration::from_secs(60);
+    let f = manual_clock_fixture(4, lease);
     let up = begin(&f, "art", 4).await;
     f.faults.refuse_next();
     f.shard
         .put_block(writer(), block(&up, 0, b"abcd", "b0"))
         .await
         .unwrap_err();
-    // Past the lease by the real shard clock: a generous margin over the 50 ms lease.
-    tokio::time::sleep(lease * 3).await;
+    f.clock.advance(lease);
     f.faults.fail_next_deletes(1);
     let pass = f.shard.reconcile().await.unwrap();
     assert_eq!(pass.expired_uploads, 1);
@@ -1384,7 +1383,7 @@ async fn a_claimed_upload_stays_unresolved_until_its_last_guard_settles_then_is_
 
     // An expired upload with no attempt in flight is resolved by its claim alone.
     let idle = begin(&f, "idle", 4).await;
-    tokio::time::sleep(lease * 3).await;
+    f.clock.advance(lease);
     f.shard.reconcile().await.unwrap();
     assert_eq!(
         upload_state(&f, &idle.upload_id).await,
