@@ -235,3 +235,51 @@ fn without_a_receipt_a_rerun_is_a_new_upload_and_a_new_generation() {
     assert_eq!(second["receipt"], Value::Null, "{second}");
     assert!(second["generation"].as_u64() > first["generation"].as_u64());
 }
+
+#[test]
+fn a_receipt_publish_cut_off_by_the_network_is_left_open_and_its_rerun_resumes() {
+    use nokv_client::publish::PublishOptions;
+    use nokv_client::sdk::{LostResponses, RetryPolicy};
+    let d = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = pseudo_random_bytes(96, 2 * BLOCK + 9);
+    let src = dir.path().join("a.bin");
+    std::fs::write(&src, &data).unwrap();
+    let opts = PublishOptions {
+        parallel: 1,
+        receipt: Some("net-1".into()),
+        ..PublishOptions::default()
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        // The server records block 0, its answer is lost and the one attempt allowed is spent:
+        // the outcome is unknown, so the publish fails without aborting the upload.
+        let lost = LostResponses::default();
+        lost.lose("put_block", 1);
+        let cut_off = d
+            .sdk()
+            .await
+            .with_retry(RetryPolicy {
+                attempts: 1,
+                ..RetryPolicy::default()
+            })
+            .with_lost_responses(lost);
+        let err = cut_off
+            .publish("ws", "a.bin", &src, opts.clone())
+            .await
+            .expect_err("the lost answer ends the run");
+        assert!(err.outcome_unknown(), "{err:?}");
+
+        let rerun = d
+            .sdk()
+            .await
+            .publish("ws", "a.bin", &src, opts)
+            .await
+            .expect("the rerun resumes and commits");
+        // Block 0 at least was recorded (a block already in flight when the failure
+        // surfaced may have been too); only the others travel again.
+        assert!(rerun.resumed_blocks >= 1, "the upload was kept: {rerun:?}");
+        assert_eq!(rerun.sent_blocks + rerun.resumed_blocks, 3, "{rerun:?}");
+        assert_eq!(rerun.entry.sha256, Sha256::digest(&data).to_vec());
+    });
+}
