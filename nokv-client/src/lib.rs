@@ -6,6 +6,7 @@
 pub mod config;
 pub mod error;
 pub mod publish;
+mod receipt;
 pub mod restore;
 pub mod sdk;
 

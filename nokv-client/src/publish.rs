@@ -6,6 +6,7 @@
 //! While blocks are in flight the upload's lease is renewed every third of its length; a
 //! renewal failure stops the publish with that failure's reason and nothing is committed.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::error::ClientError;
+use crate::receipt;
 use crate::sdk::{Client, Result, new_request_id, unary};
 
 /// Called with the number of bytes just accounted for (read and sent).
@@ -26,6 +28,12 @@ pub struct PublishOptions {
     /// Blocks in flight at once (default 4).
     pub parallel: usize,
     pub progress: Option<Progress>,
+    /// A stable receipt naming this logical publication: rerunning the publish after a
+    /// failure resumes the receipt's open upload (only missing blocks are sent), and after
+    /// a commit answers the committed entry without writing anything (the SDK's `receipt`
+    /// module says how).
+    /// `None` (the default): every publish is a new upload.
+    pub receipt: Option<String>,
 }
 
 impl Default for PublishOptions {
@@ -33,8 +41,21 @@ impl Default for PublishOptions {
         PublishOptions {
             parallel: 4,
             progress: None,
+            receipt: None,
         }
     }
+}
+
+/// What a publish did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    pub entry: pb::Entry,
+    /// Blocks sent by this run.
+    pub sent_blocks: u32,
+    /// Blocks the resumed receipt upload had recorded already: not sent again.
+    pub resumed_blocks: u32,
+    /// The receipt's publication was committed by an earlier run: nothing was sent.
+    pub already_committed: bool,
 }
 
 impl Client {
@@ -46,6 +67,22 @@ impl Client {
         file: &std::path::Path,
         opts: PublishOptions,
     ) -> Result<pb::Entry> {
+        Ok(self.publish(ws, path, file, opts).await?.entry)
+    }
+
+    /// Publishes a local file as `ws:path` and says what was sent. With a receipt the file
+    /// is hashed first (its sha256 is part of the receipt's identity).
+    pub async fn publish(
+        &self,
+        ws: &str,
+        path: &str,
+        file: &std::path::Path,
+        opts: PublishOptions,
+    ) -> Result<Published> {
+        let declared = match &opts.receipt {
+            Some(_) => Some(receipt::file_sha256(file).await?),
+            None => None,
+        };
         let f = tokio::fs::File::open(file)
             .await
             .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?;
@@ -54,25 +91,58 @@ impl Client {
             .await
             .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?
             .len();
-        self.publish_reader(ws, path, f, size, opts).await
+        self.publish_source(ws, path, f, size, declared, opts).await
     }
 
-    /// Publishes exactly `size` bytes read from `reader`.
+    /// Publishes exactly `size` bytes read from `reader`. A receipt needs the source's
+    /// sha256 before the upload begins: use [`Client::publish`] for one.
     pub async fn publish_reader<R: AsyncRead + Unpin>(
+        &self,
+        ws: &str,
+        path: &str,
+        reader: R,
+        size: u64,
+        opts: PublishOptions,
+    ) -> Result<pb::Entry> {
+        if opts.receipt.is_some() {
+            return Err(ClientError::usage(
+                "a receipt needs the source's sha256 before the upload begins: publish a file",
+            ));
+        }
+        Ok(self
+            .publish_source(ws, path, reader, size, None, opts)
+            .await?
+            .entry)
+    }
+
+    /// The publish itself; `declared` is the source's sha256 when publishing under a receipt.
+    async fn publish_source<R: AsyncRead + Unpin>(
         &self,
         ws: &str,
         path: &str,
         mut reader: R,
         size: u64,
+        declared: Option<Vec<u8>>,
         opts: PublishOptions,
-    ) -> Result<pb::Entry> {
+    ) -> Result<Published> {
         let begin_req = pb::BeginUploadRequest {
             workspace: ws.into(),
             path: path.into(),
             size,
             request_id: new_request_id(),
+            receipt: opts.receipt.clone().unwrap_or_default(),
+            sha256: declared.clone().unwrap_or_default(),
         };
         let begin = unary!(self, begin_upload, begin_req)?;
+        if let Some(entry) = begin.committed {
+            return Ok(Published {
+                entry,
+                sent_blocks: 0,
+                resumed_blocks: 0,
+                already_committed: true,
+            });
+        }
+        let resumed_blocks = begin.recorded_blocks.len() as u32;
 
         let (stop_renewal, mut renewal) = self.spawn_renewal(&begin);
         let mut renewal_ended = false;
@@ -95,10 +165,19 @@ impl Client {
             renewal.await.ok().flatten()
         };
 
-        let sha256 = match (result, renewal_error) {
-            (Ok(sha), None) => sha,
-            (Err(e), _) | (Ok(_), Some(e)) => {
-                self.abort_quietly(&begin).await;
+        let sent = match (result, renewal_error) {
+            (Ok((sha, sent)), None) => match &declared {
+                Some(d) => receipt::require_unchanged(d, &sha).map(|()| (sha, sent)),
+                None => Ok((sha, sent)),
+            },
+            (Err(e), _) | (Ok(_), Some(e)) => Err(e),
+        };
+        let (sha256, sent_blocks) = match sent {
+            Ok(sent) => sent,
+            Err(e) => {
+                if !receipt::keep_open_after(opts.receipt.as_deref(), &e) {
+                    self.abort_quietly(&begin).await;
+                }
                 return Err(e);
             }
         };
@@ -109,18 +188,26 @@ impl Client {
             request_id: new_request_id(),
         };
         let committed = unary!(self, commit_upload, commit_req)?;
-        Ok(committed.entry.unwrap_or_default())
+        Ok(Published {
+            entry: committed.entry.unwrap_or_default(),
+            sent_blocks,
+            resumed_blocks,
+            already_committed: false,
+        })
     }
 
     /// Reads block after block, hashing as it goes, and keeps up to `parallel` PutBlocks in
-    /// flight. Returns the whole-body sha256.
+    /// flight; blocks the server named as recorded (a resumed receipt upload) are read and
+    /// hashed but not sent. Returns the whole-body sha256 and the number of blocks sent.
     async fn send_blocks<R: AsyncRead + Unpin>(
         &self,
         begin: &pb::BeginUploadResponse,
         reader: &mut R,
         size: u64,
         opts: &PublishOptions,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<(Vec<u8>, u32)> {
+        let mut sent = 0;
+        let recorded: HashSet<u32> = begin.recorded_blocks.iter().copied().collect();
         let permits = Arc::new(Semaphore::new(opts.parallel.max(1)));
         let mut whole = Sha256::new();
         let mut inflight: JoinSet<Result<()>> = JoinSet::new();
@@ -150,6 +237,14 @@ impl Client {
                 ));
             }
             whole.update(&data);
+            if recorded.contains(&index) {
+                drop(permit);
+                if let Some(p) = &opts.progress {
+                    p(len as u64);
+                }
+                continue;
+            }
+            sent += 1;
             let req = pb::PutBlockRequest {
                 upload_id: begin.upload_id.clone(),
                 upload_token: begin.upload_token.clone(),
@@ -178,7 +273,7 @@ impl Client {
                 "the source grew while it was being published",
             ));
         }
-        Ok(whole.finalize().to_vec())
+        Ok((whole.finalize().to_vec(), sent))
     }
 
     /// Renews the lease every third of its length until stopped. Returns the error that

@@ -118,6 +118,17 @@ pub fn request_id(id: &str) -> Result<&str> {
     Ok(id)
 }
 
+/// A publication receipt (BeginUpload): like a request id, 1..=128 printable ASCII characters.
+pub fn receipt(id: &str) -> Result<&str> {
+    if id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES || !id.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(invalid(format!(
+            "receipt must be 1..={MAX_REQUEST_ID_BYTES} printable ASCII characters"
+        )));
+    }
+    Ok(id)
+}
+
 fn check_chars(p: &str, what: &str) -> Result<()> {
     if let Some(c) = p.chars().find(|c| c.is_control()) {
         return Err(invalid(format!(

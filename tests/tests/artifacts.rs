@@ -641,6 +641,7 @@ fn a_commit_whose_declared_sha256_is_wrong_answers_digest_mismatch_and_publishes
                 path: "lie.bin".into(),
                 size: body.len() as u64,
                 request_id: "begin-lie".into(),
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -123,6 +123,7 @@ fn block_bytes_held_by_the_daemon_stay_within_the_block_memory_budget() {
                 path: "big.bin".into(),
                 size: WRITERS as u64 * BLOCK,
                 request_id: "begin-mem".into(),
+                ..Default::default()
             })
             .await
             .expect("begin upload")

@@ -810,6 +810,7 @@ async fn replaying_an_upload_request_id_with_another_workspaces_token_is_refused
         path: path.into(),
         size: body.len() as u64,
         request_id: rid.into(),
+        ..Default::default()
     };
     let up = own
         .begin_upload(begin("art", "b1"))

@@ -7,7 +7,8 @@ use nokv_client::publish::PublishOptions;
 use nokv_client::{Client, ClientError};
 use serde_json::json;
 
-use super::output::{Output, entry_json, human_bytes};
+use super::crash_point;
+use super::output::{Output, entry_human, entry_json, human_bytes};
 use super::progress::Bar;
 use super::spool::spool_stdin;
 use super::target::Target;
@@ -23,16 +24,20 @@ pub async fn publish(
     t: &Target,
     parallel: usize,
     quiet: bool,
+    receipt: Option<String>,
 ) -> Result<(), ClientError> {
     // Stdin has no size up front: spool it to a temporary file first (never into memory).
     if source.as_os_str() == "-" {
         let spooled = spool_stdin(&[]).await?;
-        return publish_file(client, out, spooled.path(), t, parallel, quiet).await;
+        return publish_file(client, out, spooled.path(), t, parallel, quiet, receipt).await;
     }
-    publish_file(client, out, source, t, parallel, quiet).await
+    publish_file(client, out, source, t, parallel, quiet, receipt).await
 }
 
-/// Publishes the regular file `file` (streamed in blocks, never held in memory as a whole).
+/// Publishes the regular file `file` (streamed in blocks, never held in memory as a whole),
+/// under `receipt` when given. The JSON document is the entry plus `sent_blocks`,
+/// `resumed_blocks` (recorded by an earlier run of the receipt, not sent again),
+/// `already_committed` and `receipt`.
 pub async fn publish_file(
     client: &Client,
     out: Output,
@@ -40,31 +45,53 @@ pub async fn publish_file(
     t: &Target,
     parallel: usize,
     quiet: bool,
+    receipt: Option<String>,
 ) -> Result<(), ClientError> {
     let size = std::fs::metadata(file)
         .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?
         .len();
     let bar = Bar::new(size, quiet, out.json, "publish");
     let started = Instant::now();
-    let entry = client
-        .publish_file(
+    let published = client
+        .publish(
             &t.workspace,
             &t.path,
             file,
             PublishOptions {
                 parallel,
-                progress: bar.callback(),
+                progress: crash_point::arm(bar.callback()),
+                receipt: receipt.clone(),
             },
         )
         .await;
     bar.finish();
-    let entry = entry?;
+    let published = published?;
+    let entry = &published.entry;
     let mib_s = rate(size, started);
-    let mut doc = entry_json(&entry);
+    let mut doc = entry_json(entry);
     doc["mib_per_s"] = json!(mib_s);
+    doc["sent_blocks"] = json!(published.sent_blocks);
+    doc["resumed_blocks"] = json!(published.resumed_blocks);
+    doc["already_committed"] = json!(published.already_committed);
+    doc["receipt"] = json!(receipt);
     out.emit(doc, || {
+        if published.already_committed {
+            return format!(
+                "already published under receipt {}; nothing was sent\n{}",
+                receipt.as_deref().unwrap_or_default(),
+                entry_human(entry)
+            );
+        }
+        let resumed = if published.resumed_blocks > 0 {
+            format!(
+                ", resumed: {} sent, {} already recorded",
+                published.sent_blocks, published.resumed_blocks
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "published {t} ({}, {} blocks, revision {}, generation {}) at {mib_s:.1} MiB/s\n  sha256 {}",
+            "published {t} ({}, {} blocks{resumed}, revision {}, generation {}) at {mib_s:.1} MiB/s\n  sha256 {}",
             human_bytes(entry.size),
             entry.block_count,
             entry.revision,

@@ -81,7 +81,7 @@ pub async fn put(
                      published as an artifact, one request id per block",
                 ));
             }
-            return super::artifacts::publish_file(client, out, &path, t, 4, true).await;
+            return super::artifacts::publish_file(client, out, &path, t, 4, true, None).await;
         }
     };
     let (mode, if_generation) = match (create_only, if_generation) {

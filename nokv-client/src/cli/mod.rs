@@ -8,6 +8,7 @@
 mod admin;
 mod artifacts;
 mod bench;
+mod crash_point;
 mod files;
 mod output;
 mod progress;
@@ -112,6 +113,13 @@ enum Command {
         /// No progress bar.
         #[arg(long, short)]
         quiet: bool,
+        /// Stable receipt naming this publication (1-128 printable ASCII characters): rerunning
+        /// the same command after a crash or a network failure resumes its open upload and
+        /// sends only the missing blocks; after success it writes nothing and prints the
+        /// committed entry. Another file under the same receipt is refused (RequestIdReused).
+        /// Default: none (every run is a new upload).
+        #[arg(long)]
+        receipt: Option<String>,
     },
     /// Restore an artifact into DEST (verified, atomic, resumable).
     Restore {
@@ -263,7 +271,8 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
             target,
             parallel,
             quiet,
-        } => artifacts::publish(client, out, &file, &target, parallel, quiet).await,
+            receipt,
+        } => artifacts::publish(client, out, &file, &target, parallel, quiet, receipt).await,
         Command::Restore {
             target,
             dest,

@@ -115,6 +115,8 @@ const ENDED_UPLOADS: TableDefinition<(i64, &str), ()> = TableDefinition::new("en
 /// Marker in SEQUENCES: the two upload indexes above cover every upload record (data dirs
 /// written before the indexes existed are indexed once, by [`WriteView::index_uploads`]).
 const UPLOAD_INDEX_MARKER: &str = "upload-index-v1";
+/// (workspace, receipt) -> ReceiptRecord: stable receipts of resumable publications.
+const RECEIPTS: TableDefinition<(&str, &str), Bytes> = TableDefinition::new("receipts");
 /// (retired ms, revision) -> () : revisions no entry points at any more. They stay readable
 /// (a restore that started before an overwrite completes) until the retired grace has
 /// passed; then the reconciler releases their block keys to COLLECTABLE.
@@ -215,6 +217,7 @@ impl MetaStore {
             txn.open_table(GUARDS)?;
             txn.open_table(COLLECTABLE)?;
             txn.open_table(SEQUENCES)?;
+            txn.open_table(RECEIPTS)?;
             Ok::<_, MetaError>(())
         })?;
         Ok(store)
@@ -373,6 +376,13 @@ macro_rules! readable {
             pub fn upload(&self, id: &str) -> MetaResult<Option<UploadRecord>> {
                 let t = self.txn.open_table(UPLOADS)?;
                 t.get(id)?.map(|v| decode(v.value())).transpose()
+            }
+
+            pub fn receipt(&self, ws: &str, receipt: &str) -> MetaResult<Option<ReceiptRecord>> {
+                let Some(t) = optional(self.txn.open_table(RECEIPTS))? else {
+                    return Ok(None);
+                };
+                t.get((ws, receipt))?.map(|v| decode(v.value())).transpose()
             }
 
             pub fn block(&self, upload: &str, index: u32) -> MetaResult<Option<BlockRecord>> {
@@ -643,12 +653,28 @@ impl WriteView {
         self.index_upload(id, rec)
     }
 
-    /// Forgets a terminal upload record (pruning).
+    /// Forgets a terminal upload record (pruning), and the receipt record that names it: a
+    /// receipt is remembered exactly as long as its latest upload's history.
     pub fn remove_upload(&mut self, id: &str) -> MetaResult<()> {
         if let Some(old) = self.upload(id)? {
             self.unindex_upload(id, &old)?;
             self.txn.open_table(UPLOADS)?.remove(id)?;
+            if !old.receipt.is_empty()
+                && self
+                    .receipt(&old.workspace, &old.receipt)?
+                    .is_some_and(|r| r.upload_id == id)
+            {
+                self.txn
+                    .open_table(RECEIPTS)?
+                    .remove((old.workspace.as_str(), old.receipt.as_str()))?;
+            }
         }
+        Ok(())
+    }
+
+    pub fn put_receipt(&mut self, ws: &str, receipt: &str, rec: &ReceiptRecord) -> MetaResult<()> {
+        let mut t = self.txn.open_table(RECEIPTS)?;
+        t.insert((ws, receipt), rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 

@@ -93,6 +93,9 @@ pub struct UploadRecord {
     /// expiry); its record is pruned once the replay window that could reference it ended.
     #[prost(int64, tag = "9")]
     pub ended_ms: i64,
+    /// The receipt this upload was begun under, or empty (see [`ReceiptRecord`]).
+    #[prost(string, tag = "10")]
+    pub receipt: String,
 }
 
 impl UploadRecord {
@@ -189,4 +192,25 @@ pub struct GuardRecord {
     pub attempts: u32,
     #[prost(int64, tag = "5")]
     pub last_attempt_ms: i64,
+}
+
+/// One logical publication named by a client's stable receipt, keyed by (workspace,
+/// receipt). Its identity (path, size, whole-file sha256) never changes; `upload_id` names
+/// the receipt's latest upload (a new one replaces an expired or ended one). The record lives
+/// exactly as long as the upload record it names: pruning that record removes it too.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ReceiptRecord {
+    #[prost(string, tag = "1")]
+    pub path: String,
+    #[prost(uint64, tag = "2")]
+    pub size: u64,
+    #[prost(bytes = "vec", tag = "3")]
+    pub sha256: Vec<u8>,
+    #[prost(string, tag = "4")]
+    pub upload_id: String,
+    #[prost(int64, tag = "5")]
+    pub created_ms: i64,
+    /// Set by the commit that published the receipt's upload: the entry it published.
+    #[prost(message, optional, tag = "6")]
+    pub committed: Option<EntryRecord>,
 }

@@ -164,6 +164,9 @@ impl Workspace for WorkspaceService {
                 self.admit(&req, &r.workspace, Role::Write)?;
                 let path = names::path(&r.path)?.into_owned();
                 names::request_id(&r.request_id)?;
+                if !r.receipt.is_empty() {
+                    names::receipt(&r.receipt)?;
+                }
                 let shard = self.node.shard_for(&r.workspace).clone();
                 shard
                     .begin_upload(pb::BeginUploadRequest {

@@ -9,6 +9,7 @@ pub mod claims;
 pub mod clock;
 pub mod files;
 pub mod gate;
+pub mod receipts;
 pub mod reconciler;
 pub mod replay;
 pub mod sequencer;

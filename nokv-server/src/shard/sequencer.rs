@@ -81,6 +81,9 @@ impl Shard {
                 req.size
             )));
         }
+        if !req.receipt.is_empty() {
+            return self.begin_receipt_upload(req).await;
+        }
         let request_id = std::mem::take(&mut req.request_id);
         let key = RequestKey::new(&req.workspace, &request_id, "BeginUpload", &req);
         let block_size = self.cfg.block_size;
@@ -105,6 +108,7 @@ impl Shard {
                     created_ms: now,
                     revision: 0,
                     ended_ms: 0,
+                    receipt: String::new(),
                 };
                 w.put_upload(&upload_id, &rec)?;
                 let resp = pb::BeginUploadResponse {
@@ -114,6 +118,7 @@ impl Shard {
                     block_count,
                     lease_expires_ms: rec.lease_expires_ms,
                     lease_ms: lease_ms as u64,
+                    ..Default::default()
                 };
                 key.record(w, &resp, now)?;
                 Ok(resp)
@@ -497,6 +502,7 @@ impl Shard {
                     manifest_sha256: manifest,
                 };
                 w.put_entry(&ws, &path, &entry)?;
+                super::receipts::on_commit(w, &req.upload_id, &upload, &req.sha256, &entry)?;
                 upload.state = UploadState::Committed as i32;
                 upload.ended_ms = now;
                 upload.revision = revision;

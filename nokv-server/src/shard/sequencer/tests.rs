@@ -104,6 +104,7 @@ async fn begin(f: &Fixture, path: &str, size: u64) -> pb::BeginUploadResponse {
             path: path.into(),
             size,
             request_id: format!("begin-{path}"),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -496,6 +497,7 @@ async fn publish_one(f: &Fixture, path: &str, body: &[u8; 4], rid: &str) {
             path: path.into(),
             size: 4,
             request_id: format!("begin-{rid}"),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -674,6 +676,7 @@ async fn one_pass_claims_every_expired_upload_not_just_one_page() {
                     path: format!("a{i}"),
                     size: 4,
                     request_id: format!("begin-{i}"),
+                    ..Default::default()
                 })
                 .await
                 .unwrap()

@@ -1,0 +1,57 @@
+//! Resumable publication under a stable receipt, the client's half.
+//!
+//! A receipt (`PublishOptions::receipt`, `nokv publish --receipt ID`) names one logical
+//! publication. Its identity is (path, size, whole-file sha256), which the server must know
+//! at BeginUpload, so the SDK hashes the source file in a first pass before it begins. The
+//! server then answers one of three ways (see `BeginUploadRequest.receipt` in the proto):
+//! a new upload, the receipt's open upload with the indexes of the blocks it has recorded
+//! (the SDK reads and hashes every block again but sends only the others, then commits), or
+//! the entry an earlier run committed (nothing is sent). The same receipt with another file
+//! is refused with `RequestIdReused`.
+//!
+//! A run under a receipt that fails with an unknown outcome (transport lost, server
+//! unavailable) does not abort its upload: the rerun resumes it while its lease lives. Any
+//! other failure aborts as without a receipt. Without a receipt nothing of this applies and
+//! every publish is a new upload.
+
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt;
+
+use crate::error::ClientError;
+use crate::sdk::Result;
+
+/// The whole-file sha256 of `file`, read in 4 MiB pieces (never held in memory as a whole).
+pub(crate) async fn file_sha256(file: &Path) -> Result<Vec<u8>> {
+    let local = |e: std::io::Error| ClientError::local(format!("{}: {e}", file.display()));
+    let mut f = tokio::fs::File::open(file).await.map_err(local)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 4 << 20];
+    loop {
+        let n = f.read(&mut buf).await.map_err(local)?;
+        if n == 0 {
+            return Ok(hasher.finalize().to_vec());
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
+/// Whether a failed publish under a receipt leaves its upload open for a rerun to resume
+/// instead of aborting it: only when the failure's outcome is unknown (the network or the
+/// server went away — exactly the failures a rerun is for).
+pub(crate) fn keep_open_after(receipt: Option<&str>, e: &ClientError) -> bool {
+    receipt.is_some() && e.outcome_unknown()
+}
+
+/// Refuses a publish whose source changed between the hashing pass and the sending pass: the
+/// declared identity would not be the published bytes.
+pub(crate) fn require_unchanged(declared: &[u8], sent: &[u8]) -> Result<()> {
+    if declared == sent {
+        return Ok(());
+    }
+    Err(ClientError::local(
+        "the source changed while it was being published (its sha256 differs from the one \
+         declared under the receipt)",
+    ))
+}
