@@ -89,6 +89,7 @@ impl Workspace for Fake {
             block_count: req.size.div_ceil(4) as u32,
             lease_expires_ms: 0,
             lease_ms: LEASE_MS,
+            ..Default::default()
         }))
     }
     async fn put_block(

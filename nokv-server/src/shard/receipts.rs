@@ -25,7 +25,7 @@
 use nokv_proto::v1 as pb;
 
 use super::replay::RequestKey;
-use super::{Shard, now_ms, to_entry};
+use super::{Shard, to_entry};
 use crate::error::{Error, Result};
 use crate::ids::random_hex;
 use crate::meta::{BlockState, EntryRecord, ReceiptRecord, UploadRecord, UploadState, WriteView};
@@ -49,12 +49,13 @@ impl Shard {
         let lease_ms = self.cfg.upload_lease.as_millis() as i64;
         let fresh_id = format!("{}.{}", self.id, random_hex(16));
         let signer = self.signer.clone();
+        let clock = self.clock.clone();
         self.gate
             .write(move |w| {
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
-                let now = now_ms();
+                let now = clock.now_ms();
                 let answer = |upload_id: String, lease_expires_ms: i64| pb::BeginUploadResponse {
                     upload_token: signer.upload_capability(&upload_id),
                     upload_id,
