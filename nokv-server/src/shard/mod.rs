@@ -10,6 +10,7 @@ pub mod gate;
 pub mod reconciler;
 pub mod replay;
 pub mod sequencer;
+pub mod workspaces;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
