@@ -428,3 +428,85 @@ async fn a_deletion_cut_short_after_its_fence_is_finished_by_the_next_reconciler
     );
     write(&f, "ws", "x", b"x").await.unwrap();
 }
+
+/// Occupies every bulk permit (the fixture has two) until the returned senders are dropped
+/// or fired: a CommitUpload then waits to hash its blocks, after its lease was extended.
+async fn hold_bulk(f: &Fixture) -> Vec<tokio::sync::oneshot::Sender<()>> {
+    let mut releases = Vec::new();
+    for _ in 0..2 {
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let (started, running) = tokio::sync::oneshot::channel::<()>();
+        let bulk = f.shard.bulk.clone();
+        tokio::spawn(async move {
+            bulk.run(async move {
+                let _ = started.send(());
+                let _ = released.await;
+            })
+            .await
+        });
+        within(running).await.unwrap();
+        releases.push(release);
+    }
+    releases
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_verified_before_the_fence_is_refused_by_its_commit_session() {
+    let f = fixture();
+    let up = begin(&f, "ws", "late.bin", 8).await.unwrap();
+    f.shard
+        .put_block(writer(), block(&up, 0, b"lateblck"))
+        .await
+        .unwrap();
+    // A known lease, so the commit's own lease extension is visible.
+    let id = up.upload_id.clone();
+    let marker = f
+        .shard
+        .gate
+        .write(move |w| {
+            let mut u = w.upload(&id)?.unwrap();
+            u.lease_expires_ms -= 1000;
+            let marker = u.lease_expires_ms;
+            w.put_upload(&id, &u)?;
+            Ok(marker)
+        })
+        .await
+        .unwrap();
+    let releases = hold_bulk(&f).await;
+    let shard = f.shard.clone();
+    let req = pb::CommitUploadRequest {
+        upload_id: up.upload_id.clone(),
+        upload_token: up.upload_token.clone(),
+        sha256: Sha256::digest(b"lateblck").to_vec(),
+        request_id: rid("commit"),
+    };
+    let committing = tokio::spawn(async move { shard.commit_upload(writer(), req).await });
+    // The commit proved the upload live and extended its lease; it now waits to hash.
+    within(async {
+        loop {
+            let id = up.upload_id.clone();
+            let lease = f
+                .shard
+                .gate
+                .read(move |r| Ok(r.upload(&id)?.unwrap().lease_expires_ms))
+                .await
+                .unwrap();
+            if lease > marker {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    // The deletion's fence lands between the verification and the commit session.
+    f.shard.gate.write(|w| fence(w, "ws")).await.unwrap();
+    drop(releases);
+    assert_fenced(
+        within(committing).await.unwrap(),
+        "commit session after the fence",
+    );
+    assert!(matches!(
+        f.shard.stat("ws", "late.bin").await,
+        Err(Error::NotFound(_))
+    ));
+}
