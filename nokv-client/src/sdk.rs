@@ -267,6 +267,18 @@ impl Client {
         Ok(r.into_inner())
     }
 
+    /// Deletes a whole workspace (admin token, or a write token for it). `request_id`
+    /// defaults to a fresh random id; a retry with the same id never deletes again.
+    pub async fn delete_workspace(
+        &self,
+        mut req: pb::DeleteWorkspaceRequest,
+    ) -> Result<pb::DeleteWorkspaceResponse> {
+        if req.request_id.is_empty() {
+            req.request_id = new_request_id();
+        }
+        unary!(self, delete_workspace, req)
+    }
+
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
             .retrying("health", || {

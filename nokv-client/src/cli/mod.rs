@@ -14,6 +14,7 @@ mod output;
 mod progress;
 mod spool;
 mod target;
+mod workspaces;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -138,6 +139,9 @@ enum Command {
     /// Operator commands (admin token).
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// Whole-workspace commands.
+    #[command(subcommand)]
+    Workspace(workspaces::WorkspaceCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -220,6 +224,9 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
     if let Command::Bench(cmd) = cli.command {
         return bench::run(cmd, async || Client::connect(&cfg.resolve()?).await).await;
     }
+    if let Command::Workspace(cmd) = &cli.command {
+        cmd.confirmed()?;
+    }
     let client = Client::connect(&cfg.resolve()?).await?;
     dispatch(&client, cli.command, out).await.map_err(|e| {
         if token_given_empty && e.is("Unauthenticated") {
@@ -281,5 +288,6 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         } => artifacts::restore(client, out, &target, &dest, parallel, quiet).await,
         Command::Admin(AdminCommand::Health) => admin::health(client, out).await,
         Command::Admin(AdminCommand::Audit) => admin::audit(client, out).await,
+        Command::Workspace(cmd) => workspaces::run(client, out, cmd).await,
     }
 }

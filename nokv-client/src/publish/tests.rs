@@ -147,6 +147,12 @@ impl Workspace for Fake {
     ) -> Result<Response<Self::ReadBlockStream>, Status> {
         Err(unused())
     }
+    async fn delete_workspace(
+        &self,
+        _: Request<pb::DeleteWorkspaceRequest>,
+    ) -> Result<Response<pb::DeleteWorkspaceResponse>, Status> {
+        Err(unused())
+    }
 }
 
 impl Fake {

@@ -121,6 +121,9 @@ const RECEIPTS: TableDefinition<(&str, &str), Bytes> = TableDefinition::new("rec
 /// (a restore that started before an overwrite completes) until the retired grace has
 /// passed; then the reconciler releases their block keys to COLLECTABLE.
 const RETIRED: TableDefinition<(i64, u64), ()> = TableDefinition::new("retired");
+/// workspace -> WorkspaceRecord, only for workspaces being deleted (see
+/// [`crate::shard::workspaces`]).
+const WORKSPACES: TableDefinition<&str, Bytes> = TableDefinition::new("workspaces");
 
 fn decode<R: Message + Default>(bytes: &[u8]) -> MetaResult<R> {
     Ok(R::decode(bytes)?)
@@ -571,6 +574,63 @@ macro_rules! readable {
 readable!(ReadView);
 readable!(WriteView);
 
+/// Reads of the workspace-deletion state, shared by both views.
+macro_rules! workspace_reads {
+    ($view:ty) => {
+        impl $view {
+            pub fn workspace(&self, ws: &str) -> MetaResult<Option<WorkspaceRecord>> {
+                let Some(t) = optional(self.txn.open_table(WORKSPACES))? else {
+                    return Ok(None);
+                };
+                t.get(ws)?.map(|v| decode(v.value())).transpose()
+            }
+
+            /// Up to `limit` workspaces with a record (all of them being deleted), by name.
+            pub fn workspace_records(
+                &self,
+                limit: usize,
+            ) -> MetaResult<Vec<(String, WorkspaceRecord)>> {
+                let mut out = Vec::new();
+                let Some(t) = optional(self.txn.open_table(WORKSPACES))? else {
+                    return Ok(out);
+                };
+                for item in t.iter()?.take(limit) {
+                    let (k, v) = item?;
+                    out.push((k.value().to_string(), decode(v.value())?));
+                }
+                Ok(out)
+            }
+
+            /// Up to `limit` retired revisions in (retired ms, revision) order, strictly after
+            /// `after` when given.
+            pub fn retired_after(
+                &self,
+                after: Option<(i64, u64)>,
+                limit: usize,
+            ) -> MetaResult<Vec<(i64, u64)>> {
+                let mut out = Vec::new();
+                let Some(t) = optional(self.txn.open_table(RETIRED))? else {
+                    return Ok(out);
+                };
+                let start = match after {
+                    Some(a) => Bound::Excluded(a),
+                    None => Bound::Unbounded,
+                };
+                for item in t
+                    .range::<(i64, u64)>((start, Bound::Unbounded))?
+                    .take(limit)
+                {
+                    out.push(item?.0.value());
+                }
+                Ok(out)
+            }
+        }
+    };
+}
+
+workspace_reads!(ReadView);
+workspace_reads!(WriteView);
+
 impl WriteView {
     pub fn put_entry(&mut self, ws: &str, path: &str, rec: &EntryRecord) -> MetaResult<()> {
         let mut t = self.txn.open_table(ENTRIES)?;
@@ -778,6 +838,23 @@ impl WriteView {
     pub fn remove_collectable(&mut self, key: &str) -> MetaResult<()> {
         self.txn.open_table(COLLECTABLE)?.remove(key)?;
         Ok(())
+    }
+
+    pub fn put_workspace(&mut self, ws: &str, rec: &WorkspaceRecord) -> MetaResult<()> {
+        let mut t = self.txn.open_table(WORKSPACES)?;
+        t.insert(ws, rec.encode_to_vec().as_slice())?;
+        Ok(())
+    }
+
+    pub fn remove_workspace(&mut self, ws: &str) -> MetaResult<()> {
+        self.txn.open_table(WORKSPACES)?.remove(ws)?;
+        Ok(())
+    }
+
+    /// The ids of every open upload (of any workspace), soonest expiry first: a scan of the
+    /// open-upload index, whose size follows the open uploads, not the upload history.
+    pub fn open_upload_ids(&self) -> MetaResult<Vec<String>> {
+        self.expired_uploads(i64::MAX, usize::MAX)
     }
 }
 

@@ -214,3 +214,31 @@ pub struct ReceiptRecord {
     #[prost(message, optional, tag = "6")]
     pub committed: Option<EntryRecord>,
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum WorkspaceState {
+    Unspecified = 0,
+    /// Fenced: every mutation of the workspace is refused while its contents are released.
+    Deleting = 1,
+}
+
+/// A workspace that has a state of its own. Workspaces are implicit (they exist by having
+/// entries), so only a workspace being deleted has a record; the record is removed when the
+/// deletion completes, which frees the name.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WorkspaceRecord {
+    #[prost(enumeration = "WorkspaceState", tag = "1")]
+    pub state: i32,
+    /// Shard clock when the deletion fence was set.
+    #[prost(int64, tag = "2")]
+    pub deleting_since_ms: i64,
+    /// Progress of the deletion through the retired-revision index: the last (retired ms,
+    /// revision) examined, so each page resumes after it (valid once `retired_cursor_set`).
+    #[prost(int64, tag = "3")]
+    pub retired_cursor_ms: i64,
+    #[prost(uint64, tag = "4")]
+    pub retired_cursor_rev: u64,
+    #[prost(bool, tag = "5")]
+    pub retired_cursor_set: bool,
+}

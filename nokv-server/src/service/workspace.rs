@@ -290,4 +290,21 @@ impl Workspace for WorkspaceService {
             .collect();
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
+
+    async fn delete_workspace(
+        &self,
+        req: Request<pb::DeleteWorkspaceRequest>,
+    ) -> Result<Response<pb::DeleteWorkspaceResponse>, Status> {
+        reply(
+            async {
+                let r = req.get_ref();
+                // Admin tokens pass too: roles are ordered, admin above write.
+                self.admit(&req, &r.workspace, Role::Write)?;
+                names::request_id(&r.request_id)?;
+                let shard = self.node.shard_for(&r.workspace).clone();
+                shard.delete_workspace(req.into_inner()).await
+            }
+            .await,
+        )
+    }
 }

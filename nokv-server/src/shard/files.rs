@@ -5,6 +5,7 @@ use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
 use super::replay::RequestKey;
+use super::workspaces::require_not_deleting;
 use super::{Shard, to_entry};
 use crate::error::{Error, Result};
 use crate::meta::{EntryRecord, KIND_ARTIFACT, KIND_FILE, WriteView};
@@ -106,6 +107,7 @@ impl Shard {
             .write(move |w| {
                 let (ws, path) = (req.workspace.as_str(), req.path.as_str());
                 let check = |w: &WriteView| {
+                    require_not_deleting(w, ws)?;
                     let current = w.entry(ws, path)?;
                     match (mode, &current) {
                         (pb::WriteMode::CreateOnly, Some(_)) => {
@@ -155,6 +157,7 @@ impl Shard {
             .write(move |w| {
                 let (ws, path) = (req.workspace.as_str(), req.path.as_str());
                 let check = |w: &WriteView| {
+                    require_not_deleting(w, ws)?;
                     let current = w.entry(ws, path)?.ok_or_else(|| not_found(ws, path))?;
                     if req.if_generation != 0 && req.if_generation != current.generation {
                         return Err(Error::GenerationMismatch {

@@ -13,6 +13,7 @@ pub mod receipts;
 pub mod reconciler;
 pub mod replay;
 pub mod sequencer;
+pub mod workspaces;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -45,6 +45,8 @@ impl Shard {
     pub async fn reconcile(&self) -> Result<Pass> {
         // Once per data directory: index uploads recorded before the upload indexes existed.
         self.gate.write(|w| Ok(w.index_uploads()?)).await?;
+        // Deletions cut short (crash, shutdown) finish first, so their bytes go this pass.
+        self.resume_workspace_deletions().await?;
         let mut pass = Pass {
             expired_uploads: self.claim_expired_uploads().await?,
             ..Pass::default()

@@ -38,6 +38,7 @@ use sha2::{Digest, Sha256};
 
 use super::files::{not_found, retire};
 use super::replay::RequestKey;
+use super::workspaces::require_not_deleting;
 use super::{Shard, to_entry};
 use crate::error::{Error, Result};
 use crate::ids::random_hex;
@@ -97,6 +98,7 @@ impl Shard {
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
+                require_not_deleting(w, &req.workspace)?;
                 let now = clock.now_ms();
                 let rec = UploadRecord {
                     workspace: req.workspace.clone(),
@@ -188,6 +190,7 @@ impl Shard {
                     if let Some(done) = key.recorded(w)? {
                         return Ok((Admit::Done(done?), key));
                     }
+                    require_not_deleting(w, &upload.workspace)?;
                     let now = clock.now_ms();
                     require_open_and_live(&upload, now)?;
                     let block_count = upload.block_count;
@@ -327,6 +330,7 @@ impl Shard {
             .write(move |w| {
                 let mut upload = load_upload(w, &upload_id)?;
                 claims.require(&upload.workspace, Role::Write)?;
+                require_not_deleting(w, &upload.workspace)?;
                 let now = clock.now_ms();
                 require_open_and_live(&upload, now)?;
                 upload.lease_expires_ms = now + lease_ms;
@@ -438,6 +442,7 @@ impl Shard {
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
+                require_not_deleting(w, &upload.workspace)?;
                 let now = clock.now_ms();
                 require_open_and_live(&upload, now)?;
                 let blocks = w.blocks(&req.upload_id)?;
