@@ -203,7 +203,9 @@ fn a_publish_resumes_under_its_receipt_after_the_daemon_restarted() {
         &[("NOKV_TEST_EXIT_AFTER_BLOCKS", "3")],
     );
     assert_eq!(crashed.status, CRASHED, "stderr: {}", crashed.stderr);
-    d.terminate();
+    // Seed 000: kill -9 mid-upload, restart before the lease expires — the upload is
+    // untouched (the rerun resumes it with its three recorded blocks).
+    d.kill9();
 
     let d = Daemon::start_in(&data_dir, &[]);
     let doc = publish_with_receipt(&d, &src, "ws:ckpt.bin", "ckpt-100", &[]);
