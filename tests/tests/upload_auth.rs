@@ -69,11 +69,10 @@ fn objects(d: &Daemon) -> usize {
 /// * RenewUpload: deleting the same line in `Shard::extend_lease`;
 /// * AbortUpload: deleting the same line in `Shard::abort_upload`'s session;
 /// * CommitUpload: its check runs three times (the digest-proof snapshot, the lease renewal
-///   of `extend_lease`, the commit session); deleting all three goes red, any one alone is
-///   covered by the others;
-/// * the read-only rows: `Role::Write` → `Role::Read` in any of those lines;
-/// * "nothing recorded": recording the refusal under the request id (the owner's retry with
-///   the same id would then replay `PermissionDenied`).
+///   of `extend_lease`, the commit session); deleting all three goes red at the CommitUpload
+///   row, deleting the snapshot's and the session's stays green (the renewal still refuses);
+/// * the read-only rows: `Role::Write` → `Role::Read` in the PutBlock admit line (verified
+///   there; the other lines are alike).
 #[tokio::test(flavor = "multi_thread")]
 async fn upload_calls_under_another_workspaces_or_a_read_only_token_are_refused_and_leave_the_upload_to_its_writer()
  {
@@ -141,13 +140,9 @@ async fn upload_calls_under_another_workspaces_or_a_read_only_token_are_refused_
         .expect("the owner's PutBlock with the refused request id");
     assert_eq!(objects(&d), 1);
 
-    // With every block recorded, renew, commit and abort are refused.
+    // With every block recorded, commit, abort and renew are refused (commit first: its
+    // digest proof renews the lease, so a renewal that skipped the check would let it on).
     for (who, c) in &mut intruder_clients {
-        assert_refused(
-            c.renew_upload(renew.clone()).await,
-            "PermissionDenied",
-            &format!("RenewUpload under {who}"),
-        );
         assert_refused(
             c.commit_upload(commit.clone()).await,
             "PermissionDenied",
@@ -157,6 +152,11 @@ async fn upload_calls_under_another_workspaces_or_a_read_only_token_are_refused_
             c.abort_upload(abort.clone()).await,
             "PermissionDenied",
             &format!("AbortUpload under {who}"),
+        );
+        assert_refused(
+            c.renew_upload(renew.clone()).await,
+            "PermissionDenied",
+            &format!("RenewUpload under {who}"),
         );
         // A PutBlock of the already uploaded block is refused before its shortcut answers.
         assert_refused(
