@@ -9,6 +9,7 @@ use bytes::Bytes;
 use nokv_client::Client;
 use nokv_client::publish::PublishOptions;
 use nokv_client::sdk::LostResponses;
+use nokv_server::meta::{MetaError, MetaStore, UploadState};
 use nokv_server::object::{ObjectProvider, ProviderConfig, PutOutcome};
 use nokv_tests::{Daemon, Moto, pseudo_random_bytes};
 use sha2::{Digest, Sha256};
@@ -62,6 +63,71 @@ async fn health_totals(client: &Client) -> (u64, u64) {
     h.shards
         .iter()
         .fold((0, 0), |(e, g), s| (e + s.entries, g + s.guards))
+}
+
+/// How a stopped daemon's metadata accounts for one provider key (the audit's
+/// classification): bytes a revision or an open upload references, bytes a cleanup guard
+/// covers, or bytes queued for deletion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Accounted {
+    Referenced,
+    Guarded,
+    Collectable,
+}
+
+/// Classifies every key of `bucket` under [`PREFIX`] against the shard files of the stopped
+/// daemon's `data_dir` (keys are `PREFIX/sSHARD/u/UPLOAD/INDEX-ATTEMPT`); panics naming any
+/// key none of them accounts for, which would be a leak nothing will ever delete.
+fn account_bucket(moto: &Moto, bucket: &str, data_dir: &Path) -> Vec<(String, Accounted)> {
+    let mut out = Vec::new();
+    for key in moto.list_keys(bucket, PREFIX) {
+        let parts: Vec<&str> = key.split('/').collect();
+        let (shard, upload_id) = match parts.as_slice() {
+            [_, s, "u", upload, _] => (s.trim_start_matches('s'), *upload),
+            _ => panic!("key outside the block layout: {key}"),
+        };
+        let file = data_dir.join("shards").join(format!("{shard}.redb"));
+        let store = MetaStore::open(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let class = store
+            .read(|r| -> Result<Option<Accounted>, MetaError> {
+                for rev in 1..=r.last_sequence("revision")? {
+                    if let Some(rev) = r.revision(rev)?
+                        && rev.blocks.iter().any(|b| b.key == key)
+                    {
+                        return Ok(Some(Accounted::Referenced));
+                    }
+                }
+                if let Some(upload) = r.upload(upload_id)?
+                    && upload.state == UploadState::Open as i32
+                    && r.blocks(upload_id)?.iter().any(|(_, b)| b.key == key)
+                {
+                    return Ok(Some(Accounted::Referenced));
+                }
+                if r.guard(&key)?.is_some() {
+                    return Ok(Some(Accounted::Guarded));
+                }
+                if r.collectable_page(usize::MAX)?.contains(&key) {
+                    return Ok(Some(Accounted::Collectable));
+                }
+                Ok(None)
+            })
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        match class {
+            Some(c) => out.push((key, c)),
+            None => panic!("{key} is neither referenced, guarded nor collectable: leaked"),
+        }
+    }
+    out
+}
+
+/// Asserts every key of the bucket is referenced (nothing guarded or waiting for deletion).
+#[track_caller]
+fn assert_every_key_referenced(moto: &Moto, bucket: &str, data_dir: &Path) {
+    let accounted = account_bucket(moto, bucket, data_dir);
+    assert!(
+        accounted.iter().all(|(_, c)| *c == Accounted::Referenced),
+        "{accounted:?}"
+    );
 }
 
 /// Publishes `len` pseudo-random bytes (from `seed`) to `ws:path`; returns the bytes.
@@ -181,6 +247,9 @@ async fn a_lost_commit_upload_response_on_s3_is_replayed_into_one_revision() {
         std::fs::read(&dest).unwrap() == data,
         "restore is byte-identical"
     );
+    drop(client);
+    assert!(d.terminate().success());
+    assert_every_key_referenced(&moto, bucket, data_dir.path());
 }
 
 /// Replacing an artifact makes its old blocks collectable once the retired grace ends; one
@@ -214,8 +283,10 @@ async fn one_reconciler_pass_deletes_the_collectable_keys_of_a_replaced_artifact
     );
     drop(client);
     assert!(d.terminate().success());
-    // The default grace kept the replaced revision readable: nothing was collected yet.
+    // The default grace kept the replaced revision readable: nothing was collected yet, and
+    // all three keys belong to a revision (the retired one or the live one).
     assert_eq!(moto.list_keys(bucket, PREFIX).len(), 3);
+    assert_every_key_referenced(&moto, bucket, data_dir.path());
 
     let mut d = s3_daemon_in(data_dir.path(), &moto, bucket, &["--retired-grace", "0s"]);
     let pass = d.wait_for_log_line("reconciled");
@@ -224,8 +295,6 @@ async fn one_reconciler_pass_deletes_the_collectable_keys_of_a_replaced_artifact
         "one pass released the old revision and deleted its two keys: {pass}"
     );
     assert!(pass.contains("failed_deletes: 0"), "{pass}");
-    // Every key left in the bucket is referenced by the live revision.
-    assert_eq!(moto.list_keys(bucket, PREFIX), live_keys);
 
     let client = d.sdk().await;
     assert_eq!(
@@ -242,4 +311,10 @@ async fn one_reconciler_pass_deletes_the_collectable_keys_of_a_replaced_artifact
         std::fs::read(&dest).unwrap() == new,
         "restore is byte-identical"
     );
+    drop(client);
+    assert!(d.terminate().success());
+    // Every key left in the bucket is the live revision's: the metadata forgot no key it
+    // left behind, and the pass deleted every key it forgot.
+    assert_every_key_referenced(&moto, bucket, data_dir.path());
+    assert_eq!(moto.list_keys(bucket, PREFIX), live_keys);
 }
