@@ -258,9 +258,11 @@ async fn a_lost_commit_upload_response_on_s3_is_replayed_into_one_revision() {
 /// reconciler's first pass runs at start-up); until then the default grace keeps the old
 /// revision, so no earlier pass can have collected anything.
 ///
-/// Mutation caught (verified red): in `Shard::collect_keys` (shard/reconciler.rs),
+/// Mutations caught (verified red): in `Shard::collect_keys` (shard/reconciler.rs),
 /// `match self.object.delete(&key).await` → `match Ok::<(), crate::object::ObjectError>(())`
-/// (the keys are forgotten but stay in the bucket).
+/// (the keys are forgotten but stay in the bucket: red at the accounting, "leaked"); in
+/// `Shard::release_retired`, deleting `w.add_collectable(&b.key, *rev)?;` (the revision is
+/// dropped, its keys never collected: red at the pass's counts).
 #[tokio::test(flavor = "multi_thread")]
 async fn one_reconciler_pass_deletes_the_collectable_keys_of_a_replaced_artifact_from_s3() {
     let bucket = "nokv-reconcile";
