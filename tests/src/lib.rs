@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 const DAEMON_READY_DEADLINE: Duration = Duration::from_secs(60);
 /// How long an external service may take to answer its readiness probe.
 const SERVICE_READY_DEADLINE: Duration = Duration::from_secs(30);
+/// How long [`Daemon::wait_for_log_line`] waits for its line (bounds a daemon that never logs
+/// it, so the test fails instead of hanging).
+const LOG_LINE_DEADLINE: Duration = Duration::from_secs(60);
 /// Interval between readiness probes of an external service.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Bound on a graceful stop, so a daemon that ignores SIGTERM fails the test instead of hanging it.
@@ -250,6 +253,14 @@ impl Daemon {
         daemon
     }
 
+    /// Like [`Daemon::start_in`] with extra environment variables for the daemon process
+    /// (e.g. to restart an S3-backed daemon on its data dir with its credentials).
+    pub fn start_in_with_env(dir: &Path, extra_args: &[&str], envs: &[(&str, &str)]) -> Daemon {
+        let (mut daemon, lines) = Self::spawn(dir, extra_args, envs);
+        daemon.wait_ready(lines);
+        daemon
+    }
+
     /// Starts `nokv-server` on `dir` expecting it to refuse to start: waits (bounded) for it to
     /// exit and returns its status with everything it printed to stdout and stderr. Panics,
     /// showing the output, if it starts listening instead.
@@ -392,6 +403,37 @@ impl Daemon {
     /// Everything the daemon printed to stderr so far (its logs).
     pub fn stderr(&self) -> String {
         self.stderr_log.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) until the daemon has logged a stderr line containing `needle` and
+    /// returns that line; panics with the log so far if it exits or the deadline passes first.
+    ///
+    /// For events the daemon reports only in its log (e.g. a reconciler pass): the log is
+    /// polled, as the drain thread offers no notification.
+    pub fn wait_for_log_line(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + LOG_LINE_DEADLINE;
+        loop {
+            if let Some(line) = self.stderr().lines().find(|l| l.contains(needle)) {
+                return line.to_string();
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if exited || Instant::now() >= deadline {
+                panic!(
+                    "nokv-server logged no line containing {needle:?} ({})\nstderr:\n{}",
+                    if exited {
+                        "it exited"
+                    } else {
+                        "deadline passed"
+                    },
+                    self.stderr()
+                );
+            }
+            // Polling the log: see the doc comment.
+            thread::sleep(POLL_INTERVAL);
+        }
     }
 
     /// Everything the daemon printed to stdout so far.
@@ -802,6 +844,34 @@ impl Moto {
             "create bucket {name}: {}",
             String::from_utf8_lossy(&body)
         );
+    }
+
+    /// Every key in `bucket` under `prefix`, sorted (one ListObjectsV2 page; panics if the
+    /// listing is truncated, which no test bucket should reach).
+    pub fn list_keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let (status, body) = self.s3(
+            "GET",
+            &format!("/{bucket}?list-type=2&prefix={prefix}"),
+            b"",
+        );
+        let listing = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(status, 200, "list bucket {bucket}: {listing}");
+        assert!(
+            listing.contains("<IsTruncated>false</IsTruncated>"),
+            "truncated listing: {listing}"
+        );
+        let mut keys: Vec<String> = listing
+            .split("<Key>")
+            .skip(1)
+            .map(|s| {
+                s.split("</Key>")
+                    .next()
+                    .expect("closing </Key>")
+                    .to_string()
+            })
+            .collect();
+        keys.sort();
+        keys
     }
 
     /// One S3 request to `path` (`/bucket/key`), as an authenticated client.
