@@ -96,6 +96,7 @@ async fn upload_calls_under_another_workspaces_or_a_read_only_token_are_refused_
             path: "art".into(),
             size: body.len() as u64,
             request_id: "b1".into(),
+            ..Default::default()
         })
         .await
         .expect("owner begins")
