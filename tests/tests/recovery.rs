@@ -192,3 +192,80 @@ fn a_writer_killed_mid_upload_is_reclaimed_after_its_lease_and_the_audit_settles
     );
     d.cli(&["stat", "ws:big.bin"]).assert_fails_with("NotFound");
 }
+
+/// Seed 000: "a second API preserves the first API's active upload". A second daemon on the
+/// same bucket and prefix (its own data dir) starts, reconciles — proven by a pass that
+/// deletes its own replaced artifact's blocks — and audits: it sees the first daemon's
+/// objects as unaccounted by *its* metadata, and deletes none of them, because a node only
+/// deletes keys its own records name. The first daemon's open upload then resumes and
+/// commits byte-identical.
+/// Mutation caught: a reconciler that deleted what its audit cannot account for (the resumed
+/// commit would miss its blocks and the restore would fail).
+#[test]
+fn a_second_daemon_on_the_same_bucket_never_touches_the_first_ones_active_upload() {
+    let moto = Moto::start();
+    moto.create_bucket("shared");
+    let endpoint = moto.endpoint();
+    let s3 = [
+        "--provider",
+        "s3",
+        "--s3-endpoint",
+        endpoint.as_str(),
+        "--s3-bucket",
+        "shared",
+        "--s3-prefix",
+        "p",
+    ];
+    let creds = [
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+    ];
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = Daemon::start_in_with_env(dirs.0.path(), &s3, &creds);
+    let src = dirs.0.path().join("big.bin");
+    let body = pseudo_random_bytes(4, 3 * 4 * 1024 * 1024 + 5);
+    std::fs::write(&src, &body).unwrap();
+    let publish = |envs: &[(&str, &str)]| {
+        first.cli_with_env(
+            &[
+                "--json",
+                "publish",
+                src.to_str().unwrap(),
+                "ws:big.bin",
+                "--receipt",
+                "r1",
+                "--parallel",
+                "1",
+            ],
+            envs,
+        )
+    };
+    let crashed = publish(&[("NOKV_TEST_EXIT_AFTER_BLOCKS", "2")]);
+    assert_eq!(crashed.status, 137, "{}", crashed.stderr);
+
+    let mut args = s3.to_vec();
+    args.extend(["--retired-grace", "0s", "--reconcile-interval", "1s"]);
+    let mut second = Daemon::start_in_with_env(dirs.1.path(), &args, &creds);
+    let other = dirs.1.path().join("o.bin");
+    for seed in [5, 6] {
+        std::fs::write(&other, pseudo_random_bytes(seed, 4 * 1024 * 1024 + 1)).unwrap();
+        second
+            .cli(&["publish", other.to_str().unwrap(), "ws2:o.bin"])
+            .assert_ok();
+    }
+    let line = second.wait_for_log_line("deleted_keys: 2");
+    assert!(line.contains("failed_deletes: 0"), "{line}");
+    let a = json(&second, &["admin", "audit"]);
+    assert_eq!(a["unaccounted"], 2, "the first daemon's two blocks: {a}");
+
+    let done = publish(&[]).assert_ok().json();
+    assert_eq!(done["resumed_blocks"], 2, "{done}");
+    let out = dirs.0.path().join("out.bin");
+    first
+        .cli(&["restore", "ws:big.bin", out.to_str().unwrap()])
+        .assert_ok();
+    assert!(
+        std::fs::read(&out).unwrap() == body,
+        "restored bytes differ"
+    );
+}
