@@ -37,6 +37,8 @@ struct FaultState {
     deletes: AtomicUsize,
     /// Reads still to fail before they reach the inner store.
     failing_reads: AtomicUsize,
+    /// Deletes of keys containing this text fail, every time (a permanent outage for them).
+    failing_keys: parking_lot::Mutex<Option<String>>,
 }
 
 impl Default for FaultState {
@@ -52,6 +54,7 @@ impl Default for FaultState {
             failing_deletes: AtomicUsize::new(0),
             deletes: AtomicUsize::new(0),
             failing_reads: AtomicUsize::new(0),
+            failing_keys: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -97,6 +100,11 @@ impl Faults {
     /// The next `n` deletes fail as if the connection was refused (nothing deleted).
     pub fn fail_next_deletes(&self, n: usize) {
         self.inner.failing_deletes.store(n, Ordering::SeqCst);
+    }
+
+    /// From now on every delete of a key containing `text` fails (nothing deleted).
+    pub fn fail_deletes_of_keys_containing(&self, text: &str) {
+        *self.inner.failing_keys.lock() = Some(text.to_string());
     }
 
     /// Deletes that reached the inner store.
@@ -207,7 +215,12 @@ impl ObjectStore for FaultyStore {
                 async move {
                     let location = location?;
                     let s = &faults.inner;
-                    if take_one(&s.failing_deletes) {
+                    let doomed = s
+                        .failing_keys
+                        .lock()
+                        .as_deref()
+                        .is_some_and(|t| location.as_ref().contains(t));
+                    if doomed || take_one(&s.failing_deletes) {
                         return Err(refused());
                     }
                     s.deletes.fetch_add(1, Ordering::SeqCst);

@@ -1596,3 +1596,49 @@ async fn renew_upload_refuses_an_aborted_or_committed_upload_and_another_workspa
         "{err:?}"
     );
 }
+
+/// Seed 000 guard fairness: the guard queue takes at most a page per pass, oldest-checked
+/// first, and records each attempt before its I/O — so guards whose deletes keep failing go to
+/// the back and can never starve a new deletable guard. 120 failing guards (more than a page),
+/// then one new guard: it is deleted and settled by the very next pass.
+/// Mutation caught: sorting the due guards by `last_attempt_ms` descending (red: the new guard
+/// waits behind the failing ones).
+#[tokio::test]
+async fn a_new_guard_is_deleted_within_a_pass_even_behind_more_than_a_page_of_failing_ones() {
+    const FAILING: u32 = 120;
+    let f = fixture(4, Duration::from_secs(60));
+    let stuck = begin(&f, "stuck", 4 * u64::from(FAILING)).await;
+    for i in 0..FAILING {
+        f.faults.refuse_next();
+        f.shard
+            .put_block(writer(), block(&stuck, i, b"abcd", &format!("s{i}")))
+            .await
+            .unwrap_err();
+    }
+    f.shard
+        .abort_upload(writer(), abort(&stuck, "abort-stuck"))
+        .await
+        .unwrap();
+    f.faults.fail_deletes_of_keys_containing(&stuck.upload_id);
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!(pass.failed_deletes, 100, "one page of guards per pass");
+
+    let fresh = begin(&f, "fresh", 4).await;
+    f.faults.refuse_next();
+    f.shard
+        .put_block(writer(), block(&fresh, 0, b"abcd", "f0"))
+        .await
+        .unwrap_err();
+    f.shard
+        .abort_upload(writer(), abort(&fresh, "abort-fresh"))
+        .await
+        .unwrap();
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!(pass.settled_guards, 1, "{pass:?}");
+    assert_eq!(
+        f.shard.counts().await.unwrap().guards,
+        u64::from(FAILING),
+        "only the failing guards are left"
+    );
+    assert_accounted(&f).await;
+}
