@@ -1642,3 +1642,72 @@ async fn a_new_guard_is_deleted_within_a_pass_even_behind_more_than_a_page_of_fa
     );
     assert_accounted(&f).await;
 }
+
+/// Seed 000: a PUT held past the upload's expiry lands late — its unknown-writer guard
+/// deletes the late bytes, and a new upload of the same path, published meanwhile, is
+/// unaffected (its own key is referenced, never deleted).
+/// Mutation caught: removing the guard before the write when the attempt is cut off (the late
+/// bytes would be unaccounted and never deleted).
+#[tokio::test]
+async fn a_put_held_past_the_lease_lands_late_and_its_guard_deletes_it_without_touching_the_new_upload()
+ {
+    let lease = Duration::from_secs(60);
+    let f = manual_clock_fixture(4, lease);
+    let old = begin(&f, "art", 4).await;
+    f.faults.hold_creates();
+    let s = f.shard.clone();
+    let req = block(&old, 0, b"late", "late-0");
+    let put = tokio::spawn(async move { s.put_block(writer(), req).await });
+    within(f.faults.wait_held(1)).await;
+    f.clock.advance(lease);
+    within(put).await.unwrap().unwrap_err();
+    let late_key = f.shard.gate.read(|r| Ok(r.guards()?)).await.unwrap()[0]
+        .0
+        .clone();
+    // The held bytes land after all (the provider finished the request late).
+    f.faults.release(1);
+    assert!(matches!(
+        f.provider.create(&late_key, b"late".to_vec().into()).await,
+        crate::object::PutOutcome::Written
+    ));
+
+    // A new upload of the same path publishes meanwhile.
+    let new = f
+        .shard
+        .begin_upload(pb::BeginUploadRequest {
+            workspace: "ws".into(),
+            path: "art".into(),
+            size: 4,
+            request_id: "begin-new".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    f.shard
+        .put_block(writer(), block(&new, 0, b"new!", "new-0"))
+        .await
+        .unwrap();
+    f.shard
+        .commit_upload(writer(), commit(&new, b"new!", "commit-new"))
+        .await
+        .unwrap();
+
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!(pass.expired_uploads, 1, "{pass:?}");
+    let keys = f.provider.list_keys().await.unwrap();
+    assert!(!keys.contains(&late_key), "the late bytes were deleted");
+    assert_eq!(
+        keys.len(),
+        1,
+        "only the new upload's block is left: {keys:?}"
+    );
+    let m = f.shard.get_manifest("ws", "art").await.unwrap();
+    assert_eq!(
+        &f.shard
+            .read_block("ws", m.revision, 0, &memory())
+            .await
+            .unwrap()[..],
+        b"new!"
+    );
+    assert_accounted(&f).await;
+}
