@@ -86,3 +86,70 @@ fn deleting_a_workspace_removes_its_entries_and_blocks_and_leaves_the_name_free_
     d.cli(&["--json", "publish", big, "ws:big.bin"]).assert_ok();
     assert_eq!(objects(data.path()), 2);
 }
+
+/// Seed 000 (stable receipt + workspace fence): a workspace deletion racing a publish — one
+/// receipt's upload left open mid-way, another's committed — leaves no live entry; reruns of
+/// both receipts afterwards publish afresh into the new workspace of the same name (the old
+/// receipts never answer for it), and once reconciliation settled the audit accounts for
+/// every object.
+/// Mutation caught: not removing the workspace's receipts on deletion (the committed
+/// receipt's rerun answers `already_committed` with an entry that no longer exists).
+#[test]
+fn a_deletion_racing_receipt_publishes_leaves_nothing_live_and_the_reruns_start_afresh() {
+    let data = tempfile::tempdir().unwrap();
+    let d = Daemon::start_in(data.path(), &["--reconcile-interval", "1s"]);
+    let src = data.path().join("in.bin");
+    std::fs::write(
+        &src,
+        nokv_tests::pseudo_random_bytes(8, 2 * 4 * 1024 * 1024 + 3),
+    )
+    .unwrap();
+    let publish = |receipt: &str, envs: &[(&str, &str)]| {
+        d.cli_with_env(
+            &[
+                "--json",
+                "publish",
+                src.to_str().unwrap(),
+                &format!("ws:{receipt}.bin"),
+                "--receipt",
+                receipt,
+                "--parallel",
+                "1",
+            ],
+            envs,
+        )
+    };
+    publish("done", &[]).assert_ok();
+    let open = publish("open", &[("NOKV_TEST_EXIT_AFTER_BLOCKS", "1")]);
+    assert_eq!(open.status, 137, "{}", open.stderr);
+
+    d.cli(&["workspace", "delete", "ws", "--yes"]).assert_ok();
+    d.cli(&["stat", "ws:done.bin"])
+        .assert_fails_with("NotFound");
+    d.cli(&["stat", "ws:open.bin"])
+        .assert_fails_with("NotFound");
+
+    for receipt in ["done", "open"] {
+        let doc = publish(receipt, &[]).assert_ok().json();
+        assert_eq!(doc["already_committed"], false, "{receipt}: {doc}");
+        assert_eq!(doc["resumed_blocks"], 0, "{receipt}: {doc}");
+        assert_eq!(doc["sent_blocks"], 3, "{receipt}: {doc}");
+        d.cli(&["stat", &format!("ws:{receipt}.bin")]).assert_ok();
+    }
+    // Settled: the old blocks are deleted by the periodic passes (bounded wait: nothing
+    // outside the daemon signals a pass), and every object left is accounted for.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let a = d.cli(&["--json", "admin", "audit"]).assert_ok().json();
+        if a["objects"] == 6 {
+            assert_eq!(
+                (a["referenced"].as_u64(), a["unaccounted"].as_u64()),
+                (Some(6), Some(0)),
+                "{a}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never settled: {a}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

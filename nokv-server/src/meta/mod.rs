@@ -732,6 +732,24 @@ impl WriteView {
         Ok(())
     }
 
+    /// Removes up to `limit` receipt records of workspace `ws`; returns how many.
+    pub fn remove_receipts(&mut self, ws: &str, limit: usize) -> MetaResult<usize> {
+        let mut t = self.txn.open_table(RECEIPTS)?;
+        let mut names = Vec::new();
+        for item in t.range((ws, "")..)? {
+            let (k, _) = item?;
+            let (kws, name) = k.value();
+            if kws != ws || names.len() == limit {
+                break;
+            }
+            names.push(name.to_string());
+        }
+        for name in &names {
+            t.remove((ws, name.as_str()))?;
+        }
+        Ok(names.len())
+    }
+
     pub fn put_receipt(&mut self, ws: &str, receipt: &str, rec: &ReceiptRecord) -> MetaResult<()> {
         let mut t = self.txn.open_table(RECEIPTS)?;
         t.insert((ws, receipt), rec.encode_to_vec().as_slice())?;

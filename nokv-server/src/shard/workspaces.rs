@@ -221,6 +221,12 @@ fn release_page(w: &mut WriteView, ws: &str, now: i64) -> Result<Page> {
         }
     }
 
+    // Receipts: a publication of the old workspace must never answer for the fresh one of
+    // the same name (a rerun would print an entry that no longer exists).
+    if left > 0 {
+        left -= w.remove_receipts(ws, left)?;
+    }
+
     // Retired revisions of the workspace, from where the previous page stopped. Nothing of
     // the workspace can be retired after the fence, so a forward scan sees all of them.
     if left > 0 {
