@@ -9,8 +9,9 @@ use bytes::Bytes;
 use nokv_client::Client;
 use nokv_client::publish::PublishOptions;
 use nokv_client::sdk::LostResponses;
-use nokv_server::meta::{MetaError, MetaStore, UploadState};
+use nokv_server::meta::MetaStore;
 use nokv_server::object::{ObjectProvider, ProviderConfig, PutOutcome};
+use nokv_server::shard::accounting::{KeyClass, Ledger};
 use nokv_tests::{Daemon, Moto, pseudo_random_bytes};
 use sha2::{Digest, Sha256};
 
@@ -65,56 +66,31 @@ async fn health_totals(client: &Client) -> (u64, u64) {
         .fold((0, 0), |(e, g), s| (e + s.entries, g + s.guards))
 }
 
-/// How a stopped daemon's metadata accounts for one provider key (the audit's
-/// classification): bytes a revision or an open upload references, bytes a cleanup guard
-/// covers, or bytes queued for deletion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Accounted {
-    Referenced,
-    Guarded,
-    Collectable,
-}
-
-/// Classifies every key of `bucket` under [`PREFIX`] against the shard files of the stopped
-/// daemon's `data_dir` (keys are `PREFIX/sSHARD/u/UPLOAD/INDEX-ATTEMPT`); panics naming any
-/// key none of them accounts for, which would be a leak nothing will ever delete.
-fn account_bucket(moto: &Moto, bucket: &str, data_dir: &Path) -> Vec<(String, Accounted)> {
+/// Classifies every key of `bucket` under [`PREFIX`] with the server's own accounting
+/// ([`Ledger`], the classification `nokv admin audit` uses) read from the shard files of the
+/// stopped daemon's `data_dir` (keys are `PREFIX/sSHARD/u/UPLOAD/INDEX-ATTEMPT`); panics
+/// naming any key none of them accounts for, which would be a leak nothing will ever delete.
+fn account_bucket(moto: &Moto, bucket: &str, data_dir: &Path) -> Vec<(String, KeyClass)> {
     let mut out = Vec::new();
     for key in moto.list_keys(bucket, PREFIX) {
         let parts: Vec<&str> = key.split('/').collect();
-        let (shard, upload_id) = match parts.as_slice() {
-            [_, s, "u", upload, _] => (s.trim_start_matches('s'), *upload),
+        let shard = match parts.as_slice() {
+            [_, s, "u", _, _] => s.trim_start_matches('s'),
             _ => panic!("key outside the block layout: {key}"),
         };
         let file = data_dir.join("shards").join(format!("{shard}.redb"));
         let store = MetaStore::open(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        let class = store
-            .read(|r| -> Result<Option<Accounted>, MetaError> {
-                for rev in 1..=r.last_sequence("revision")? {
-                    if let Some(rev) = r.revision(rev)?
-                        && rev.blocks.iter().any(|b| b.key == key)
-                    {
-                        return Ok(Some(Accounted::Referenced));
-                    }
-                }
-                if let Some(upload) = r.upload(upload_id)?
-                    && upload.state == UploadState::Open as i32
-                    && r.blocks(upload_id)?.iter().any(|(_, b)| b.key == key)
-                {
-                    return Ok(Some(Accounted::Referenced));
-                }
-                if r.guard(&key)?.is_some() {
-                    return Ok(Some(Accounted::Guarded));
-                }
-                if r.collectable_page(usize::MAX)?.contains(&key) {
-                    return Ok(Some(Accounted::Collectable));
-                }
-                Ok(None)
-            })
+        let ledger = store
+            .read(Ledger::read)
             .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
-        match class {
-            Some(c) => out.push((key, c)),
-            None => panic!("{key} is neither referenced, guarded nor collectable: leaked"),
+        match ledger.classify(&key) {
+            KeyClass::Unaccounted | KeyClass::CollectableButReferenced => {
+                panic!(
+                    "{key} is {:?}: leaked or live bytes queued for deletion",
+                    ledger.classify(&key)
+                )
+            }
+            class => out.push((key, class)),
         }
     }
     out
@@ -125,7 +101,7 @@ fn account_bucket(moto: &Moto, bucket: &str, data_dir: &Path) -> Vec<(String, Ac
 fn assert_every_key_referenced(moto: &Moto, bucket: &str, data_dir: &Path) {
     let accounted = account_bucket(moto, bucket, data_dir);
     assert!(
-        accounted.iter().all(|(_, c)| *c == Accounted::Referenced),
+        accounted.iter().all(|(_, c)| *c == KeyClass::Referenced),
         "{accounted:?}"
     );
 }
