@@ -547,7 +547,7 @@ macro_rules! readable {
                     unknown_guards += u64::from(g.writer == WriterState::Unknown as i32);
                     guarded_uploads.insert(g.upload_id);
                 }
-                // A claimed upload stays `Deleting` exactly while a guard names it (see the
+                // A claimed upload stays `Deleting` exactly while a guard awaiting cleanup names it (see the
                 // reconciler), so the guarded uploads are the only candidates.
                 let mut deleting_uploads = 0;
                 let uploads = self.txn.open_table(UPLOADS)?;

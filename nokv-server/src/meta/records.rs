@@ -192,6 +192,11 @@ pub struct GuardRecord {
     pub attempts: u32,
     #[prost(int64, tag = "5")]
     pub last_attempt_ms: i64,
+    /// Shard clock of the first successful delete of the key while the writer was unknown:
+    /// the attempt's cleanup was done once. The guard itself stays (bytes may still land
+    /// late and must keep being deleted), but it no longer holds its upload unresolved.
+    #[prost(int64, tag = "6")]
+    pub deleted_ms: i64,
 }
 
 /// One logical publication named by a client's stable receipt, keyed by (workspace,

@@ -216,6 +216,7 @@ impl Shard {
                 continue;
             }
             pass.deleted_keys += 1;
+            let deleted_at = self.clock.now_ms();
             let settled = self
                 .gate
                 .write(move |w| match w.guard(&key)? {
@@ -223,6 +224,14 @@ impl Shard {
                         w.remove_guard(&key)?;
                         resolve_if_reclaimed(w, &g.upload_id)?;
                         Ok(true)
+                    }
+                    // An unknown writer's guard stays, but its first successful delete
+                    // completes the attempt's cleanup as far as its upload is concerned.
+                    Some(mut g) if g.deleted_ms == 0 => {
+                        g.deleted_ms = deleted_at;
+                        w.put_guard(&key, &g)?;
+                        resolve_if_reclaimed(w, &g.upload_id)?;
+                        Ok(false)
                     }
                     _ => Ok(false),
                 })
@@ -233,13 +242,19 @@ impl Shard {
     }
 }
 
-/// True while some attempt of `upload_id` still has a guard (guards are few: a scan).
+/// True while some attempt of `upload_id` still awaits its cleanup: a finished writer's
+/// guard not yet settled, or an unknown writer's guard whose key was never deleted yet
+/// (guards are few: a scan). Unknown writers' guards that deleted their key once stay — late
+/// bytes must keep being deleted — but they no longer hold the upload unresolved: seed 000
+/// keeps such guards as small persistent metadata, not as an open upload.
 fn guards_name(w: &WriteView, upload_id: &str) -> Result<bool> {
-    Ok(w.guards()?.iter().any(|(_, g)| g.upload_id == upload_id))
+    Ok(w.guards()?.iter().any(|(_, g)| {
+        g.upload_id == upload_id && (g.writer == WriterState::Finished as i32 || g.deleted_ms == 0)
+    }))
 }
 
-/// A claimed upload whose last guard just settled is resolved: `Deleting` → `Reclaimed`, so
-/// `unresolved_uploads` in health reaches 0 once reconciliation has settled.
+/// A claimed upload whose last pending cleanup just completed is resolved: `Deleting` →
+/// `Reclaimed`, so `unresolved_uploads` in health reaches 0 once reconciliation has settled.
 fn resolve_if_reclaimed(w: &mut WriteView, upload_id: &str) -> Result<()> {
     if let Some(mut u) = w.upload(upload_id)?
         && u.state == UploadState::Deleting as i32

@@ -240,6 +240,7 @@ impl Shard {
                             created_ms: now,
                             attempts: 0,
                             last_attempt_ms: 0,
+                            deleted_ms: 0,
                         },
                     )?;
                     upload.lease_expires_ms = now + lease_ms;

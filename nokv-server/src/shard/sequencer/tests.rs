@@ -1701,6 +1701,16 @@ async fn a_put_held_past_the_lease_lands_late_and_its_guard_deletes_it_without_t
         1,
         "only the new upload's block is left: {keys:?}"
     );
+    // The unknown writer's guard stays (bytes may land again), but its first successful
+    // delete resolved the claimed upload. Mutation caught: dropping the `deleted_ms` arm of
+    // the guard sweep's settle session (the upload stays Deleting, unresolved for ever —
+    // what the chaos harness found after kill -9 mid-PutBlock).
+    let counts = f.shard.counts().await.unwrap();
+    assert_eq!((counts.unknown_guards, counts.deleting_uploads), (1, 0));
+    assert_eq!(
+        upload_state(&f, &old.upload_id).await,
+        crate::meta::UploadState::Reclaimed
+    );
     let m = f.shard.get_manifest("ws", "art").await.unwrap();
     assert_eq!(
         &f.shard
