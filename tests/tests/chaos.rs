@@ -287,10 +287,15 @@ async fn current(client: &Client, path: &str, dir: &Path) -> Option<Vec<u8>> {
 async fn wait_settled(client: &Client) -> Result<(), String> {
     let deadline = Instant::now() + SETTLE_DEADLINE;
     loop {
-        let h = client.health().await.map_err(|e| format!("health: {e:?}"))?;
+        let h = client
+            .health()
+            .await
+            .map_err(|e| format!("health: {e:?}"))?;
         let a = client.audit().await.map_err(|e| format!("audit: {e:?}"))?;
         if a.violations != 0 {
-            return Err(format!("audit violations (live bytes queued for deletion): {a:?}"));
+            return Err(format!(
+                "audit violations (live bytes queued for deletion): {a:?}"
+            ));
         }
         if h.unresolved_uploads == 0 && a.unaccounted == 0 {
             return Ok(());
@@ -357,11 +362,42 @@ async fn run_schedule(s: &Schedule) -> Result<(), String> {
     }
     let d = start();
     let client = d.sdk().await;
+    let checked = check(&client, &history.lock().unwrap(), dir.path()).await;
+    match checked {
+        Ok(()) => {
+            let h = history.lock().unwrap();
+            let acked: usize =
+                h.0.values()
+                    .map(|w| w.iter().filter(|(_, a)| *a).count())
+                    .sum();
+            let sent: usize = h.0.values().map(Vec::len).sum();
+            eprintln!(
+                "chaos seed {}: {acked} of {sent} writes acknowledged, {total} planned; settled",
+                s.seed
+            );
+            Ok(())
+        }
+        Err(problem) => {
+            // Keep the evidence: the data dir, the shards' health and the daemon's last words.
+            let health = client.health().await;
+            let stderr = d.stderr();
+            let tail: Vec<&str> = stderr.lines().rev().take(60).collect();
+            drop(d);
+            let kept = dir.keep();
+            Err(format!(
+                "{problem}\nhealth: {health:?}\ndata dir kept: {}\ndaemon stderr (last lines, newest first):\n{}",
+                kept.display(),
+                tail.join("\n")
+            ))
+        }
+    }
+}
 
+/// The invariants, on a freshly restarted daemon.
+async fn check(client: &Client, history: &History, dir: &Path) -> Result<(), String> {
     // Byte-identical reads of everything acknowledged.
-    let history = std::mem::take(&mut *history.lock().unwrap());
     for path in history.0.keys() {
-        let now = current(&client, path, dir.path()).await;
+        let now = current(client, path, dir).await;
         let allowed = history.allowed(path);
         if !allowed.contains(&now.as_deref()) {
             return Err(format!(
@@ -371,24 +407,14 @@ async fn run_schedule(s: &Schedule) -> Result<(), String> {
             ));
         }
     }
-    // No entry points at missing bytes, including ones this schedule did not track.
-    for entry in all_entries(&client).await {
+    // No entry points at missing bytes (each was restored or read above), and no entry
+    // appeared that no client wrote.
+    for entry in all_entries(client).await {
         if !history.0.contains_key(&entry.path) {
             return Err(format!("an entry nobody wrote: {entry:?}"));
         }
     }
-    wait_settled(&client).await?;
-    let acked: usize = history
-        .0
-        .values()
-        .map(|w| w.iter().filter(|(_, a)| *a).count())
-        .sum();
-    let sent: usize = history.0.values().map(Vec::len).sum();
-    eprintln!(
-        "chaos seed {}: {acked} of {sent} writes acknowledged, {total} planned; settled",
-        s.seed
-    );
-    Ok(())
+    wait_settled(client).await
 }
 
 fn describe(b: Option<&[u8]>) -> String {
@@ -422,4 +448,42 @@ async fn acknowledged_writes_survive_random_crashes_and_faults_and_the_store_set
             );
         }
     }
+}
+
+/// The fault layer is real and loud: with `NOKV_TEST_FAULTS` refusing every provider write,
+/// a publish fails while small files (no provider) still work, and the daemon warns that
+/// test faults are on. Without the layer wired into the daemon the publish would succeed.
+#[tokio::test(flavor = "multi_thread")]
+async fn test_faults_from_the_environment_reach_the_provider_and_the_daemon_warns_about_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_in_with_env(
+        dir.path(),
+        &[],
+        &[("NOKV_TEST_FAULTS", "seed=1,refuse=100")],
+    );
+    let client = d.sdk().await.with_retry(nokv_client::sdk::RetryPolicy {
+        attempts: 1,
+        first_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(1),
+    });
+    let src = dir.path().join("a.bin");
+    std::fs::write(&src, pseudo_random_bytes(1, BLOCK + 1)).unwrap();
+    let err = client
+        .publish_file(WS, "a.bin", &src, PublishOptions::default())
+        .await
+        .expect_err("every provider write is refused");
+    assert!(
+        client.stat(WS, "a.bin").await.is_err(),
+        "{err:?}: nothing published"
+    );
+    client
+        .write(pb::WriteRequest {
+            workspace: WS.into(),
+            path: "small".into(),
+            data: b"still served".to_vec().into(),
+            ..Default::default()
+        })
+        .await
+        .expect("small files need no provider");
+    assert!(d.stderr().contains("TEST FAULTS ARE ON"), "{}", d.stderr());
 }

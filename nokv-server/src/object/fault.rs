@@ -404,3 +404,82 @@ impl ObjectStore for FaultyStore {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::{ObjectError, ObjectProvider, PutOutcome};
+    use bytes::Bytes;
+
+    fn memory_with(schedule: &str) -> ObjectProvider {
+        let m: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        ObjectProvider::from_stores("memory", "t".into(), m.clone(), m)
+            .with_fault_schedule(Schedule::parse(schedule).unwrap())
+    }
+
+    #[test]
+    fn a_fault_schedule_parses_every_fault_and_refuses_anything_it_does_not_know() {
+        let s =
+            Schedule::parse("seed=7,refuse=10,lose=5,hold=3:2s,delete_outage=4s,slow_get=20:150ms")
+                .unwrap();
+        assert_eq!(
+            s,
+            Schedule {
+                seed: 7,
+                refuse: 10,
+                lose: 5,
+                hold: Some((3, Duration::from_secs(2))),
+                delete_outage: Duration::from_secs(4),
+                slow_get: Some((20, Duration::from_millis(150))),
+            }
+        );
+        for bad in [
+            "",
+            "refuse=10",
+            "seed=x",
+            "seed=1,refuse=101",
+            "seed=1,hold=5",
+            "seed=1,explode=1",
+            "seed=1,lose",
+        ] {
+            assert!(Schedule::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[tokio::test]
+    async fn scheduled_faults_refuse_before_sending_lose_responses_of_landed_writes_and_fail_deletes_during_an_outage()
+     {
+        let p = memory_with("seed=1,refuse=100");
+        let key = p.block_key(1, "u", 0, "a");
+        let out = p.create(&key, Bytes::from_static(b"x")).await;
+        assert!(matches!(out, PutOutcome::NotWritten(_)), "{out:?}");
+        assert!(matches!(p.get(&key).await, Err(ObjectError::NotFound(_))));
+
+        let p = memory_with("seed=1,lose=100,delete_outage=1h");
+        let out = p.create(&key, Bytes::from_static(b"x")).await;
+        assert!(matches!(out, PutOutcome::Unknown(_)), "{out:?}");
+        assert_eq!(p.get(&key).await.unwrap(), Bytes::from_static(b"x"));
+        assert!(
+            p.delete(&key).await.is_err(),
+            "deletes fail during the outage"
+        );
+        assert_eq!(p.get(&key).await.unwrap(), Bytes::from_static(b"x"));
+
+        // Percentages in between draw from the seed: same seed, same faults.
+        let outcomes = |seed: u64| async move {
+            let p = memory_with(&format!("seed={seed},refuse=50"));
+            let mut v = Vec::new();
+            for i in 0..32 {
+                let k = p.block_key(1, "u", i, "a");
+                v.push(matches!(
+                    p.create(&k, Bytes::new()).await,
+                    PutOutcome::Written
+                ));
+            }
+            v
+        };
+        let a = outcomes(3).await;
+        assert_eq!(a, outcomes(3).await);
+        assert!(a.contains(&true) && a.contains(&false), "{a:?}");
+    }
+}
