@@ -31,14 +31,14 @@ logs=$(mktemp -d "${TMPDIR:-/tmp}/nokv-chaos.XXXXXX")
 passed=0
 failed=0
 for ((s = seed; s < seed + runs; s++)); do
-    if NOKV_CHAOS_SEED=$s NOKV_CHAOS_RUNS=1 \
+    if NOKV_CHAOS_STRICT=1 NOKV_CHAOS_SEED=$s NOKV_CHAOS_RUNS=1 \
         cargo test -p nokv-tests --test chaos --quiet -- acknowledged_writes --nocapture >"$logs/$s.log" 2>&1; then
         passed=$((passed + 1))
         rm -f "$logs/$s.log"
     else
         failed=$((failed + 1))
         reason=$(grep -m1 -o 'chaos seed [0-9]* failed: .*' "$logs/$s.log" | cut -c1-200 || true)
-        echo "FAILED seed $s: ${reason:-see log} (log $logs/$s.log; replay: NOKV_CHAOS_SEED=$s NOKV_CHAOS_RUNS=1 cargo test -p nokv-tests --test chaos -- --nocapture)"
+        echo "FAILED seed $s: ${reason:-see log} (log $logs/$s.log; replay: NOKV_CHAOS_STRICT=1 NOKV_CHAOS_SEED=$s NOKV_CHAOS_RUNS=1 cargo test -p nokv-tests --test chaos -- --nocapture)"
     fi
 done
 echo "$passed passed, $failed failed"
