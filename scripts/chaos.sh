@@ -38,7 +38,7 @@ for ((s = seed; s < seed + runs; s++)); do
     else
         failed=$((failed + 1))
         reason=$(grep -m1 -o 'chaos seed [0-9]* failed: .*' "$logs/$s.log" | cut -c1-200 || true)
-        echo "FAILED seed $s: ${reason:-see log} (log $logs/$s.log; replay: NOKV_CHAOS_STRICT=1 NOKV_CHAOS_SEED=$s NOKV_CHAOS_RUNS=1 cargo test -p nokv-tests --test chaos -- --nocapture)"
+        echo "FAILED seed $s: ${reason:-see log} (log $logs/$s.log; replay: NOKV_CHAOS_STRICT=1 NOKV_CHAOS_SEED=$s NOKV_CHAOS_RUNS=1 cargo test -p nokv-tests --test chaos -- acknowledged_writes --nocapture)"
     fi
 done
 echo "$passed passed, $failed failed"
