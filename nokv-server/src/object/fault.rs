@@ -309,22 +309,39 @@ impl ObjectStore for FaultyStore {
             s.held_now.fetch_sub(1, Ordering::SeqCst);
         }
         let mut lose = false;
+        let mut held = None;
         if let Some(sch) = &s.schedule {
             if sch.draw(sch.schedule.refuse) {
                 tracing::warn!(key = %location, "test fault: create refused before sending");
                 return Err(refused());
             }
-            if let Some(d) = sch.delay(sch.schedule.hold) {
-                tracing::warn!(key = %location, held = ?d, "test fault: create held");
-                tokio::time::sleep(d).await;
-            }
+            held = sch.delay(sch.schedule.hold);
             lose = sch.draw(sch.schedule.lose);
         }
         if s.refuse_next.swap(false, Ordering::SeqCst) {
             return Err(refused());
         }
         s.creates.fetch_add(1, Ordering::SeqCst);
-        let r = self.inner.put_opts(location, payload, opts).await?;
+        let r = match held {
+            None => self.inner.put_opts(location, payload, opts).await?,
+            Some(d) => {
+                // Detached, like a request the provider already has: it lands after `d`
+                // even if the caller stops waiting (the sequencer's lease timeout).
+                tracing::warn!(key = %location, held = ?d, "test fault: create held");
+                let (inner, key) = (self.inner.clone(), location.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    let landed = inner.put_opts(&key, payload, opts).await;
+                    tracing::warn!(key = %key, ok = landed.is_ok(), "test fault: held create landed");
+                    landed
+                })
+                .await
+                .map_err(|e| object_store::Error::Generic {
+                    store: "faulty",
+                    source: Box::new(e),
+                })??
+            }
+        };
         if lose {
             tracing::warn!(key = %location, "test fault: create landed, response lost");
         }
