@@ -16,7 +16,8 @@ use object_store::{
     ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
 };
 
-#[cfg(test)]
+/// The fault-injecting fake: driven by hand in unit tests, and by the test-only
+/// `NOKV_TEST_FAULTS` schedule in black-box tests (compiled in, inert unless that is set).
 pub mod fault;
 
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +159,20 @@ impl ObjectProvider {
             writer,
             reader,
             local: None,
+        }
+    }
+
+    /// The same provider behind the fault-injecting fake, drawing faults from `schedule`
+    /// (test-only: see [`fault::SCHEDULE_ENV`]). Durability of local writes is unchanged.
+    pub fn with_fault_schedule(self, schedule: fault::Schedule) -> ObjectProvider {
+        let faults = fault::Faults::scheduled(schedule);
+        let wrap = |store: Arc<dyn ObjectStore>| -> Arc<dyn ObjectStore> {
+            Arc::new(fault::FaultyStore::new(store, faults.clone()))
+        };
+        ObjectProvider {
+            writer: wrap(self.writer),
+            reader: wrap(self.reader),
+            ..self
         }
     }
 

@@ -74,6 +74,20 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir)?;
     let material = bootstrap::ensure(&settings.data_dir, settings.advertise.as_deref())?;
     let provider = ObjectProvider::open(&settings.provider, &settings.prefix)?;
+    // Test-only: black-box fault schedules (never a flag; see object::fault).
+    let provider = match crate::object::fault::Schedule::from_env()
+        .map_err(|e| crate::object::ObjectError::Config(e.to_string()))?
+    {
+        Some(schedule) => {
+            tracing::warn!(
+                ?schedule,
+                "TEST FAULTS ARE ON ({}): the object provider will fail on purpose",
+                crate::object::fault::SCHEDULE_ENV
+            );
+            provider.with_fault_schedule(schedule)
+        }
+        None => provider,
+    };
     // A provider outage at start-up must not take the small-file API down with it: the node
     // serves, artifact calls fail with the provider's error meanwhile, and the reconciler's
     // periodic passes retry until the provider is back — no restart needed.

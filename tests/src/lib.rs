@@ -248,9 +248,7 @@ impl Daemon {
     /// Starts a daemon on an existing data dir (e.g. to restart after `terminate`/`kill9`);
     /// the caller keeps ownership of `dir`.
     pub fn start_in(dir: &Path, extra_args: &[&str]) -> Daemon {
-        let (mut daemon, lines) = Self::spawn(dir, extra_args, &[]);
-        daemon.wait_ready(lines);
-        daemon
+        Self::start_in_with_env(dir, extra_args, &[])
     }
 
     /// Like [`Daemon::start_in`] with extra environment variables for the daemon process

@@ -4,10 +4,18 @@
 //! deletes and reads (nothing reaches the inner store then). It counts creates and deletes
 //! that reached the inner store so tests can prove "the provider received no write" or "the
 //! key was deleted once".
+//!
+//! Unit tests drive those switches by hand. Black-box tests cannot reach into the daemon, so
+//! they describe a seeded random [`Schedule`] in the test-only environment variable
+//! [`SCHEDULE_ENV`]; the daemon then wraps its provider in this store (see
+//! `server::run`) and logs a warning. The variable is deliberately not a flag and not
+//! documented for operators: a production daemon never has it set.
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -39,6 +47,127 @@ struct FaultState {
     failing_reads: AtomicUsize,
     /// Deletes of keys containing this text fail, every time (a permanent outage for them).
     failing_keys: parking_lot::Mutex<Option<String>>,
+    /// Random faults drawn per call, if a schedule was installed.
+    schedule: Option<Scheduled>,
+}
+
+/// The test-only environment variable that makes the daemon inject a [`Schedule`].
+pub const SCHEDULE_ENV: &str = "NOKV_TEST_FAULTS";
+
+/// A seeded random fault schedule, written `key=value` pairs separated by commas, e.g.
+/// `seed=7,refuse=10,lose=10,hold=5:3s,delete_outage=4s,slow_get=20:200ms`. Percentages are
+/// per call; every key but `seed` is optional and absent means "never".
+///
+/// * `refuse=P` — a create fails before anything is sent (connection refused);
+/// * `lose=P` — a create lands but its caller gets an error (unknown outcome);
+/// * `hold=P:D` — a create waits `D` before it is sent, then lands (a PUT held past the
+///   upload lease lands late);
+/// * `delete_outage=D` — every delete fails for `D` after the store is built;
+/// * `slow_get=P:D` — a read waits `D` first.
+///
+/// Invariant: the same seed and the same sequence of calls draw the same faults (a splitmix64
+/// generator behind a lock; concurrent calls may interleave differently from run to run).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Schedule {
+    pub seed: u64,
+    pub refuse: u8,
+    pub lose: u8,
+    pub hold: Option<(u8, Duration)>,
+    pub delete_outage: Duration,
+    pub slow_get: Option<(u8, Duration)>,
+}
+
+/// A schedule that cannot be understood; the daemon refuses to start rather than run with
+/// faults other than the ones the test asked for.
+#[derive(Debug, thiserror::Error)]
+#[error("{SCHEDULE_ENV}: {0}")]
+pub struct ScheduleError(String);
+
+impl Schedule {
+    /// The schedule in [`SCHEDULE_ENV`], if it is set.
+    pub fn from_env() -> Result<Option<Schedule>, ScheduleError> {
+        match std::env::var(SCHEDULE_ENV) {
+            Ok(text) => Schedule::parse(&text).map(Some),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(e) => Err(ScheduleError(e.to_string())),
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Schedule, ScheduleError> {
+        let mut s = Schedule::default();
+        let mut seeded = false;
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| ScheduleError(format!("`{pair}` is not key=value")))?;
+            match key {
+                "seed" => {
+                    s.seed = value
+                        .parse()
+                        .map_err(|_| ScheduleError(format!("seed `{value}` is not a number")))?;
+                    seeded = true;
+                }
+                "refuse" => s.refuse = percent(value)?,
+                "lose" => s.lose = percent(value)?,
+                "hold" => s.hold = Some(percent_and_duration(value)?),
+                "delete_outage" => s.delete_outage = duration(value)?,
+                "slow_get" => s.slow_get = Some(percent_and_duration(value)?),
+                other => return Err(ScheduleError(format!("unknown fault `{other}`"))),
+            }
+        }
+        if !seeded {
+            return Err(ScheduleError("a schedule needs `seed=N`".into()));
+        }
+        Ok(s)
+    }
+}
+
+fn percent(v: &str) -> Result<u8, ScheduleError> {
+    match v.parse::<u8>() {
+        Ok(p) if p <= 100 => Ok(p),
+        _ => Err(ScheduleError(format!("`{v}` is not a percentage 0..=100"))),
+    }
+}
+
+fn duration(v: &str) -> Result<Duration, ScheduleError> {
+    crate::token::parse_duration(v).map_err(|e| ScheduleError(format!("`{v}`: {e}")))
+}
+
+fn percent_and_duration(v: &str) -> Result<(u8, Duration), ScheduleError> {
+    let (p, d) = v
+        .split_once(':')
+        .ok_or_else(|| ScheduleError(format!("`{v}` is not PERCENT:DURATION")))?;
+    Ok((percent(p)?, duration(d)?))
+}
+
+/// An installed schedule and its generator.
+struct Scheduled {
+    schedule: Schedule,
+    rng: Mutex<u64>,
+    since: Instant,
+}
+
+impl Scheduled {
+    /// True with probability `percent`/100 (splitmix64).
+    fn draw(&self, percent: u8) -> bool {
+        if percent == 0 {
+            return false;
+        }
+        let mut state = self.rng.lock().expect("not poisoned");
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % 100 < u64::from(percent)
+    }
+
+    fn delay(&self, fault: Option<(u8, Duration)>) -> Option<Duration> {
+        fault.and_then(|(p, d)| self.draw(p).then_some(d))
+    }
+
+    fn deletes_out(&self) -> bool {
+        self.since.elapsed() < self.schedule.delete_outage
+    }
 }
 
 impl Default for FaultState {
@@ -55,11 +184,27 @@ impl Default for FaultState {
             deletes: AtomicUsize::new(0),
             failing_reads: AtomicUsize::new(0),
             failing_keys: parking_lot::Mutex::new(None),
+            schedule: None,
         }
     }
 }
 
 impl Faults {
+    /// Faults drawn at random from `schedule` on every call, from now on.
+    pub fn scheduled(schedule: Schedule) -> Faults {
+        let rng = Mutex::new(schedule.seed);
+        Faults {
+            inner: Arc::new(FaultState {
+                schedule: Some(Scheduled {
+                    schedule,
+                    rng,
+                    since: Instant::now(),
+                }),
+                ..FaultState::default()
+            }),
+        }
+    }
+
     /// From now on every create waits until [`Faults::release`] lets it through.
     pub fn hold_creates(&self) {
         self.inner.hold.store(true, Ordering::SeqCst);
@@ -171,12 +316,44 @@ impl ObjectStore for FaultyStore {
             permit.forget();
             s.held_now.fetch_sub(1, Ordering::SeqCst);
         }
+        let mut lose = false;
+        let mut held = None;
+        if let Some(sch) = &s.schedule {
+            if sch.draw(sch.schedule.refuse) {
+                tracing::warn!(key = %location, "test fault: create refused before sending");
+                return Err(refused());
+            }
+            held = sch.delay(sch.schedule.hold);
+            lose = sch.draw(sch.schedule.lose);
+        }
         if s.refuse_next.swap(false, Ordering::SeqCst) {
             return Err(refused());
         }
         s.creates.fetch_add(1, Ordering::SeqCst);
-        let r = self.inner.put_opts(location, payload, opts).await?;
-        if s.lose_next_response.swap(false, Ordering::SeqCst) {
+        let r = match held {
+            None => self.inner.put_opts(location, payload, opts).await?,
+            Some(d) => {
+                // Detached, like a request the provider already has: it lands after `d`
+                // even if the caller stops waiting (the sequencer's lease timeout).
+                tracing::warn!(key = %location, held = ?d, "test fault: create held");
+                let (inner, key) = (self.inner.clone(), location.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    let landed = inner.put_opts(&key, payload, opts).await;
+                    tracing::warn!(key = %key, ok = landed.is_ok(), "test fault: held create landed");
+                    landed
+                })
+                .await
+                .map_err(|e| object_store::Error::Generic {
+                    store: "faulty",
+                    source: Box::new(e),
+                })??
+            }
+        };
+        if lose {
+            tracing::warn!(key = %location, "test fault: create landed, response lost");
+        }
+        if lose || s.lose_next_response.swap(false, Ordering::SeqCst) {
             return Err(object_store::Error::Generic {
                 store: "faulty",
                 source: "injected: response lost after the write landed".into(),
@@ -201,6 +378,11 @@ impl ObjectStore for FaultyStore {
         if take_one(&self.faults.inner.failing_reads) {
             return Err(refused());
         }
+        if let Some(sch) = &self.faults.inner.schedule
+            && let Some(d) = sch.delay(sch.schedule.slow_get)
+        {
+            tokio::time::sleep(d).await;
+        }
         self.inner.get_opts(location, options).await
     }
 
@@ -221,6 +403,10 @@ impl ObjectStore for FaultyStore {
                         .as_deref()
                         .is_some_and(|t| location.as_ref().contains(t));
                     if doomed || take_one(&s.failing_deletes) {
+                        return Err(refused());
+                    }
+                    if s.schedule.as_ref().is_some_and(Scheduled::deletes_out) {
+                        tracing::warn!(key = %location, "test fault: delete outage");
                         return Err(refused());
                     }
                     s.deletes.fetch_add(1, Ordering::SeqCst);
@@ -246,5 +432,84 @@ impl ObjectStore for FaultyStore {
         options: CopyOptions,
     ) -> object_store::Result<()> {
         self.inner.copy_opts(from, to, options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::{ObjectError, ObjectProvider, PutOutcome};
+    use bytes::Bytes;
+
+    fn memory_with(schedule: &str) -> ObjectProvider {
+        let m: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        ObjectProvider::from_stores("memory", "t".into(), m.clone(), m)
+            .with_fault_schedule(Schedule::parse(schedule).unwrap())
+    }
+
+    #[test]
+    fn a_fault_schedule_parses_every_fault_and_refuses_anything_it_does_not_know() {
+        let s =
+            Schedule::parse("seed=7,refuse=10,lose=5,hold=3:2s,delete_outage=4s,slow_get=20:150ms")
+                .unwrap();
+        assert_eq!(
+            s,
+            Schedule {
+                seed: 7,
+                refuse: 10,
+                lose: 5,
+                hold: Some((3, Duration::from_secs(2))),
+                delete_outage: Duration::from_secs(4),
+                slow_get: Some((20, Duration::from_millis(150))),
+            }
+        );
+        for bad in [
+            "",
+            "refuse=10",
+            "seed=x",
+            "seed=1,refuse=101",
+            "seed=1,hold=5",
+            "seed=1,explode=1",
+            "seed=1,lose",
+        ] {
+            assert!(Schedule::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[tokio::test]
+    async fn scheduled_faults_refuse_before_sending_lose_responses_of_landed_writes_and_fail_deletes_during_an_outage()
+     {
+        let p = memory_with("seed=1,refuse=100");
+        let key = p.block_key(1, "u", 0, "a");
+        let out = p.create(&key, Bytes::from_static(b"x")).await;
+        assert!(matches!(out, PutOutcome::NotWritten(_)), "{out:?}");
+        assert!(matches!(p.get(&key).await, Err(ObjectError::NotFound(_))));
+
+        let p = memory_with("seed=1,lose=100,delete_outage=1h");
+        let out = p.create(&key, Bytes::from_static(b"x")).await;
+        assert!(matches!(out, PutOutcome::Unknown(_)), "{out:?}");
+        assert_eq!(p.get(&key).await.unwrap(), Bytes::from_static(b"x"));
+        assert!(
+            p.delete(&key).await.is_err(),
+            "deletes fail during the outage"
+        );
+        assert_eq!(p.get(&key).await.unwrap(), Bytes::from_static(b"x"));
+
+        // Percentages in between draw from the seed: same seed, same faults.
+        let outcomes = |seed: u64| async move {
+            let p = memory_with(&format!("seed={seed},refuse=50"));
+            let mut v = Vec::new();
+            for i in 0..32 {
+                let k = p.block_key(1, "u", i, "a");
+                v.push(matches!(
+                    p.create(&k, Bytes::new()).await,
+                    PutOutcome::Written
+                ));
+            }
+            v
+        };
+        let a = outcomes(3).await;
+        assert_eq!(a, outcomes(3).await);
+        assert!(a.contains(&true) && a.contains(&false), "{a:?}");
     }
 }
