@@ -70,7 +70,7 @@ pub fn ensure(data_dir: &Path, advertise: Option<&str>) -> Result<Material> {
     let ca_key = match read_opt(&ca_key_path)? {
         Some(pem) => KeyPair::from_pem(&pem)?,
         None => {
-            let (key, cert_pem) = pki::new_ca()?;
+            let (key, cert_pem) = pki::new_ca(pki::DEV_CA_NAME)?;
             write_secret(&ca_key_path, key.serialize_pem().as_bytes())?;
             write_file(&ca_path, cert_pem.as_bytes())?;
             key
@@ -106,7 +106,7 @@ pub fn ensure(data_dir: &Path, advertise: Option<&str>) -> Result<Material> {
             (c, k)
         }
         _ => {
-            let (cert, key) = pki::issue_leaf(ca_key, sans)?;
+            let (cert, key) = pki::issue_leaf(ca_key, pki::DEV_CA_NAME, sans)?;
             write_secret(&key_path, key.as_bytes())?;
             write_file(&cert_path, cert.as_bytes())?;
             write_file(&sans_path, wanted.as_bytes())?;

@@ -15,6 +15,7 @@
 //! host's certificate from the same CA and never replaces an existing one.
 
 use std::fs;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use rcgen::KeyPair;
@@ -51,8 +52,12 @@ pub fn init(dir: &Path, hosts: &[String]) -> Result<PathBuf> {
         crate::ids::random_hex(6)
     ));
     let built = (|| {
-        fs::create_dir(&staging).map_err(|e| io(&staging, e))?;
-        let (ca_key, ca_pem) = pki::new_ca()?;
+        // 0700: the directory holds the CA key and the token secret.
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&staging)
+            .map_err(|e| io(&staging, e))?;
+        let (ca_key, ca_pem) = pki::new_ca(pki::CLUSTER_CA_NAME)?;
         write_secret(&staging.join("ca.key"), ca_key.serialize_pem().as_bytes())?;
         write_file(&staging.join("ca.pem"), ca_pem.as_bytes())?;
         let secret = pki::new_secret_hex();
@@ -211,7 +216,11 @@ pub fn node_key(dir: &Path, host: &str) -> PathBuf {
 
 fn write_node(dir: &Path, ca_key: &KeyPair, host: &str) -> Result<()> {
     mkdir(&dir.join("nodes"))?;
-    let (cert, key) = pki::issue_leaf(ca_key_again(ca_key)?, vec![host.to_string()])?;
+    let (cert, key) = pki::issue_leaf(
+        ca_key_again(ca_key)?,
+        pki::CLUSTER_CA_NAME,
+        vec![host.to_string()],
+    )?;
     write_secret(&node_key(dir, host), key.as_bytes())?;
     write_file(&node_cert(dir, host), cert.as_bytes())
 }
@@ -310,6 +319,8 @@ mod tests {
             let mode = fs::metadata(c.join(f)).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600, "{f}");
         }
+        let mode = fs::metadata(&c).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "the directory itself");
         let client = fs::read_to_string(c.join("client.toml")).unwrap();
         assert!(client.contains("https://node-a:7878"), "{client}");
         let before = fs::read(c.join("cluster.secret")).unwrap();

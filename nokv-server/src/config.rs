@@ -60,7 +60,7 @@ pub enum Command {
 pub enum TokenCommand {
     /// Print a bearer token signed with the data directory's cluster secret.
     Issue {
-        /// Data directory holding cluster.secret.
+        /// Data directory (or cluster directory from `cluster init`) holding cluster.secret.
         #[arg(long, env = "NOKV_DATA_DIR", default_value = "./nokv-data")]
         data_dir: PathBuf,
         /// Workspace name or pattern (`name`, `prefix*`, `*`); repeat for several.
@@ -114,7 +114,8 @@ pub struct ServeArgs {
     /// Listen address; port 0 picks a free port [default: 127.0.0.1:7878].
     #[arg(long, env = "NOKV_LISTEN")]
     pub listen: Option<String>,
-    /// Host name clients use to reach this node; added to the certificate's names.
+    /// Host name clients use to reach this node. With development material it is added to the
+    /// certificate's names; with --tls-dir it chooses the node's certificate (nodes/HOST.pem).
     #[arg(long, env = "NOKV_ADVERTISE")]
     pub advertise: Option<String>,
     /// Number of shards [default: 16].

@@ -25,22 +25,26 @@ pub const SECRET_FILE: &str = "cluster.secret";
 /// File name of the admin token.
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 
-const CA_NAME: &str = "nokv development CA";
+/// Common name of a data directory's development CA.
+pub const DEV_CA_NAME: &str = "nokv development CA";
+/// Common name of a cluster directory's CA.
+pub const CLUSTER_CA_NAME: &str = "nokv cluster CA";
 /// Admin tokens written at bootstrap live for ten years: they are the operator's root key for
 /// a data or cluster directory and are replaced by deleting `admin.token`.
 const ADMIN_TTL_SECS: u64 = 10 * 365 * 86400;
 
-/// A freshly generated CA: its private key and self-signed certificate (PEM).
-pub fn new_ca() -> Result<(KeyPair, String)> {
+/// A freshly generated CA named `ca_name`: its private key and self-signed certificate (PEM).
+pub fn new_ca(ca_name: &str) -> Result<(KeyPair, String)> {
     let key = KeyPair::generate()?;
-    let cert = ca_params()?.self_signed(&key)?;
+    let cert = ca_params(ca_name)?.self_signed(&key)?;
     Ok((key, cert.pem()))
 }
 
 /// A new leaf certificate for `sans` (DNS names or IP addresses), signed by the CA whose key is
-/// `ca_key`; returns (certificate PEM, private key PEM).
-pub fn issue_leaf(ca_key: KeyPair, sans: Vec<String>) -> Result<(String, String)> {
-    let issuer = Issuer::new(ca_params()?, ca_key);
+/// `ca_key` and named `ca_name` (the name must be the CA certificate's: it becomes the leaf's
+/// issuer name, which chain verification matches); returns (certificate PEM, private key PEM).
+pub fn issue_leaf(ca_key: KeyPair, ca_name: &str, sans: Vec<String>) -> Result<(String, String)> {
+    let issuer = Issuer::new(ca_params(ca_name)?, ca_key);
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(sans)?;
     params
@@ -72,10 +76,10 @@ pub fn issue_admin_token(signer: &Signer) -> String {
 }
 
 /// The CA's parameters are fixed, so the issuer can be rebuilt from the stored key alone.
-fn ca_params() -> Result<CertificateParams> {
+fn ca_params(ca_name: &str) -> Result<CertificateParams> {
     let mut p = CertificateParams::new(Vec::<String>::new())?;
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, CA_NAME);
+    p.distinguished_name.push(DnType::CommonName, ca_name);
     p.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
