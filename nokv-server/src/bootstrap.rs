@@ -5,15 +5,14 @@
 //! 0600 before any content lands in them. The server certificate is re-issued (by the same
 //! CA, so clients keep trusting it) only when the set of names it must cover changes.
 
-use std::fs;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::KeyPair;
 
-use crate::ids::random_bytes;
-use crate::token::{Claims, Role, Signer, unix_now};
+use crate::pki::{
+    self, ADMIN_TOKEN_FILE, SECRET_FILE, canonical, mkdir, read_opt, write_file, write_secret,
+};
+use crate::token::Signer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
@@ -30,45 +29,39 @@ pub enum BootstrapError {
 
 type Result<T> = std::result::Result<T, BootstrapError>;
 
-/// The loaded material of a data directory.
+/// The loaded TLS and token material a node serves with, from a data directory (development)
+/// or a cluster directory (`--tls-dir`).
 pub struct Material {
     pub ca_path: PathBuf,
+    /// Where the certificate and key came from, to name them when they turn out unusable.
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
     pub cert_pem: String,
     pub key_pem: String,
     pub signer: Signer,
     pub admin_token: String,
 }
 
-const CA_NAME: &str = "nokv development CA";
-/// Admin tokens written at bootstrap live for ten years: they are the operator's root key for
-/// a development data directory and are replaced by deleting `admin.token`.
-const ADMIN_TTL_SECS: u64 = 10 * 365 * 86400;
-
 pub fn ensure(data_dir: &Path, advertise: Option<&str>) -> Result<Material> {
     mkdir(data_dir)?;
     let tls = data_dir.join("tls");
     mkdir(&tls)?;
 
-    let secret = match read_opt(&data_dir.join("cluster.secret"))? {
-        Some(hex_secret) => hex::decode(hex_secret.trim())
-            .map_err(|_| BootstrapError::Invalid("cluster.secret is not hex".into()))?,
+    let secret_path = data_dir.join(SECRET_FILE);
+    let signer = match read_opt(&secret_path)? {
+        Some(hex_secret) => pki::parse_secret(&secret_path, &hex_secret)?,
         None => {
-            let s = random_bytes(32);
-            write_secret(&data_dir.join("cluster.secret"), hex::encode(&s).as_bytes())?;
-            s
+            let s = pki::new_secret_hex();
+            write_secret(&secret_path, s.as_bytes())?;
+            pki::parse_secret(&secret_path, &s)?
         }
     };
-    let signer = Signer::new(&secret);
 
-    let admin_token = match read_opt(&data_dir.join("admin.token"))? {
+    let admin_token = match read_opt(&data_dir.join(ADMIN_TOKEN_FILE))? {
         Some(t) if signer.verify(t.trim()).is_ok() => t.trim().to_string(),
         _ => {
-            let t = signer.issue(&Claims {
-                workspaces: vec!["*".into()],
-                role: Role::Admin,
-                expires: unix_now() + ADMIN_TTL_SECS,
-            });
-            write_secret(&data_dir.join("admin.token"), t.as_bytes())?;
+            let t = pki::issue_admin_token(&signer);
+            write_secret(&data_dir.join(ADMIN_TOKEN_FILE), t.as_bytes())?;
             t
         }
     };
@@ -77,10 +70,9 @@ pub fn ensure(data_dir: &Path, advertise: Option<&str>) -> Result<Material> {
     let ca_key = match read_opt(&ca_key_path)? {
         Some(pem) => KeyPair::from_pem(&pem)?,
         None => {
-            let key = KeyPair::generate()?;
-            let cert = ca_params()?.self_signed(&key)?;
+            let (key, cert_pem) = pki::new_ca(pki::DEV_CA_NAME)?;
             write_secret(&ca_key_path, key.serialize_pem().as_bytes())?;
-            write_file(&ca_path, cert.pem().as_bytes())?;
+            write_file(&ca_path, cert_pem.as_bytes())?;
             key
         }
     };
@@ -114,22 +106,18 @@ pub fn ensure(data_dir: &Path, advertise: Option<&str>) -> Result<Material> {
             (c, k)
         }
         _ => {
-            let issuer = Issuer::new(ca_params()?, ca_key);
-            let key = KeyPair::generate()?;
-            let mut params = CertificateParams::new(sans)?;
-            params
-                .distinguished_name
-                .push(DnType::CommonName, "nokv-server");
-            let cert = params.signed_by(&key, &issuer)?;
-            write_secret(&key_path, key.serialize_pem().as_bytes())?;
-            write_file(&cert_path, cert.pem().as_bytes())?;
+            let (cert, key) = pki::issue_leaf(ca_key, pki::DEV_CA_NAME, sans)?;
+            write_secret(&key_path, key.as_bytes())?;
+            write_file(&cert_path, cert.as_bytes())?;
             write_file(&sans_path, wanted.as_bytes())?;
-            (cert.pem(), key.serialize_pem())
+            (cert, key)
         }
     };
 
     Ok(Material {
-        ca_path: fs::canonicalize(&ca_path).map_err(|e| io(&ca_path, e))?,
+        ca_path: canonical(&ca_path)?,
+        cert_path,
+        key_path,
         cert_pem,
         key_pem,
         signer,
@@ -141,88 +129,38 @@ pub fn ensure(data_dir: &Path, advertise: Option<&str>) -> Result<Material> {
 /// secret file. Rewritten on every start because the endpoint may have changed.
 pub fn write_client_config(data_dir: &Path, endpoint: &str, m: &Material) -> Result<PathBuf> {
     let path = data_dir.join("client.toml");
-    let body = format!(
-        "# Written by nokv-server; points the nokv CLI at this daemon with its admin token.\n\
-         endpoint = {endpoint:?}\nca = {:?}\ntoken = {:?}\n",
-        m.ca_path.display().to_string(),
-        m.admin_token
-    );
-    write_secret(&path, body.as_bytes())?;
-    fs::canonicalize(&path).map_err(|e| io(&path, e))
+    write_secret(
+        &path,
+        client_toml(endpoint, &m.ca_path, &m.admin_token).as_bytes(),
+    )?;
+    canonical(&path)
 }
 
-/// Reads the cluster secret of a data directory (for `nokv-server token issue`).
+/// The body of a `client.toml`: endpoint, CA file and admin token.
+pub fn client_toml(endpoint: &str, ca_path: &Path, admin_token: &str) -> String {
+    format!(
+        "# Written by nokv-server; points the nokv CLI at nokv with the admin token.\n\
+         endpoint = {endpoint:?}\nca = {:?}\ntoken = {admin_token:?}\n",
+        ca_path.display().to_string(),
+    )
+}
+
+/// Reads the token secret of a data (or cluster) directory (for `nokv-server token issue`).
 pub fn load_signer(data_dir: &Path) -> Result<Signer> {
-    let path = data_dir.join("cluster.secret");
+    let path = data_dir.join(SECRET_FILE);
     let hex_secret = read_opt(&path)?.ok_or_else(|| {
         BootstrapError::Invalid(format!(
             "{} does not exist: start nokv-server on this data dir first",
             path.display()
         ))
     })?;
-    let secret = hex::decode(hex_secret.trim())
-        .map_err(|_| BootstrapError::Invalid("cluster.secret is not hex".into()))?;
-    Ok(Signer::new(&secret))
-}
-
-/// The CA's parameters are fixed, so the issuer can be rebuilt from the stored key alone.
-fn ca_params() -> Result<CertificateParams> {
-    let mut p = CertificateParams::new(Vec::<String>::new())?;
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, CA_NAME);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    Ok(p)
-}
-
-fn io(path: &Path, source: std::io::Error) -> BootstrapError {
-    BootstrapError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-fn mkdir(p: &Path) -> Result<()> {
-    fs::create_dir_all(p).map_err(|e| io(p, e))
-}
-
-fn read_opt(p: &Path) -> Result<Option<String>> {
-    match fs::read_to_string(p) {
-        Ok(s) => Ok(Some(s)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io(p, e)),
-    }
-}
-
-fn write_file(p: &Path, body: &[u8]) -> Result<()> {
-    write_with_mode(p, body, 0o644)
-}
-
-fn write_secret(p: &Path, body: &[u8]) -> Result<()> {
-    write_with_mode(p, body, 0o600)
-}
-
-/// Writes via a temporary file and rename, so a crash never leaves a half-written secret.
-fn write_with_mode(p: &Path, body: &[u8], mode: u32) -> Result<()> {
-    let tmp = p.with_extension("tmp");
-    let _ = fs::remove_file(&tmp);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(|e| io(&tmp, e))?;
-    f.write_all(body).map_err(|e| io(&tmp, e))?;
-    f.sync_all().map_err(|e| io(&tmp, e))?;
-    fs::rename(&tmp, p).map_err(|e| io(p, e))
+    pki::parse_secret(&path, &hex_secret)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]

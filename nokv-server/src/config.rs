@@ -37,6 +37,10 @@ pub enum Command {
     /// Manage bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Create and extend a cluster TLS directory (CA, node certificates, token secret, admin
+    /// token) that every node of a cluster starts with via --tls-dir.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Measure direct provider PUTs of blocks through the same one-attempt create path the
     /// owner uses — the baseline `nokv bench upload-vs-direct` compares publishing against.
     /// Prints one JSON line; the blocks are deleted afterwards.
@@ -56,7 +60,7 @@ pub enum Command {
 pub enum TokenCommand {
     /// Print a bearer token signed with the data directory's cluster secret.
     Issue {
-        /// Data directory holding cluster.secret.
+        /// Data directory (or cluster directory from `cluster init`) holding cluster.secret.
         #[arg(long, env = "NOKV_DATA_DIR", default_value = "./nokv-data")]
         data_dir: PathBuf,
         /// Workspace name or pattern (`name`, `prefix*`, `*`); repeat for several.
@@ -68,6 +72,30 @@ pub enum TokenCommand {
         /// Lifetime, e.g. 30d, 12h, 15m, 90s.
         #[arg(long, default_value = "30d")]
         ttl: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Write a new cluster directory: one CA, a certificate per --host (C/nodes/HOST.pem and
+    /// .key), the token secret, an admin token and C/client.toml. Never overwrites an existing
+    /// directory.
+    Init {
+        /// The cluster directory to create.
+        #[arg(long)]
+        dir: PathBuf,
+        /// A node's host name or IP address, as clients reach it; repeat for several nodes.
+        #[arg(long, required = true)]
+        host: Vec<String>,
+    },
+    /// Add a node certificate for --host, signed by the cluster directory's CA.
+    Cert {
+        /// An existing cluster directory (from `cluster init`).
+        #[arg(long)]
+        dir: PathBuf,
+        /// The new node's host name or IP address; repeat for several.
+        #[arg(long, required = true)]
+        host: Vec<String>,
     },
 }
 
@@ -86,7 +114,8 @@ pub struct ServeArgs {
     /// Listen address; port 0 picks a free port [default: 127.0.0.1:7878].
     #[arg(long, env = "NOKV_LISTEN")]
     pub listen: Option<String>,
-    /// Host name clients use to reach this node; added to the certificate's names.
+    /// Host name clients use to reach this node. With development material it is added to the
+    /// certificate's names; with --tls-dir it chooses the node's certificate (nodes/HOST.pem).
     #[arg(long, env = "NOKV_ADVERTISE")]
     pub advertise: Option<String>,
     /// Number of shards [default: 16].
@@ -156,6 +185,26 @@ pub struct ServeArgs {
     /// S3 secret key (TOML only; otherwise AWS_SECRET_ACCESS_KEY).
     #[arg(skip)]
     pub s3_secret_access_key: Option<String>,
+    /// Cluster TLS directory (from `nokv-server cluster init`): the node serves with its CA,
+    /// its own certificate C/nodes/HOST.pem (HOST = the --advertise host, else --node-id) and
+    /// the cluster's token secret, instead of development material in the data dir.
+    #[arg(long, env = "NOKV_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379,http://10.0.0.2:2379);
+    /// turns on cluster mode. Needs --tls-dir, --cluster, --node-id and --advertise.
+    #[arg(long, env = "NOKV_ETCD")]
+    pub etcd: Option<String>,
+    /// Cluster name: the nodes of one cluster share it (etcd keys live under /nokv/NAME/).
+    #[arg(long, env = "NOKV_CLUSTER")]
+    pub cluster: Option<String>,
+    /// This node's id in the cluster (letters, digits, '.', '_', '-'); also chooses its
+    /// certificate in --tls-dir when --advertise does not.
+    #[arg(long, env = "NOKV_NODE_ID")]
+    pub node_id: Option<String>,
+    /// TTL of the node's etcd lease, whole seconds; keep-alive runs at a third of it
+    /// [default: 10s].
+    #[arg(long, env = "NOKV_NODE_TTL")]
+    pub node_ttl: Option<String>,
     /// Log filter, e.g. info or nokv_server=debug [default: info].
     #[arg(long, env = "NOKV_LOG")]
     pub log: Option<String>,
@@ -182,6 +231,31 @@ pub const MAX_INLINE_MAX: usize = crate::server::MAX_MESSAGE - 64 * 1024;
 /// Default time between reconciler passes.
 pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(20);
 
+/// Default TTL of a cluster node's etcd lease.
+pub const DEFAULT_NODE_TTL: Duration = Duration::from_secs(10);
+
+/// The refusal of `--etcd` without `--tls-dir`, one line.
+pub const ETCD_NEEDS_TLS_DIR: &str = "--etcd needs --tls-dir: every node of a cluster must share one CA and token secret \
+     (create them with `nokv-server cluster init`); per-node development CAs would make the cluster unusable";
+
+/// Cluster-mode settings, present exactly when `--etcd` is given (validated: every field set).
+/// The embedded default has none and never touches etcd.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSettings {
+    /// etcd endpoint URLs (http:// or https://), at least one.
+    pub etcd: Vec<String>,
+    /// Cluster name (`--cluster`).
+    pub cluster: String,
+    /// This node's id (`--node-id`).
+    pub node_id: String,
+    /// Where other nodes and clients reach this node (`--advertise`).
+    pub advertise: String,
+    /// TTL of the node's etcd lease (whole seconds, at least 1s).
+    pub node_ttl: Duration,
+    /// The shared cluster TLS directory (`--tls-dir`).
+    pub tls_dir: PathBuf,
+}
+
 /// Fully resolved settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -201,6 +275,13 @@ pub struct Settings {
     pub provider: ProviderConfig,
     pub prefix: String,
     pub log: String,
+    /// Cluster TLS directory: when set, TLS and token material come from it (read-only)
+    /// instead of the data dir's development material.
+    pub tls_dir: Option<PathBuf>,
+    /// `--node-id`, also valid without etcd (it can choose the certificate in `tls_dir`).
+    pub node_id: Option<String>,
+    /// Cluster mode; `None` without `--etcd`.
+    pub cluster: Option<ClusterSettings>,
 }
 
 macro_rules! layer {
@@ -243,6 +324,11 @@ impl ServeArgs {
                 s3_allow_http,
                 s3_access_key_id,
                 s3_secret_access_key,
+                tls_dir,
+                etcd,
+                cluster,
+                node_id,
+                node_ttl,
                 log
             );
         }
@@ -322,6 +408,22 @@ impl ServeArgs {
                 )));
             }
         };
+        let cluster = cluster_settings(
+            self.etcd.take(),
+            self.cluster.take(),
+            self.node_id.clone(),
+            self.advertise.clone(),
+            self.node_ttl.take(),
+            self.tls_dir.clone(),
+        )?;
+        if let Some(id) = &self.node_id {
+            check_id("--node-id", id)?;
+        }
+        if self.tls_dir.is_some() && self.advertise.is_none() && self.node_id.is_none() {
+            return Err(ConfigError(
+                "--tls-dir needs --advertise HOST or --node-id ID to choose this node's certificate (C/nodes/HOST.pem)".into(),
+            ));
+        }
         Ok(Settings {
             data_dir,
             listen: self.listen.unwrap_or_else(|| "127.0.0.1:7878".into()),
@@ -343,7 +445,109 @@ impl ServeArgs {
             provider,
             prefix: self.s3_prefix.unwrap_or_else(|| "nokv".into()),
             log: self.log.unwrap_or_else(|| "info".into()),
+            tls_dir: self.tls_dir,
+            node_id: self.node_id,
+            cluster,
         })
+    }
+}
+
+/// Validates the cluster flags: all of them or (apart from `--node-id`) none. Each refusal is
+/// one line naming what is missing.
+fn cluster_settings(
+    etcd: Option<String>,
+    cluster: Option<String>,
+    node_id: Option<String>,
+    advertise: Option<String>,
+    node_ttl: Option<String>,
+    tls_dir: Option<PathBuf>,
+) -> Result<Option<ClusterSettings>, ConfigError> {
+    let Some(etcd) = etcd else {
+        let stray: Vec<&str> = [
+            ("--cluster", cluster.is_some()),
+            ("--node-ttl", node_ttl.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        if !stray.is_empty() {
+            return Err(ConfigError(format!(
+                "{} only apply with --etcd (cluster mode)",
+                stray.join(" and ")
+            )));
+        }
+        return Ok(None);
+    };
+    let Some(tls_dir) = tls_dir else {
+        return Err(ConfigError(ETCD_NEEDS_TLS_DIR.into()));
+    };
+    let missing: Vec<&str> = [
+        ("--cluster NAME", cluster.is_none()),
+        ("--node-id ID", node_id.is_none()),
+        ("--advertise HOST:PORT", advertise.is_none()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, absent)| absent.then_some(flag))
+    .collect();
+    if !missing.is_empty() {
+        return Err(ConfigError(format!(
+            "--etcd needs {}: a cluster node must say which cluster it joins, who it is and where it is reached",
+            missing.join(", ")
+        )));
+    }
+    let urls: Vec<String> = etcd
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(String::from)
+        .collect();
+    if urls.is_empty() {
+        return Err(ConfigError("--etcd needs at least one URL".into()));
+    }
+    if let Some(bad) = urls
+        .iter()
+        .find(|u| !(u.starts_with("http://") || u.starts_with("https://")) || u.len() <= 8)
+    {
+        return Err(ConfigError(format!(
+            "--etcd {bad:?} is not an http:// or https:// URL"
+        )));
+    }
+    let (cluster, node_id) = (cluster.unwrap_or_default(), node_id.unwrap_or_default());
+    check_id("--cluster", &cluster)?;
+    check_id("--node-id", &node_id)?;
+    let node_ttl = match node_ttl {
+        None => DEFAULT_NODE_TTL,
+        Some(s) => parse_duration(&s).map_err(|e| ConfigError(format!("--node-ttl: {e}")))?,
+    };
+    if node_ttl < Duration::from_secs(1) || node_ttl.subsec_nanos() != 0 {
+        return Err(ConfigError(
+            "--node-ttl must be whole seconds, at least 1s (etcd leases are granted in seconds)"
+                .into(),
+        ));
+    }
+    Ok(Some(ClusterSettings {
+        etcd: urls,
+        cluster,
+        node_id,
+        advertise: advertise.unwrap_or_default(),
+        node_ttl,
+        tls_dir,
+    }))
+}
+
+/// Cluster names and node ids become etcd key segments: 1-64 of letters, digits, '.', '_', '-'.
+fn check_id(flag: &str, id: &str) -> Result<(), ConfigError> {
+    let ok = (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !id.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError(format!(
+            "{flag} {id:?} must be 1-64 letters, digits, '.', '_' or '-' (not starting with '.')"
+        )))
     }
 }
 
@@ -491,5 +695,144 @@ mod tests {
             .resolve()
             .unwrap();
         assert_eq!(s.bulk_mib_per_s, None);
+    }
+
+    fn resolve(args: &[&str]) -> Result<Settings, ConfigError> {
+        Cli::parse_from(std::iter::once("nokv-server").chain(args.iter().copied()))
+            .serve
+            .resolve()
+    }
+
+    const FULL: [&str; 10] = [
+        "--etcd",
+        "http://127.0.0.1:2379, http://127.0.0.1:2479",
+        "--cluster",
+        "prod",
+        "--node-id",
+        "n1",
+        "--advertise",
+        "n1:7878",
+        "--tls-dir",
+        "/c",
+    ];
+
+    #[test]
+    fn without_etcd_there_are_no_cluster_settings() {
+        let s = resolve(&[]).unwrap();
+        assert!(s.cluster.is_none() && s.tls_dir.is_none() && s.node_id.is_none());
+        let s = resolve(&["--tls-dir", "/c", "--advertise", "n1"]).unwrap();
+        assert!(s.cluster.is_none());
+        assert_eq!(s.tls_dir.as_deref(), Some(std::path::Path::new("/c")));
+    }
+
+    #[test]
+    fn etcd_with_every_cluster_flag_yields_cluster_settings_with_a_ten_second_node_ttl() {
+        let c = resolve(&FULL).unwrap().cluster.unwrap();
+        assert_eq!(
+            c,
+            ClusterSettings {
+                etcd: vec![
+                    "http://127.0.0.1:2379".into(),
+                    "http://127.0.0.1:2479".into()
+                ],
+                cluster: "prod".into(),
+                node_id: "n1".into(),
+                advertise: "n1:7878".into(),
+                node_ttl: Duration::from_secs(10),
+                tls_dir: "/c".into(),
+            }
+        );
+        let mut args = FULL.to_vec();
+        args.extend(["--node-ttl", "3s"]);
+        let c = resolve(&args).unwrap().cluster.unwrap();
+        assert_eq!(c.node_ttl, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn cluster_flags_come_from_the_toml_file_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "etcd = \"http://e:2379\"\ncluster = \"k\"\nnode_id = \"n2\"\nadvertise = \"n2\"\n\
+             tls_dir = \"/c\"\nnode_ttl = \"6s\"\n",
+        )
+        .unwrap();
+        let c = resolve(&["--config", file.to_str().unwrap()])
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(c.etcd, ["http://e:2379"]);
+        assert_eq!((c.cluster.as_str(), c.node_id.as_str()), ("k", "n2"));
+        assert_eq!(c.node_ttl, Duration::from_secs(6));
+    }
+
+    #[test]
+    fn etcd_without_tls_dir_is_refused_in_one_line() {
+        let e = resolve(&FULL[..8]).unwrap_err();
+        assert_eq!(e.0, ETCD_NEEDS_TLS_DIR);
+        assert!(!e.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn etcd_without_cluster_node_id_or_advertise_is_refused_naming_what_is_missing() {
+        let e = resolve(&["--etcd", "http://e:2379", "--tls-dir", "/c"]).unwrap_err();
+        for flag in ["--cluster", "--node-id", "--advertise"] {
+            assert!(e.0.contains(flag), "{e}");
+        }
+        assert!(!e.0.contains('\n'));
+        let e = resolve(&[
+            "--etcd",
+            "http://e:2379",
+            "--tls-dir",
+            "/c",
+            "--cluster",
+            "k",
+            "--advertise",
+            "h",
+        ])
+        .unwrap_err();
+        assert!(
+            e.0.contains("--node-id") && !e.0.contains("--cluster NAME"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_cluster_values_are_refused() {
+        let with = |flag: &'static str, value: &'static str| {
+            let mut args = FULL.to_vec();
+            args.extend([flag, value]);
+            args
+        };
+        for args in [
+            with("--node-ttl", "0s"),
+            with("--node-ttl", "1500ms"),
+            with("--node-ttl", "soon"),
+        ] {
+            assert!(resolve(&args).is_err(), "{args:?}");
+        }
+        let mut bad_id = FULL.to_vec();
+        bad_id[5] = "n/1";
+        assert!(resolve(&bad_id).is_err());
+        let mut bad_url = FULL.to_vec();
+        bad_url[1] = "127.0.0.1:2379";
+        assert!(resolve(&bad_url).is_err());
+        let mut no_url = FULL.to_vec();
+        no_url[1] = " , ";
+        assert!(resolve(&no_url).is_err());
+    }
+
+    #[test]
+    fn cluster_only_flags_without_etcd_are_refused() {
+        assert!(resolve(&["--cluster", "k"]).is_err());
+        assert!(resolve(&["--node-ttl", "5s"]).is_err());
+    }
+
+    #[test]
+    fn tls_dir_needs_a_host_or_node_id_to_choose_its_certificate() {
+        let e = resolve(&["--tls-dir", "/c"]).unwrap_err();
+        assert!(e.0.contains("--advertise"), "{e}");
+        assert!(resolve(&["--tls-dir", "/c", "--node-id", "n1"]).is_ok());
     }
 }

@@ -1,11 +1,11 @@
-//! `nokv-server`: serve (the default) or issue a token.
+//! `nokv-server`: serve (the default), issue a token, or prepare a cluster TLS directory.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use nokv_server::config::{Cli, Command, TokenCommand};
+use nokv_server::config::{Cli, ClusterCommand, Command, TokenCommand};
 use nokv_server::token::{Claims, Role, parse_duration, token_expiry};
-use nokv_server::{bootstrap, names, server};
+use nokv_server::{bootstrap, cluster_tls, names, server};
 
 fn main() -> ExitCode {
     // One process-wide crypto provider, chosen explicitly before any TLS or store is built.
@@ -18,6 +18,7 @@ fn main() -> ExitCode {
             role,
             ttl,
         })) => issue_token(&data_dir, &workspace, &role, &ttl),
+        Some(Command::Cluster(command)) => cluster(command),
         Some(Command::ProviderBench {
             serve,
             blocks,
@@ -53,6 +54,45 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
             eprintln!("nokv-server: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn cluster(command: ClusterCommand) -> ExitCode {
+    match command {
+        ClusterCommand::Init { dir, host } => match cluster_tls::init(&dir, &host) {
+            Ok(dir) => {
+                println!("cluster directory {} written", dir.display());
+                println!(
+                    "  start every node with --tls-dir {} --advertise HOST (its certificate: nodes/HOST.pem)",
+                    dir.display()
+                );
+                println!(
+                    "  add a node: nokv-server cluster cert --dir {} --host HOST",
+                    dir.display()
+                );
+                println!(
+                    "  point the CLI at it: export NOKV_CONFIG={}",
+                    dir.join("client.toml").display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("nokv-server cluster init: {e}");
+                ExitCode::from(2)
+            }
+        },
+        ClusterCommand::Cert { dir, host } => match cluster_tls::add_cert(&dir, &host) {
+            Ok(written) => {
+                for path in written {
+                    println!("wrote {}", path.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("nokv-server cluster cert: {e}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
 

@@ -51,6 +51,10 @@ pub enum ServeError {
         cert: std::path::PathBuf,
         source: tonic::transport::Error,
     },
+    #[error(
+        "cluster mode (--etcd) is not active in this build yet; start without --etcd, --cluster and --node-ttl to serve on its own"
+    )]
+    ClusterNotActive,
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
 }
@@ -72,7 +76,26 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     // First, before anything in the data dir is written: a second daemon on the same
     // directory must be refused before it can touch the running one's files.
     let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir)?;
-    let material = bootstrap::ensure(&settings.data_dir, settings.advertise.as_deref())?;
+    let material = match &settings.tls_dir {
+        Some(dir) => crate::cluster_tls::load(
+            dir,
+            &crate::cluster_tls::cert_candidates(
+                settings.advertise.as_deref(),
+                settings.node_id.as_deref(),
+            ),
+        )?,
+        None => bootstrap::ensure(&settings.data_dir, settings.advertise.as_deref())?,
+    };
+    if let Some(cluster) = &settings.cluster {
+        // The etcd control plane is not wired yet: refuse rather than serve as a lone node
+        // that believes it is part of a cluster.
+        tracing::error!(
+            cluster = %cluster.cluster,
+            node_id = %cluster.node_id,
+            "cluster mode is not yet active"
+        );
+        return Err(ServeError::ClusterNotActive);
+    }
     let provider = ObjectProvider::open(&settings.provider, &settings.prefix)?;
     // Test-only: black-box fault schedules (never a flag; see object::fault).
     let provider = match crate::object::fault::Schedule::from_env()
@@ -164,8 +187,8 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
                 .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
         )
         .map_err(|source| ServeError::Identity {
-            key: settings.data_dir.join("tls").join("server.key"),
-            cert: settings.data_dir.join("tls").join("server.pem"),
+            key: material.key_path.clone(),
+            cert: material.cert_path.clone(),
             source,
         })?
         .add_service(health_service)

@@ -626,6 +626,20 @@ pub fn cli_with_config(
     }
 }
 
+/// Runs a one-shot `nokv-server` subcommand (e.g. `cluster init`), not a daemon, to its end.
+pub fn server_command(args: &[&str]) -> CliOutput {
+    let out = Command::new(bin("nokv-server"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run nokv-server");
+    CliOutput {
+        status: out.status.code().unwrap_or(-1),
+        stdout: out.stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
