@@ -10,6 +10,7 @@ pub mod auth;
 pub mod bootstrap;
 pub mod bulk;
 pub mod config;
+pub mod control;
 pub mod dir_lock;
 pub mod error;
 pub mod ids;
