@@ -257,3 +257,32 @@ async fn etcd_client_for(etcd: &Etcd) -> etcd_client::Client {
         .await
         .unwrap()
 }
+
+#[tokio::test]
+async fn a_node_restarted_after_a_crash_rejoins_and_takes_its_shards_back_at_a_higher_epoch() {
+    let etcd = Etcd::start();
+    let short = |node| settings(&etcd, node, config(4)).with_node_ttl(SHORT_TTL);
+    let a = EtcdControl::join(short("a")).await.unwrap().0;
+    let b = EtcdControl::join(short("b")).await.unwrap().0;
+    assert_eq!(a.acquire(2).await.unwrap(), Acquisition::Acquired(1));
+
+    // A second live process with the same id is refused: its lease keeps being renewed.
+    assert!(matches!(
+        EtcdControl::join(short("a")).await,
+        Err(ControlError::NodeIdInUse { .. })
+    ));
+
+    // Crash: keep-alives stop, nothing is released, the lease is left to expire.
+    drop(a);
+    let a = EtcdControl::join(short("a"))
+        .await
+        .expect("the restarted node rejoins once its old lease expired")
+        .0;
+    // The crashed owner's shard waited for it: the other node's balance leaves it alone...
+    b.balance_step().await.unwrap();
+    assert!(b.owned().iter().all(|(s, _)| *s != 2), "{:?}", b.owned());
+    // ...and the restarted node takes it back at the next epoch.
+    let report = a.balance_step().await.unwrap();
+    assert!(report.acquired.contains(&(2, 2)), "{report:?}");
+    assert_eq!(a.acknowledge_epoch(2).unwrap(), 2);
+}

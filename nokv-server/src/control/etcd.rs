@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -267,7 +268,8 @@ impl Drop for EtcdControl {
 
 impl EtcdControl {
     /// Joins the cluster: connects, creates or checks the cluster record, grants the node's
-    /// lease, registers `nodes/<id>` under it and starts the keep-alive task.
+    /// lease and starts its keep-alive task, then registers `nodes/<id>` under it (waiting out
+    /// a crashed predecessor's lease, see [`register_node`]).
     pub async fn join(settings: EtcdSettings) -> Result<(Arc<EtcdControl>, ConfigOutcome)> {
         settings.validate()?;
         let mut client = Client::connect(&settings.endpoints, None).await?;
@@ -283,34 +285,8 @@ impl EtcdControl {
         let deadline = Arc::new(AckDeadline::new());
         deadline.extend(sent, granted, settings.safety_margin);
 
-        let node_key = keys.node(&settings.node_id);
-        let node = encode(&NodeRecord {
-            endpoint: settings.advertise.clone(),
-        });
-        let registered = client
-            .txn(
-                Txn::new()
-                    .when([Compare::create_revision(
-                        node_key.clone(),
-                        CompareOp::Equal,
-                        0,
-                    )])
-                    .and_then([TxnOp::put(
-                        node_key,
-                        node,
-                        Some(PutOptions::new().with_lease(lease_id)),
-                    )]),
-            )
-            .await?;
-        if !registered.succeeded() {
-            // Free our fresh lease rather than leave it to expire.
-            let _ = client.lease_revoke(lease_id).await;
-            return Err(ControlError::NodeIdInUse {
-                cluster: settings.cluster.clone(),
-                node: settings.node_id.clone(),
-            });
-        }
-
+        // Keep-alives start before registration: it may wait out a predecessor's lease,
+        // which can take longer than our own TTL.
         let keep_alive = tokio::spawn(keep_alive_loop(
             client.clone(),
             lease_id,
@@ -318,6 +294,13 @@ impl EtcdControl {
             settings.safety_margin,
             deadline.clone(),
         ));
+        if let Err(error) = register_node(&mut client, &keys, &settings, lease_id).await {
+            keep_alive.abort();
+            // Free our fresh lease rather than leave it to expire.
+            let _ = client.lease_revoke(lease_id).await;
+            return Err(error);
+        }
+
         tracing::info!(
             cluster = %settings.cluster,
             node = %settings.node_id,
@@ -693,6 +676,96 @@ async fn ensure_config(
         return mismatch("prefix", recorded.prefix, ours.prefix.clone());
     }
     Ok(ConfigOutcome::Joined)
+}
+
+/// Slack over a lease's reported remaining TTL before its keys are gone (etcd checks expiry
+/// every 500 ms and reports whole seconds).
+const LEASE_EXPIRY_SLACK: Duration = Duration::from_secs(2);
+
+/// Registers `nodes/<id>` under `lease_id` with a create-if-absent transaction.
+///
+/// If the key exists under another lease, that lease is either a crashed predecessor of this
+/// node (kill -9, then restart within a TTL) or a live second process with the same id. The
+/// two are told apart by waiting, bounded by the old lease's remaining TTL, for etcd to delete
+/// the key: a dead lease expires, a live one is renewed and the join fails with `NodeIdInUse`.
+async fn register_node(
+    client: &mut Client,
+    keys: &Keys,
+    settings: &EtcdSettings,
+    lease_id: i64,
+) -> Result<()> {
+    let key = keys.node(&settings.node_id);
+    let value = encode(&NodeRecord {
+        endpoint: settings.advertise.clone(),
+    });
+    let in_use = || ControlError::NodeIdInUse {
+        cluster: settings.cluster.clone(),
+        node: settings.node_id.clone(),
+    };
+    let mut waited = false;
+    loop {
+        let response = client
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key.clone(),
+                        value.clone(),
+                        Some(PutOptions::new().with_lease(lease_id)),
+                    )])
+                    .or_else([TxnOp::get(key.clone(), None)]),
+            )
+            .await?;
+        if response.succeeded() {
+            return Ok(());
+        }
+        let revision = response.header().map_or(0, |h| h.revision());
+        let old_lease = response
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.lease()),
+                _ => None,
+            })
+            .unwrap_or(0);
+        if waited || old_lease == 0 {
+            return Err(in_use());
+        }
+        waited = true;
+        let left = client.lease_time_to_live(old_lease, None).await?.ttl();
+        let bound = Duration::from_secs(left.max(0) as u64) + LEASE_EXPIRY_SLACK;
+        tracing::info!(
+            node = %settings.node_id,
+            old_lease,
+            ?bound,
+            "node id held by an earlier lease; waiting for it to expire"
+        );
+        // Watch from just after the revision we read at: a deletion in between is not missed.
+        let mut watch = client
+            .watch(
+                key.clone(),
+                Some(WatchOptions::new().with_start_revision(revision + 1)),
+            )
+            .await?;
+        let deleted = tokio::time::timeout(bound, async {
+            while let Some(message) = watch.message().await? {
+                if message
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return Ok(true);
+                }
+            }
+            Ok::<_, etcd_client::Error>(false)
+        })
+        .await;
+        match deleted {
+            Ok(Ok(true)) => continue,
+            Ok(Ok(false)) | Err(_) => return Err(in_use()),
+            Ok(Err(error)) => return Err(error.into()),
+        }
+    }
 }
 
 /// Keeps the lease alive on one stream, a keep-alive every `ttl / 3`, extending `deadline`
