@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nokv_server::control::ControlError;
 use nokv_server::control::etcd::{
-    Acquisition, ClusterConfig, ConfigOutcome, EtcdControl, EtcdSettings, ShardState,
+    Acquisition, CheckpointRef, ClusterConfig, ConfigOutcome, EtcdControl, EtcdSettings, ShardState,
 };
 use nokv_tests::Etcd;
 
@@ -21,6 +21,16 @@ fn config(shards: u32) -> ClusterConfig {
         shards,
         bucket: "nokv".into(),
         prefix: "cluster-a".into(),
+    }
+}
+
+fn checkpoint(shard: u32, epoch: u64) -> CheckpointRef {
+    CheckpointRef {
+        key: format!("cluster-a/meta/{shard}/ckpt/{epoch}-x"),
+        sha256: "00".repeat(32),
+        size: 4096,
+        epoch,
+        created_unix_ms: 1,
     }
 }
 
@@ -130,12 +140,32 @@ async fn two_nodes_acquiring_the_same_shard_at_once_yield_exactly_one_owner_at_t
             (winner.node_id(), expected_epoch)
         );
 
-        // Graceful release: acknowledging stops, the owner key goes, the record says handoff.
-        assert!(winner.release(3).await.unwrap());
+        // The previous release's checkpoint travels with the record to the new owner.
+        let previous = (expected_epoch > 1).then(|| checkpoint(3, expected_epoch - 1));
+        assert_eq!(record.checkpoint, previous);
+
+        // A checkpoint of another epoch is refused and changes nothing.
+        assert!(matches!(
+            winner
+                .release(3, Some(checkpoint(3, expected_epoch + 7)))
+                .await,
+            Err(ControlError::InvalidArgument(_))
+        ));
+        assert_eq!(winner.acknowledge_epoch(3).unwrap(), expected_epoch);
+
+        // Graceful release: acknowledging stops, the owner key goes, the record says handoff
+        // and points at the checkpoint.
+        assert!(
+            winner
+                .release(3, Some(checkpoint(3, expected_epoch)))
+                .await
+                .unwrap()
+        );
         assert!(winner.acknowledge_epoch(3).is_err());
         assert_eq!(a.owner(3).await.unwrap(), None);
-        let (record, _) = a.record(3).await.unwrap();
-        assert_eq!(record.unwrap().state, ShardState::Handoff);
+        let record = a.record(3).await.unwrap().0.unwrap();
+        assert_eq!(record.state, ShardState::Handoff);
+        assert_eq!(record.checkpoint, Some(checkpoint(3, expected_epoch)));
     }
 }
 
@@ -172,7 +202,7 @@ async fn an_owner_whose_lease_is_revoked_loses_the_shard_and_another_node_acquir
         Err(ControlError::NotOwner { shard: 5 })
     ));
     // Its late release changes nothing: the new owner's record and key stay.
-    assert!(!a.release(5).await.unwrap());
+    assert!(!a.release(5, None).await.unwrap());
     let (record, _) = b.record(5).await.unwrap();
     let record = record.unwrap();
     assert_eq!(
@@ -236,11 +266,34 @@ async fn a_balance_step_takes_free_shards_up_to_an_even_share_of_the_live_nodes(
     counts.sort_unstable();
     assert_eq!(counts, [4, 6, 6]);
 
-    // A shard handed off is free; a shard whose owner vanished without release (a crash)
-    // waits for that node.
+    let view = nodes[0].cluster_view().await.unwrap();
+    assert_eq!(view.config, Some(config(16)));
+    let ids: Vec<_> = view.nodes.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert_eq!(view.nodes[1].1.endpoint, "b.local:7443");
+    for shard in &view.shards {
+        let (owner, record) = (
+            shard.owner.as_ref().unwrap(),
+            shard.record.as_ref().unwrap(),
+        );
+        assert_eq!(
+            (owner.epoch, record.epoch, record.state),
+            (1, 1, ShardState::Serving)
+        );
+        assert_eq!(record.owner.as_deref(), Some(owner.node.as_str()));
+    }
+
+    // A shard handed off with a checkpoint is free; one released without a checkpoint (its
+    // data is on its last owner's disk only) and one whose owner vanished without release (a
+    // crash) wait for their node.
     let a = &nodes[0];
-    let (handed, crashed) = (a.owned()[0].0, a.owned()[1].0);
-    assert!(a.release(handed).await.unwrap());
+    let (handed, kept, crashed) = (a.owned()[0].0, a.owned()[1].0, a.owned()[2].0);
+    assert!(
+        a.release(handed, Some(checkpoint(handed, 1)))
+            .await
+            .unwrap()
+    );
+    assert!(a.release(kept, None).await.unwrap());
     let c = &nodes[2];
     let (mut raw, owner_key) = (
         etcd_client_for(&etcd).await,
@@ -249,7 +302,7 @@ async fn a_balance_step_takes_free_shards_up_to_an_even_share_of_the_live_nodes(
     raw.delete(owner_key, None).await.unwrap();
     let report = c.balance_step().await.unwrap();
     assert_eq!(report.acquired, vec![(handed, 2)]);
-    assert!(c.owned().iter().all(|(s, _)| *s != crashed));
+    assert!(c.owned().iter().all(|(s, _)| *s != crashed && *s != kept));
 }
 
 async fn etcd_client_for(etcd: &Etcd) -> etcd_client::Client {

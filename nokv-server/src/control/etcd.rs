@@ -74,6 +74,7 @@ pub enum ShardState {
 /// `owner`/`endpoint` name the current owner while `Serving`/`Draining`, and the last owner in
 /// `Handoff`. A record still `Serving` whose owner key is gone means its owner crashed: the
 /// balance step leaves it for that node to take back (crash failover is a later issue).
+/// `checkpoint` is the snapshot recorded by the last graceful release, if any.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardRecord {
     pub epoch: Epoch,
@@ -82,6 +83,42 @@ pub struct ShardRecord {
     pub owner: Option<String>,
     #[serde(default)]
     pub endpoint: Option<String>,
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointRef>,
+}
+
+/// A consistent snapshot of a shard's metadata uploaded by a releasing owner.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRef {
+    /// Provider key (`<prefix>/meta/<shard>/ckpt/<epoch>-...`), unique per upload.
+    pub key: String,
+    /// Hex SHA-256 of the object; the next owner refuses a checkpoint that does not match.
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Epoch of the owner that took it; must equal the record's epoch when recorded.
+    pub epoch: Epoch,
+    /// Wall-clock creation time (milliseconds since the Unix epoch), for operators only.
+    pub created_unix_ms: u64,
+}
+
+/// Everything under `/nokv/<cluster>/`, read at one etcd revision (for `nokv admin cluster`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterView {
+    pub config: Option<ClusterConfig>,
+    /// Live nodes (their keys exist only while their leases do), sorted by id.
+    pub nodes: Vec<(String, NodeRecord)>,
+    /// One entry per shard `0..shards`.
+    pub shards: Vec<ShardView>,
+}
+
+/// One shard in a [`ClusterView`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardView {
+    pub shard: u32,
+    pub record: Option<ShardRecord>,
+    /// Present exactly while some node's lease holds the shard.
+    pub owner: Option<OwnerKey>,
 }
 
 /// `shards/<s>/owner`: present exactly while the named node owns the shard at `epoch`.
@@ -402,11 +439,14 @@ impl EtcdControl {
         }
         let (record, seen) = self.record(shard).await?;
         let epoch = record.as_ref().map_or(0, |r| r.epoch) + 1;
+        // The checkpoint pointer carries over: the new owner restores from it (verifying its
+        // digest and that its epoch is `epoch - 1`) before serving.
         let next = ShardRecord {
             epoch,
             state: ShardState::Serving,
             owner: Some(self.settings.node_id.clone()),
             endpoint: Some(self.settings.advertise.clone()),
+            checkpoint: record.and_then(|r| r.checkpoint),
         };
         let owner = OwnerKey {
             node: self.settings.node_id.clone(),
@@ -459,7 +499,7 @@ impl EtcdControl {
             .copied()
             .ok_or(ControlError::NotOwner { shard })?;
         if !self
-            .set_state_guarded(shard, owned, ShardState::Draining, false)
+            .set_state_guarded(shard, owned, ShardState::Draining, None)
             .await?
         {
             self.owned.lock().remove(&shard);
@@ -470,31 +510,50 @@ impl EtcdControl {
 
     /// Gives `shard` up gracefully: it stops being acknowledged *first* (fail closed), then one
     /// transaction guarded by this node's owner key deletes the key and sets the record to
-    /// `handoff` (keeping this node as the last owner, the next owner's hint). Returns false
-    /// when the owner key was already gone (the lease lapsed and the shard may have moved on):
-    /// nothing was changed then.
-    pub async fn release(&self, shard: u32) -> Result<bool> {
+    /// `handoff` with `checkpoint` (keeping this node as the last owner, the next owner's
+    /// hint). Returns false when the owner key was already gone (the lease lapsed and the shard
+    /// may have moved on): nothing was changed then.
+    ///
+    /// Without a checkpoint the record's pointer is cleared (an older one would miss later
+    /// acknowledged writes) and only this node may take the shard back in a balance step: its
+    /// data is on this node's disk only. A checkpoint must carry this ownership's epoch.
+    pub async fn release(&self, shard: u32, checkpoint: Option<CheckpointRef>) -> Result<bool> {
         self.check_shard(shard)?;
+        let epoch = self
+            .owned
+            .lock()
+            .get(&shard)
+            .map(|o| o.epoch)
+            .ok_or(ControlError::NotOwner { shard })?;
+        if let Some(c) = &checkpoint
+            && c.epoch != epoch
+        {
+            return Err(ControlError::InvalidArgument(format!(
+                "checkpoint of epoch {} cannot release shard {shard} owned at epoch {epoch}",
+                c.epoch
+            )));
+        }
         let owned = self
             .owned
             .lock()
             .remove(&shard)
             .ok_or(ControlError::NotOwner { shard })?;
         let released = self
-            .set_state_guarded(shard, owned, ShardState::Handoff, true)
+            .set_state_guarded(shard, owned, ShardState::Handoff, Some(checkpoint))
             .await?;
         tracing::info!(shard, epoch = owned.epoch, released, "released shard");
         Ok(released)
     }
 
-    /// One transaction: if our owner key (by create revision) still exists, write the record
-    /// with `state` (and delete the owner key when `delete_owner`).
+    /// One transaction: if our owner key (by create revision and lease) still exists, write the
+    /// record with `state`. `release = Some(checkpoint)` also sets the checkpoint pointer and
+    /// deletes the owner key.
     async fn set_state_guarded(
         &self,
         shard: u32,
         owned: Owned,
         state: ShardState,
-        delete_owner: bool,
+        release: Option<Option<CheckpointRef>>,
     ) -> Result<bool> {
         let (record, _) = self.record(shard).await?;
         let mut record = record.unwrap_or(ShardRecord {
@@ -502,9 +561,14 @@ impl EtcdControl {
             state,
             owner: None,
             endpoint: None,
+            checkpoint: None,
         });
         record.state = state;
         let owner_key = self.keys.owner(shard);
+        let delete_owner = release.is_some();
+        if let Some(checkpoint) = release {
+            record.checkpoint = checkpoint;
+        }
         let mut ops = vec![TxnOp::put(self.keys.record(shard), encode(&record), None)];
         if delete_owner {
             ops.push(TxnOp::delete(owner_key.clone(), None));
@@ -530,9 +594,10 @@ impl EtcdControl {
 
     /// One balance step: counts live nodes, adopts owner keys of this lease it does not know
     /// (an acquisition whose answer was lost), then takes free shards until it holds
-    /// `ceil(shards / nodes)`. Free = no owner key and either no record, a `handoff` record,
-    /// or a record naming this node (its own shards after a restart). A `serving` record of
-    /// another node without an owner key is a crashed owner's: left alone.
+    /// `ceil(shards / nodes)`. Free = no owner key and either no record, a `handoff` record
+    /// with a checkpoint, or a record naming this node (its own shards after a restart). A
+    /// `serving` record of another node without an owner key is a crashed owner's, and a
+    /// `handoff` without checkpoint has its data on its last owner's disk: both are left alone.
     pub async fn balance_step(&self) -> Result<BalanceReport> {
         let mut client = self.client.clone();
         let shard_count = self.settings.config.shards;
@@ -594,7 +659,7 @@ impl EtcdControl {
             let free = match records.get(&shard) {
                 None => true,
                 Some(r) => {
-                    r.state == ShardState::Handoff
+                    (r.state == ShardState::Handoff && r.checkpoint.is_some())
                         || r.owner.as_deref() == Some(self.settings.node_id.as_str())
                 }
             };
@@ -607,6 +672,48 @@ impl EtcdControl {
         }
         report.surplus = self.owned.lock().len().saturating_sub(target);
         Ok(report)
+    }
+
+    /// Reads the whole cluster prefix at one revision.
+    pub async fn cluster_view(&self) -> Result<ClusterView> {
+        let response = self
+            .client
+            .clone()
+            .get(
+                self.keys.root.clone(),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await?;
+        let mut view = ClusterView {
+            config: None,
+            nodes: Vec::new(),
+            shards: (0..self.settings.config.shards)
+                .map(|shard| ShardView {
+                    shard,
+                    record: None,
+                    owner: None,
+                })
+                .collect(),
+        };
+        let nodes_prefix = self.keys.nodes();
+        for kv in response.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            if key == self.keys.config() {
+                view.config = Some(decode(&key, kv.value())?);
+            } else if let Some(id) = key.strip_prefix(&nodes_prefix) {
+                view.nodes.push((id.to_string(), decode(&key, kv.value())?));
+            } else if let Some((shard, is_owner)) = self.keys.parse_shard_key(kv.key())
+                && let Some(entry) = view.shards.get_mut(shard as usize)
+            {
+                if is_owner {
+                    entry.owner = Some(decode(&key, kv.value())?);
+                } else {
+                    entry.record = Some(decode(&key, kv.value())?);
+                }
+            }
+        }
+        view.nodes.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(view)
     }
 
     /// Leaves the cluster at once: stops acknowledging, stops the keep-alives and revokes the
