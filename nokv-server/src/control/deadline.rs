@@ -9,7 +9,7 @@
 //! The deadline is a monotonic instant stored as nanoseconds since a process-local origin in an
 //! `AtomicU64`: the write path reads it with one atomic load, no lock, no await.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A monotonic deadline, extended by confirmed keep-alives and read lock-free.
@@ -18,6 +18,9 @@ pub struct AckDeadline {
     origin: Instant,
     /// Nanoseconds after `origin`; 0 means "already passed" (nothing confirmed yet).
     until_nanos: AtomicU64,
+    /// Set by [`AckDeadline::revoke`] and never cleared: a revoked lease is gone for good, so
+    /// a keep-alive confirmation racing with the revocation cannot revive it.
+    revoked: AtomicBool,
     /// Wakes waiters of [`AckDeadline::passed`] when the deadline moves.
     moved: tokio::sync::Notify,
 }
@@ -36,6 +39,7 @@ impl AckDeadline {
         AckDeadline {
             origin: Instant::now(),
             until_nanos: AtomicU64::new(0),
+            revoked: AtomicBool::new(false),
             moved: tokio::sync::Notify::new(),
         }
     }
@@ -44,9 +48,11 @@ impl AckDeadline {
         u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// True while now is before the deadline. One atomic load and a monotonic clock read.
+    /// True while now is before the deadline and it was never revoked. Two atomic loads and a
+    /// monotonic clock read.
     pub fn allows(&self) -> bool {
-        self.nanos_of(Instant::now()) < self.until_nanos.load(Ordering::Acquire)
+        !self.revoked.load(Ordering::Acquire)
+            && self.nanos_of(Instant::now()) < self.until_nanos.load(Ordering::Acquire)
     }
 
     /// The current deadline (may be in the past).
@@ -63,8 +69,9 @@ impl AckDeadline {
         self.moved.notify_waiters();
     }
 
-    /// Ends acknowledgement at once (lease lost or revoked).
+    /// Ends acknowledgement at once and for good (lease lost or revoked).
     pub fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
         self.until_nanos.store(0, Ordering::Release);
         self.moved.notify_waiters();
     }
@@ -83,7 +90,7 @@ impl AckDeadline {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let until = self.until();
-            if Instant::now() >= until {
+            if !self.allows() {
                 return;
             }
             tokio::select! {
@@ -91,5 +98,47 @@ impl AckDeadline {
                 _ = notified => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(3600);
+    const MARGIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn nothing_is_acknowledged_before_the_first_confirmation_or_after_a_revocation() {
+        let deadline = AckDeadline::new();
+        assert!(!deadline.allows());
+        deadline.extend(Instant::now(), TTL, MARGIN);
+        assert!(deadline.allows());
+        deadline.revoke();
+        assert!(!deadline.allows());
+        // A confirmation racing with the revocation does not revive it.
+        deadline.extend(Instant::now(), TTL, MARGIN);
+        assert!(!deadline.allows());
+    }
+
+    #[test]
+    fn a_late_confirmation_of_an_older_keep_alive_never_moves_the_deadline_back() {
+        let deadline = AckDeadline::new();
+        let older = Instant::now();
+        let newer = older + Duration::from_secs(5);
+        deadline.extend(newer, TTL, MARGIN);
+        deadline.extend(older, TTL, MARGIN);
+        assert_eq!(deadline.until(), newer + TTL - MARGIN);
+    }
+
+    #[test]
+    fn the_deadline_counts_from_the_send_time_minus_the_margin() {
+        let deadline = AckDeadline::new();
+        let sent = Instant::now();
+        // A confirmed life shorter than the margin proves nothing.
+        deadline.extend(sent, MARGIN, MARGIN);
+        assert!(!deadline.allows());
+        deadline.extend(sent, TTL, MARGIN);
+        assert_eq!(deadline.until(), sent + TTL - MARGIN);
     }
 }
