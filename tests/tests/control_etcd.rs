@@ -339,3 +339,24 @@ async fn a_node_restarted_after_a_crash_rejoins_and_takes_its_shards_back_at_a_h
     assert!(report.acquired.contains(&(2, 2)), "{report:?}");
     assert_eq!(a.acknowledge_epoch(2).unwrap(), 2);
 }
+
+#[tokio::test]
+async fn a_draining_shard_keeps_its_owner_and_epoch_and_only_its_owner_can_mark_it() {
+    let etcd = Etcd::start();
+    let a = join(&etcd, "a", 4).await;
+    let b = join(&etcd, "b", 4).await;
+    assert_eq!(a.acquire(1).await.unwrap(), Acquisition::Acquired(1));
+    assert!(matches!(
+        b.mark_draining(1).await,
+        Err(ControlError::NotOwner { shard: 1 })
+    ));
+    a.mark_draining(1).await.unwrap();
+    let record = a.record(1).await.unwrap().0.unwrap();
+    assert_eq!(
+        (record.epoch, record.state, record.owner.as_deref()),
+        (1, ShardState::Draining, Some("a"))
+    );
+    // In-flight requests may still be acknowledged; nobody else can take the shard.
+    assert_eq!(a.acknowledge_epoch(1).unwrap(), 1);
+    assert_eq!(b.acquire(1).await.unwrap(), Acquisition::Refused);
+}
