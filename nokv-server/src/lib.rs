@@ -11,6 +11,7 @@ pub mod bootstrap;
 pub mod bulk;
 pub mod cluster_tls;
 pub mod config;
+pub mod control;
 pub mod dir_lock;
 pub mod error;
 pub mod ids;

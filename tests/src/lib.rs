@@ -3,9 +3,9 @@
 //! failing test never leaks a process.
 //!
 //! What the tests really run against: the daemon in its embedded mode (local ownership), with
-//! the local-filesystem provider or moto's S3 server ([`Moto`]). The daemon has no etcd
-//! control plane yet, so no nokv test talks to etcd: [`Etcd`] is started only by the smoke
-//! test that checks the environment (`services_smoke.rs`), ready for cluster-mode tests.
+//! the local-filesystem provider or moto's S3 server ([`Moto`]). The daemon does not use etcd
+//! yet: [`Etcd`] is started by the environment smoke test (`services_smoke.rs`) and by
+//! `control_etcd.rs`, which drives the control module (`nokv_server::control`) directly.
 //!
 //! Only std is used for process control and HTTP so the support code has no moving parts of
 //! its own to debug when a test fails.
