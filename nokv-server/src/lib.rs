@@ -20,6 +20,7 @@ pub mod node;
 pub mod object;
 pub mod placement;
 pub mod provider_bench;
+pub mod route;
 pub mod server;
 pub mod service;
 pub mod shard;
