@@ -217,32 +217,4 @@ impl Router {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_hint_older_than_the_cached_epoch_is_ignored_and_a_newer_one_is_followed() {
-        let mut cache = RouteCache::default();
-        assert!(cache.learn(Some("ws"), 3, "https://a:1", 5));
-        assert!(!cache.learn(None, 3, "https://old:1", 4));
-        assert_eq!(cache.route_of("ws").unwrap().endpoint, "https://a:1");
-        assert!(cache.learn(None, 3, "https://b:1", 6));
-        assert_eq!(
-            cache.route_of("ws"),
-            Some(&CachedRoute {
-                endpoint: "https://b:1".into(),
-                epoch: 6
-            })
-        );
-    }
-
-    #[test]
-    fn an_unreachable_owner_is_forgotten_but_its_epoch_still_refuses_older_hints() {
-        let mut cache = RouteCache::default();
-        cache.learn(Some("ws"), 1, "https://a:1", 2);
-        cache.unreachable("https://a:1");
-        assert_eq!(cache.route_of("ws").unwrap().endpoint, "");
-        assert!(!cache.learn(None, 1, "https://old:1", 1));
-        assert!(cache.learn(None, 1, "https://b:1", 2));
-    }
-}
+mod tests;
