@@ -67,7 +67,9 @@ pub struct RouteCache {
 
 impl RouteCache {
     /// Records that `shard` is served by `endpoint` at `epoch` (and holds `workspace`).
-    /// Returns false, changing nothing, when the cache already knows a newer epoch.
+    /// Returns false, changing nothing, when the cache already knows a newer epoch. An equal
+    /// epoch is accepted: a draining owner hints at its successor before the successor has
+    /// raised the epoch, and a later hint of the same epoch is at least as fresh.
     pub fn learn(
         &mut self,
         workspace: Option<&str>,
@@ -158,6 +160,11 @@ impl Router {
             conns: Mutex::new(conns),
             cache: Mutex::default(),
         }
+    }
+
+    /// The configured endpoints, in the order they are tried.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
     }
 
     pub fn endpoint_count(&self) -> usize {

@@ -1,6 +1,8 @@
 //! The SDK client. Every mutation gets a request id (random unless the caller supplies one)
 //! and is retried with that same id while the server is unavailable or the outcome is
-//! unknown; the server's replay records make those retries safe.
+//! unknown; the server's replay records make those retries safe. The same retry loop moves
+//! to the next configured endpoint when one does not answer and follows `NotOwner` hints
+//! (see [`crate::route`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -301,6 +303,16 @@ impl Client {
                         backoff = (backoff * 2).min(self.retry.max_backoff);
                     }
                     attempt += 1;
+                }
+                Err(e) if e.reason == Reason::Transport && self.router.endpoint_count() > 1 => {
+                    return Err(ClientError {
+                        message: format!(
+                            "{}; no answer from any of the endpoints {}",
+                            e.message,
+                            self.router.endpoints().join(", ")
+                        ),
+                        ..e
+                    });
                 }
                 Err(e) => return Err(e),
             }

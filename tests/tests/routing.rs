@@ -77,3 +77,18 @@ async fn an_embedded_node_answers_every_route_with_itself_at_epoch_zero() {
     let err = other.route("ws0").await.unwrap_err();
     assert!(err.is("PermissionDenied"), "{err:?}");
 }
+
+/// Mutation caught: the final-error arm of `retrying_for` that names the endpoints removed
+/// → the error names only the last one tried (verified red).
+#[test]
+fn a_cli_with_no_reachable_endpoint_names_every_endpoint_it_tried() {
+    let d = Daemon::start(&[]);
+    let (a, b) = (closed_endpoint(), closed_endpoint());
+    let out = d.cli(&["--endpoint", &format!("{a},{b}"), "stat", "w1:a.txt"]);
+    out.assert_fails_with("Transport");
+    assert!(
+        out.stderr.contains(&a) && out.stderr.contains(&b),
+        "{}",
+        out.stderr
+    );
+}
