@@ -11,7 +11,10 @@ use crate::error::ClientError;
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(default)]
 pub struct ClientConfig {
+    /// One endpoint, or several separated by commas (`--endpoint A,B,C`, `NOKV_ENDPOINT`).
     pub endpoint: Option<String>,
+    /// Several endpoints (TOML `endpoints = [...]`); `endpoint` wins when both are set.
+    pub endpoints: Option<Vec<String>>,
     /// PEM file of the CA that signed the server certificate.
     pub ca: Option<PathBuf>,
     pub token: Option<String>,
@@ -49,7 +52,10 @@ impl ClientConfig {
                 .map_err(|e| ClientError::local(format!("{}: {e}", path.display())))?;
             let f: ClientConfig = toml::from_str(&text)
                 .map_err(|e| ClientError::local(format!("{}: {e}", path.display())))?;
-            self.endpoint = self.endpoint.or(f.endpoint);
+            self.endpoint = self
+                .endpoint
+                .or(f.endpoint)
+                .or(f.endpoints.map(|e| e.join(",")));
             self.ca = self.ca.or(f.ca);
             self.token = self.token.or(f.token);
         }
@@ -78,7 +84,27 @@ impl ClientConfig {
 
 #[derive(Debug, Clone)]
 pub struct ResolvedConfig {
+    /// One endpoint or a comma-separated list, tried in order (see [`Self::endpoints`]).
     pub endpoint: String,
     pub ca: PathBuf,
     pub token: Option<String>,
+}
+
+impl ResolvedConfig {
+    /// The configured endpoints in order, blanks dropped; never empty (a blank setting means
+    /// the default endpoint).
+    pub fn endpoints(&self) -> Vec<String> {
+        let list: Vec<String> = self
+            .endpoint
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(String::from)
+            .collect();
+        if list.is_empty() {
+            vec!["https://127.0.0.1:7878".into()]
+        } else {
+            list
+        }
+    }
 }

@@ -8,6 +8,7 @@ pub mod error;
 pub mod publish;
 mod receipt;
 pub mod restore;
+pub mod route;
 pub mod sdk;
 
 pub use config::ClientConfig;

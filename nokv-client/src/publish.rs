@@ -314,7 +314,7 @@ impl Client {
             upload_token: begin.upload_token.clone(),
             request_id: new_request_id(),
         };
-        let mut c = self.ws.clone();
+        let mut c = self.workspace_client();
         if let Err(e) = c.abort_upload(req).await {
             tracing::debug!(error = %e, "abort after a failed publish did not go through");
         }

@@ -68,8 +68,8 @@ impl Client {
             index: block.index,
         };
         let data = self
-            .retrying("read_block", || {
-                let mut c = self.ws.clone();
+            .retrying_for("read_block", Some(ws), |conn| {
+                let mut c = conn.ws;
                 let req = req.clone();
                 async move {
                     let mut stream = c.read_block(req).await?.into_inner();

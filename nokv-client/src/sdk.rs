@@ -1,6 +1,8 @@
 //! The SDK client. Every mutation gets a request id (random unless the caller supplies one)
 //! and is retried with that same id while the server is unavailable or the outcome is
-//! unknown; the server's replay records make those retries safe.
+//! unknown; the server's replay records make those retries safe. The same retry loop moves
+//! to the next configured endpoint when one does not answer and follows `NotOwner` hints
+//! (see [`crate::route`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -8,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nokv_proto::v1 as pb;
-use pb::admin_client::AdminClient;
 use pb::workspace_client::WorkspaceClient;
 use ring::rand::{SecureRandom, SystemRandom};
 use tonic::metadata::MetadataValue;
@@ -18,7 +19,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
 use crate::config::ResolvedConfig;
-use crate::error::ClientError;
+use crate::error::{ClientError, Reason};
+use crate::route::{Conn, Hint, MAX_HOPS, Router};
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
@@ -29,16 +31,44 @@ macro_rules! unary {
         let client = &$client;
         let req = $req;
         client
-            .retrying(stringify!($method), || {
-                let mut c = client.ws.clone();
-                let req = req.clone();
-                async move { c.$method(req).await }
-            })
+            .retrying_for(
+                stringify!($method),
+                $crate::sdk::Routed::workspace(&req),
+                |conn| {
+                    let mut c = conn.ws;
+                    let req = req.clone();
+                    async move { c.$method(req).await }
+                },
+            )
             .await
             .map(tonic::Response::into_inner)
     }};
 }
 pub(crate) use unary;
+
+/// Requests that name a workspace are sent to its cached owner first.
+pub trait Routed {
+    fn workspace(&self) -> Option<&str>;
+}
+
+macro_rules! routed {
+    (with $($t:ident),*; without $($u:ident),*) => {
+        $(impl Routed for pb::$t {
+            fn workspace(&self) -> Option<&str> {
+                Some(&self.workspace)
+            }
+        })*
+        $(impl Routed for pb::$u {
+            fn workspace(&self) -> Option<&str> {
+                None
+            }
+        })*
+    };
+}
+routed!(with StatRequest, ListRequest, ReadRequest, WriteRequest, DeleteRequest,
+    BeginUploadRequest, GetManifestRequest, ReadBlockRequest, DeleteWorkspaceRequest,
+    RouteRequest; without PutBlockRequest, RenewUploadRequest, CommitUploadRequest,
+    AbortUploadRequest);
 
 /// The largest body the CLI sends as a small file in one `Write`: the server's default
 /// `--inline-max`. Larger bodies are published as artifacts. A server configured with a
@@ -61,7 +91,7 @@ impl Interceptor for Bearer {
     }
 }
 
-type Svc = InterceptedService<Channel, Bearer>;
+pub type Svc = InterceptedService<Channel, Bearer>;
 
 /// How many times and how patiently a retryable call is repeated.
 #[derive(Debug, Clone, Copy)]
@@ -83,8 +113,7 @@ impl Default for RetryPolicy {
 
 #[derive(Clone)]
 pub struct Client {
-    pub(crate) ws: WorkspaceClient<Svc>,
-    admin: AdminClient<Svc>,
+    router: Arc<Router>,
     retry: RetryPolicy,
     faults: LostResponses,
 }
@@ -145,17 +174,28 @@ impl Client {
                 "the token contains characters that cannot be sent: it is not a nokv token",
             ));
         }
-        Ok(Self::from_channel(channel(cfg)?, token))
+        let endpoints = cfg.endpoints();
+        let ca = read_ca(cfg)?;
+        let first = tls_channel(&endpoints[0], ca.clone())?;
+        let bearer = bearer(token);
+        let conns = HashMap::from([(endpoints[0].clone(), Conn::new(first, bearer.clone()))]);
+        for e in &endpoints[1..] {
+            require_https(e)?;
+        }
+        Ok(Client {
+            router: Arc::new(Router::new(endpoints, Some(ca), bearer, conns)),
+            retry: RetryPolicy::default(),
+            faults: LostResponses::default(),
+        })
     }
 
     /// A client over `channel` sending `token` (surrounding whitespace trimmed) with every call.
+    /// Endpoints named by `NotOwner` hints are connected as given (no configured CA).
     pub fn from_channel(channel: Channel, token: Option<&str>) -> Client {
-        let bearer = Bearer(token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok()));
+        let bearer = bearer(token);
+        let conns = HashMap::from([(String::new(), Conn::new(channel, bearer.clone()))]);
         Client {
-            ws: WorkspaceClient::with_interceptor(channel.clone(), bearer.clone())
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-            admin: AdminClient::with_interceptor(channel, bearer),
+            router: Arc::new(Router::new(vec![String::new()], None, bearer, conns)),
             retry: RetryPolicy::default(),
             faults: LostResponses::default(),
         }
@@ -172,36 +212,141 @@ impl Client {
         self
     }
 
+    /// The `Workspace` client of the current endpoint.
     pub fn workspace_client(&self) -> WorkspaceClient<Svc> {
-        self.ws.clone()
+        let target = self.router.target(None);
+        self.router
+            .conn(&target)
+            .expect("the current endpoint was validated at connect")
+            .ws
+    }
+
+    /// The route cache (shard, owner, epoch per workspace), for inspection.
+    pub fn router(&self) -> &Router {
+        &self.router
     }
 
     /// Runs `call` until it succeeds, fails for good, or the attempts run out. The closure
     /// must resend the *same* request (same request id) every time.
-    pub async fn retrying<T, F, Fut>(&self, method: &'static str, mut call: F) -> Result<T>
+    pub async fn retrying<T, F, Fut>(&self, method: &'static str, call: F) -> Result<T>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(Conn) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Status>>,
+    {
+        self.retrying_for(method, None, call).await
+    }
+
+    /// [`Client::retrying`] for a call about `workspace`: sent to its cached owner first.
+    /// A `NotOwner` hint not older than the cached epoch is followed at once (at most
+    /// [`MAX_HOPS`] times); an unreachable endpoint hands over to the next configured one.
+    /// Every attempt resends the same request, so the server's request-id replay keeps a
+    /// retried mutation from applying twice.
+    pub async fn retrying_for<T, F, Fut>(
+        &self,
+        method: &'static str,
+        workspace: Option<&str>,
+        mut call: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Conn) -> Fut,
         Fut: Future<Output = std::result::Result<T, Status>>,
     {
         let mut backoff = self.retry.first_backoff;
         let mut attempt = 1;
+        let mut hops = 0;
+        let mut target = self.router.target(workspace);
         loop {
-            let result = call().await.map_err(ClientError::from);
+            let conn = self.router.conn(&target)?;
+            let result = call(conn).await;
+            let hint = match &result {
+                Err(s) => Hint::of(s),
+                Ok(_) => None,
+            };
+            let result = result.map_err(ClientError::from);
             let result = match result {
                 Ok(_) if self.faults.take(method) => Err(LostResponses::error(method)),
                 other => other,
             };
             match result {
                 Ok(v) => return Ok(v),
+                Err(e) if e.is("NotOwner") => {
+                    hops += 1;
+                    let next = hint.and_then(|h| self.follow(workspace, &h, &target));
+                    match next {
+                        Some(next) if hops <= MAX_HOPS => {
+                            tracing::debug!(from = %target, to = %next, "following the owner hint");
+                            target = next;
+                        }
+                        _ => {
+                            return Err(ClientError {
+                                message: format!(
+                                    "{}; no usable owner hint after {hops} attempt(s) (last \
+                                     endpoint {target})",
+                                    e.message
+                                ),
+                                ..e
+                            });
+                        }
+                    }
+                }
                 Err(e) if e.is_retryable() && attempt < self.retry.attempts => {
                     tracing::debug!(attempt, error = %e, "retrying with the same request id");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(self.retry.max_backoff);
+                    if e.reason == Reason::Transport {
+                        self.router.unreachable(&target);
+                        target = self.router.target(workspace);
+                    }
+                    // A fresh endpoint is tried at once; a full round of them backs off.
+                    if e.reason != Reason::Transport
+                        || (attempt as usize).is_multiple_of(self.router.endpoint_count())
+                    {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(self.retry.max_backoff);
+                    }
                     attempt += 1;
+                }
+                Err(e) if e.reason == Reason::Transport && self.router.endpoint_count() > 1 => {
+                    return Err(ClientError {
+                        message: format!(
+                            "{}; no answer from any of the endpoints {}",
+                            e.message,
+                            self.router.endpoints().join(", ")
+                        ),
+                        ..e
+                    });
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Applies a `NotOwner` hint received from `from`; the endpoint to try next, or `None`
+    /// when the hint is older than the cache and the cached owner is `from` itself.
+    fn follow(&self, workspace: Option<&str>, hint: &Hint, from: &str) -> Option<String> {
+        let mut cache = self.router.cache.lock().expect("not poisoned");
+        if cache.learn(workspace, hint.shard, &hint.endpoint, hint.epoch) {
+            return Some(hint.endpoint.clone());
+        }
+        tracing::debug!(?hint, "ignoring an owner hint older than the cached route");
+        cache
+            .shard(hint.shard)
+            .map(|r| r.endpoint.clone())
+            .filter(|e| !e.is_empty() && e != from)
+    }
+
+    /// The route of `workspace` (shard, owner endpoint, epoch), as the server answers it;
+    /// the answer also feeds the route cache unless it is older than the cached one.
+    pub async fn route(&self, ws: &str) -> Result<pb::RouteResponse> {
+        let req = pb::RouteRequest {
+            workspace: ws.into(),
+        };
+        let r = unary!(self, route, req)?;
+        self.router.cache.lock().expect("not poisoned").learn(
+            Some(ws),
+            r.shard,
+            &r.endpoint,
+            r.epoch,
+        );
+        Ok(r)
     }
 
     pub async fn stat(&self, ws: &str, path: &str) -> Result<pb::Entry> {
@@ -259,8 +404,8 @@ impl Client {
     /// The accounting check: every provider object classified (admin token scoped to `*`).
     pub async fn audit(&self) -> Result<pb::AuditResponse> {
         let r = self
-            .retrying("audit", || {
-                let mut c = self.admin.clone();
+            .retrying("audit", |conn| {
+                let mut c = conn.admin;
                 async move { c.audit(pb::AuditRequest {}).await }
             })
             .await?;
@@ -281,8 +426,8 @@ impl Client {
 
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
-            .retrying("health", || {
-                let mut c = self.admin.clone();
+            .retrying("health", |conn| {
+                let mut c = conn.admin;
                 async move { c.health(pb::HealthRequest {}).await }
             })
             .await?;
@@ -290,15 +435,28 @@ impl Client {
     }
 }
 
-/// A TLS channel to the endpoint, trusting only the configured CA. The connection is made
-/// lazily, so a server that is briefly down is covered by the retry policy.
-pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
+fn bearer(token: Option<&str>) -> Bearer {
+    Bearer(token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok()))
+}
+
+fn read_ca(cfg: &ResolvedConfig) -> Result<Certificate> {
     let ca = std::fs::read(&cfg.ca)
         .map_err(|e| ClientError::local(format!("{}: {e}", cfg.ca.display())))?;
-    require_https(&cfg.endpoint)?;
-    let endpoint = Endpoint::from_shared(cfg.endpoint.clone())
-        .map_err(|e| ClientError::local(format!("endpoint {:?}: {e}", cfg.endpoint)))?
-        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?;
+    Ok(Certificate::from_pem(ca))
+}
+
+/// A TLS channel to the (first) configured endpoint, trusting only the configured CA. The
+/// connection is made lazily, so a server that is briefly down is covered by the retry policy.
+pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
+    tls_channel(&cfg.endpoints()[0], read_ca(cfg)?)
+}
+
+/// A lazily connected TLS channel to `endpoint`, trusting only `ca`.
+pub fn tls_channel(endpoint: &str, ca: Certificate) -> Result<Channel> {
+    require_https(endpoint)?;
+    let endpoint = Endpoint::from_shared(endpoint.to_string())
+        .map_err(|e| ClientError::local(format!("endpoint {endpoint:?}: {e}")))?
+        .tls_config(ClientTlsConfig::new().ca_certificate(ca))?;
     let channel = endpoint
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)

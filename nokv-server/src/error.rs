@@ -12,6 +12,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Metadata key carrying the reason of a failed call.
 pub const REASON_KEY: &str = "nokv-reason";
 
+/// Metadata keys of a `NotOwner` status: the owner's endpoint, its epoch for the shard, and
+/// the shard. A client follows the hint only if its epoch is not older than its cached route.
+pub const OWNER_HINT_KEY: &str = "nokv-owner-hint";
+pub const OWNER_EPOCH_KEY: &str = "nokv-owner-epoch";
+pub const OWNER_SHARD_KEY: &str = "nokv-owner-shard";
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{0}")]
@@ -20,8 +26,13 @@ pub enum Error {
     AlreadyExists(String),
     #[error("generation mismatch: expected {expected}, current {current}")]
     GenerationMismatch { expected: u64, current: u64 },
+    /// `hint` is the owner's endpoint (empty when unknown) at `epoch`.
     #[error("shard {shard} is not owned by this node")]
-    NotOwner { shard: u32, hint: String },
+    NotOwner {
+        shard: u32,
+        hint: String,
+        epoch: u64,
+    },
     #[error("{0}")]
     LeaseExpired(String),
     #[error("{0}")]
@@ -104,11 +115,32 @@ impl From<Error> for Status {
         let mut status = Status::new(e.code(), format!("{}: {e}", e.reason()));
         let md = status.metadata_mut();
         md.insert(REASON_KEY, e.reason().parse().expect("reason is ascii"));
-        if let Error::NotOwner { hint, .. } = &e
-            && let Ok(v) = hint.parse()
-        {
-            md.insert("nokv-owner-hint", v);
+        if let Error::NotOwner { shard, hint, epoch } = &e {
+            if let Ok(v) = hint.parse() {
+                md.insert(OWNER_HINT_KEY, v);
+            }
+            md.insert(OWNER_EPOCH_KEY, epoch.to_string().parse().expect("digits"));
+            md.insert(OWNER_SHARD_KEY, shard.to_string().parse().expect("digits"));
         }
         status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_not_owner_status_carries_the_owner_hint_its_epoch_and_the_shard() {
+        let s = Status::from(Error::NotOwner {
+            shard: 3,
+            hint: "https://b:7878".into(),
+            epoch: 7,
+        });
+        let md = s.metadata();
+        assert_eq!(md.get(REASON_KEY).unwrap(), "NotOwner");
+        assert_eq!(md.get(OWNER_HINT_KEY).unwrap(), "https://b:7878");
+        assert_eq!(md.get(OWNER_EPOCH_KEY).unwrap(), "7");
+        assert_eq!(md.get(OWNER_SHARD_KEY).unwrap(), "3");
     }
 }

@@ -23,6 +23,7 @@ pub mod object;
 pub mod pki;
 pub mod placement;
 pub mod provider_bench;
+pub mod route;
 pub mod server;
 pub mod service;
 pub mod shard;

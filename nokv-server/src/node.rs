@@ -13,6 +13,7 @@ use crate::memory::BlockMemory;
 use crate::meta::MetaStore;
 use crate::object::ObjectProvider;
 use crate::placement::shard_of;
+use crate::route::{LocalRoutes, Route, Routes};
 use crate::shard::{Shard, ShardConfig};
 use crate::token::Signer;
 
@@ -24,6 +25,8 @@ pub struct Node {
     pub memory: BlockMemory,
     pub name: String,
     pub started: Instant,
+    /// Who owns which shard (embedded: this node, epoch 0).
+    routes: Box<dyn Routes>,
 }
 
 impl Node {
@@ -64,7 +67,21 @@ impl Node {
             memory,
             name,
             started: Instant::now(),
+            routes: Box::new(LocalRoutes::new(String::new())),
         })
+    }
+
+    /// Replaces the node's source of routes (embedded: [`LocalRoutes`] with the advertised
+    /// endpoint; a cluster: its ownership records).
+    pub fn with_routes(mut self, routes: Box<dyn Routes>) -> Node {
+        self.routes = routes;
+        self
+    }
+
+    /// The route of `workspace` (validated by the caller): its shard, owner and epoch.
+    pub fn route(&self, workspace: &str) -> Route {
+        self.routes
+            .route(shard_of(workspace, self.shards.len() as u32))
     }
 
     pub fn shards(&self) -> &[Arc<Shard>] {
@@ -80,6 +97,7 @@ impl Node {
         self.shards.get(id as usize).ok_or(Error::NotOwner {
             shard: id,
             hint: String::new(),
+            epoch: 0,
         })
     }
 }

@@ -22,6 +22,7 @@ use crate::config::Settings;
 use crate::memory::BlockMemory;
 use crate::node::Node;
 use crate::object::ObjectProvider;
+use crate::route::LocalRoutes;
 use crate::service::admin::AdminService;
 use crate::service::body_admission::BodyAdmission;
 use crate::service::workspace::WorkspaceService;
@@ -140,16 +141,19 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let endpoint = format!("https://{host}:{}", local.port());
     let client_config = bootstrap::write_client_config(&settings.data_dir, &endpoint, &material)?;
 
-    let node = Arc::new(Node::open(
-        &settings.data_dir,
-        settings.shards,
-        &settings.shard,
-        (settings.bulk_parallel, settings.bulk_mib_per_s),
-        BlockMemory::new(settings.block_memory, settings.block_memory_wait),
-        provider,
-        material.signer.clone(),
-        settings.advertise.clone().unwrap_or_else(|| "local".into()),
-    )?);
+    let node = Arc::new(
+        Node::open(
+            &settings.data_dir,
+            settings.shards,
+            &settings.shard,
+            (settings.bulk_parallel, settings.bulk_mib_per_s),
+            BlockMemory::new(settings.block_memory, settings.block_memory_wait),
+            provider,
+            material.signer.clone(),
+            settings.advertise.clone().unwrap_or_else(|| "local".into()),
+        )?
+        .with_routes(Box::new(LocalRoutes::new(endpoint.clone()))),
+    );
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter

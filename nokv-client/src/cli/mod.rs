@@ -35,7 +35,8 @@ use target::Target;
         prints the NOKV_CONFIG line to use."
 )]
 pub struct Cli {
-    /// Server URL, e.g. https://127.0.0.1:7878.
+    /// Server URL, e.g. https://127.0.0.1:7878, or several separated by commas (tried in
+    /// order; `NotOwner` hints are followed).
     #[arg(long, global = true)]
     endpoint: Option<String>,
     /// CA certificate (PEM) that signed the server certificate.
@@ -218,6 +219,7 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
     let token_given_empty = cli.token.is_none() && nokv_client::config::token_env_is_empty();
     let cfg = ClientConfig {
         endpoint: cli.endpoint,
+        endpoints: None,
         ca: cli.ca,
         token: cli.token,
     };

@@ -47,6 +47,12 @@ fn unused() -> Status {
 
 #[tonic::async_trait]
 impl Workspace for Fake {
+    async fn route(
+        &self,
+        _: Request<pb::RouteRequest>,
+    ) -> Result<Response<pb::RouteResponse>, Status> {
+        Err(unused())
+    }
     async fn stat(
         &self,
         _: Request<pb::StatRequest>,

@@ -54,6 +54,23 @@ type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::ReadBlockChunk, Status>>
 
 #[tonic::async_trait]
 impl Workspace for WorkspaceService {
+    /// Answered by any node from its routes, with no shard access (authorised like a read).
+    async fn route(
+        &self,
+        req: Request<pb::RouteRequest>,
+    ) -> Result<Response<pb::RouteResponse>, Status> {
+        reply((|| {
+            let r = req.get_ref();
+            self.admit(&req, &r.workspace, Role::Read)?;
+            let route = self.node.route(&r.workspace);
+            Ok(pb::RouteResponse {
+                shard: route.shard,
+                endpoint: route.endpoint,
+                epoch: route.epoch,
+            })
+        })())
+    }
+
     async fn stat(
         &self,
         req: Request<pb::StatRequest>,
