@@ -99,6 +99,30 @@ pub struct UploadRecord {
 }
 
 impl UploadRecord {
+    /// A new open upload whose lease runs `lease_ms` from `now` (shard clock).
+    pub fn open(
+        workspace: &str,
+        path: &str,
+        size: u64,
+        block_count: u32,
+        now: i64,
+        lease_ms: i64,
+        receipt: &str,
+    ) -> UploadRecord {
+        UploadRecord {
+            workspace: workspace.to_string(),
+            path: path.to_string(),
+            size,
+            block_count,
+            state: UploadState::Open as i32,
+            lease_expires_ms: now + lease_ms,
+            created_ms: now,
+            revision: 0,
+            ended_ms: 0,
+            receipt: receipt.to_string(),
+        }
+    }
+
     /// Committed, aborted, claimed or reclaimed: no request can change it any more.
     pub fn is_ended(&self) -> bool {
         matches!(

@@ -109,18 +109,15 @@ impl Shard {
                         }
                     }
                     (previous, _) => {
-                        let rec = UploadRecord {
-                            workspace: req.workspace.clone(),
-                            path: req.path.clone(),
-                            size: req.size,
+                        let rec = UploadRecord::open(
+                            &req.workspace,
+                            &req.path,
+                            req.size,
                             block_count,
-                            state: UploadState::Open as i32,
-                            lease_expires_ms: now + lease_ms,
-                            created_ms: now,
-                            revision: 0,
-                            ended_ms: 0,
-                            receipt: req.receipt.clone(),
-                        };
+                            now,
+                            lease_ms,
+                            &req.receipt,
+                        );
                         w.put_upload(&fresh_id, &rec)?;
                         w.put_receipt(
                             ws,

@@ -100,18 +100,15 @@ impl Shard {
                 }
                 require_not_deleting(w, &req.workspace)?;
                 let now = clock.now_ms();
-                let rec = UploadRecord {
-                    workspace: req.workspace.clone(),
-                    path: req.path.clone(),
-                    size: req.size,
+                let rec = UploadRecord::open(
+                    &req.workspace,
+                    &req.path,
+                    req.size,
                     block_count,
-                    state: UploadState::Open as i32,
-                    lease_expires_ms: now + lease_ms,
-                    created_ms: now,
-                    revision: 0,
-                    ended_ms: 0,
-                    receipt: String::new(),
-                };
+                    now,
+                    lease_ms,
+                    "",
+                );
                 w.put_upload(&upload_id, &rec)?;
                 let resp = pb::BeginUploadResponse {
                     upload_id,
