@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::bulk::Bulk;
+use crate::control::etcd::{ClusterView, NodeRecord, OwnerKey, ShardRecord, ShardState, ShardView};
 use crate::error::{Error, Result};
 use crate::memory::BlockMemory;
 use crate::meta::MetaStore;
@@ -84,21 +85,72 @@ impl Node {
             .route(shard_of(workspace, self.shards.len() as u32))
     }
 
-    pub fn shards(&self) -> &[Arc<Shard>] {
-        &self.shards
+    /// The shards this node holds right now (in cluster mode: the ones it owns and has
+    /// loaded), in shard order.
+    pub fn shards(&self) -> Vec<Arc<Shard>> {
+        self.shards.clone()
     }
 
-    /// The shard holding `workspace` (validated by the caller).
-    pub fn shard_for(&self, workspace: &str) -> &Arc<Shard> {
-        &self.shards[shard_of(workspace, self.shards.len() as u32) as usize]
+    /// Number of shards of the node's placement (the cluster's, in cluster mode).
+    pub fn shard_count(&self) -> u32 {
+        self.shards.len() as u32
     }
 
-    pub fn shard(&self, id: u32) -> Result<&Arc<Shard>> {
-        self.shards.get(id as usize).ok_or(Error::NotOwner {
-            shard: id,
-            hint: String::new(),
-            epoch: 0,
+    /// The shard holding `workspace` (validated by the caller), or `NotOwner` with a hint.
+    pub fn shard_for(&self, workspace: &str) -> Result<Arc<Shard>> {
+        self.shard(shard_of(workspace, self.shard_count()))
+    }
+
+    /// Shard `id` if this node serves it, else `NotOwner` with the owner hint.
+    pub fn shard(&self, id: u32) -> Result<Arc<Shard>> {
+        self.shards
+            .get(id as usize)
+            .cloned()
+            .ok_or(Error::NotOwner {
+                shard: id,
+                hint: String::new(),
+                epoch: 0,
+            })
+    }
+
+    /// The cluster as this node sees it: config, live nodes, and every shard's ownership.
+    /// The embedded default reports itself as the only node, owning every shard at epoch 0.
+    pub async fn cluster_view(&self) -> Result<ClusterView> {
+        let endpoint = self.routes.route(0).endpoint;
+        Ok(ClusterView {
+            config: None,
+            nodes: vec![(
+                self.name.clone(),
+                NodeRecord {
+                    endpoint: endpoint.clone(),
+                },
+            )],
+            shards: (0..self.shard_count())
+                .map(|shard| ShardView {
+                    shard,
+                    record: Some(ShardRecord {
+                        epoch: 0,
+                        state: ShardState::Serving,
+                        owner: Some(self.name.clone()),
+                        endpoint: Some(endpoint.clone()),
+                        checkpoint: None,
+                    }),
+                    owner: Some(OwnerKey {
+                        node: self.name.clone(),
+                        epoch: 0,
+                    }),
+                })
+                .collect(),
         })
+    }
+
+    /// Hands `shard` to node `to` gracefully (cluster mode only): drain, checkpoint, release
+    /// to `to`. Answers once `to` serves the shard.
+    pub async fn move_shard(&self, shard: u32, to: &str) -> Result<()> {
+        let _ = (shard, to);
+        Err(Error::InvalidArgument(
+            "shard moves need cluster mode (--etcd); this node serves every shard itself".into(),
+        ))
     }
 }
 

@@ -38,7 +38,7 @@ impl WorkspaceService {
     /// the shard against the upload's record, inside its session.
     fn upload_call<T>(&self, req: &Request<T>, upload_id: &str) -> Result<(Claims, Arc<Shard>)> {
         let claims = authenticate(&self.node.signer, req)?;
-        let shard = self.node.shard(upload_shard(upload_id)?)?.clone();
+        let shard = self.node.shard(upload_shard(upload_id)?)?;
         Ok((claims, shard))
     }
 }
@@ -82,7 +82,7 @@ impl Workspace for WorkspaceService {
                 let path = names::path(&r.path)?;
                 let entry = self
                     .node
-                    .shard_for(&r.workspace)
+                    .shard_for(&r.workspace)?
                     .stat(&r.workspace, &path)
                     .await?;
                 Ok(pb::StatResponse { entry: Some(entry) })
@@ -101,7 +101,7 @@ impl Workspace for WorkspaceService {
                 self.admit(&req, &r.workspace, Role::Read)?;
                 let prefix = names::prefix(&r.prefix)?;
                 self.node
-                    .shard_for(&r.workspace)
+                    .shard_for(&r.workspace)?
                     .list(&r.workspace, &prefix, r.limit, &r.cursor)
                     .await
             }
@@ -119,7 +119,7 @@ impl Workspace for WorkspaceService {
                 self.admit(&req, &r.workspace, Role::Read)?;
                 let path = names::path(&r.path)?;
                 self.node
-                    .shard_for(&r.workspace)
+                    .shard_for(&r.workspace)?
                     .read(&r.workspace, &path)
                     .await
             }
@@ -137,7 +137,7 @@ impl Workspace for WorkspaceService {
                 self.admit(&req, &r.workspace, Role::Write)?;
                 let path = names::path(&r.path)?.into_owned();
                 names::request_id(&r.request_id)?;
-                let shard = self.node.shard_for(&r.workspace).clone();
+                let shard = self.node.shard_for(&r.workspace)?;
                 shard
                     .write(pb::WriteRequest {
                         path,
@@ -159,7 +159,7 @@ impl Workspace for WorkspaceService {
                 self.admit(&req, &r.workspace, Role::Write)?;
                 let path = names::path(&r.path)?.into_owned();
                 names::request_id(&r.request_id)?;
-                let shard = self.node.shard_for(&r.workspace).clone();
+                let shard = self.node.shard_for(&r.workspace)?;
                 shard
                     .delete(pb::DeleteRequest {
                         path,
@@ -184,7 +184,7 @@ impl Workspace for WorkspaceService {
                 if !r.receipt.is_empty() {
                     names::receipt(&r.receipt)?;
                 }
-                let shard = self.node.shard_for(&r.workspace).clone();
+                let shard = self.node.shard_for(&r.workspace)?;
                 shard
                     .begin_upload(pb::BeginUploadRequest {
                         path,
@@ -274,7 +274,7 @@ impl Workspace for WorkspaceService {
                 self.admit(&req, &r.workspace, Role::Read)?;
                 let path = names::path(&r.path)?;
                 self.node
-                    .shard_for(&r.workspace)
+                    .shard_for(&r.workspace)?
                     .get_manifest(&r.workspace, &path)
                     .await
             }
@@ -290,7 +290,7 @@ impl Workspace for WorkspaceService {
     ) -> Result<Response<Self::ReadBlockStream>, Status> {
         let r = req.get_ref();
         self.admit(&req, &r.workspace, Role::Read)?;
-        let shard = self.node.shard_for(&r.workspace).clone();
+        let shard = self.node.shard_for(&r.workspace)?;
         let data = shard
             .read_block(&r.workspace, r.revision, r.index, &self.node.memory)
             .await?;
@@ -318,7 +318,7 @@ impl Workspace for WorkspaceService {
                 // Admin tokens pass too: roles are ordered, admin above write.
                 self.admit(&req, &r.workspace, Role::Write)?;
                 names::request_id(&r.request_id)?;
-                let shard = self.node.shard_for(&r.workspace).clone();
+                let shard = self.node.shard_for(&r.workspace)?;
                 shard.delete_workspace(req.into_inner()).await
             }
             .await,
