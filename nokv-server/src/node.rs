@@ -278,6 +278,7 @@ impl Node {
         }
         let endpoint = self.routes.own_endpoint();
         Ok(ClusterView {
+            cluster: String::new(),
             config: None,
             nodes: vec![(
                 self.name.clone(),

@@ -115,6 +115,8 @@ pub struct CheckpointRef {
 /// Everything under `/nokv/<cluster>/`, read at one etcd revision (for `nokv admin cluster`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterView {
+    /// The cluster's name (`--cluster`); empty for the embedded default.
+    pub cluster: String,
     pub config: Option<ClusterConfig>,
     /// Live nodes (their keys exist only while their leases do), sorted by id.
     pub nodes: Vec<(String, NodeRecord)>,
@@ -794,6 +796,7 @@ impl EtcdControl {
             )
             .await?;
         let mut view = ClusterView {
+            cluster: self.settings.cluster.clone(),
             config: None,
             nodes: Vec::new(),
             shards: (0..self.settings.config.shards)

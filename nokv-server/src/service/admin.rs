@@ -20,7 +20,7 @@ use pb::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
 use crate::auth::authenticate;
-use crate::control::etcd::{ClusterView, ShardState, ShardView};
+use crate::control::etcd::{ClusterView, ShardState};
 use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::token::Role;
@@ -153,21 +153,8 @@ impl Admin for AdminService {
         }
         let started = Instant::now();
         tracing::info!(shard, to = %node, "admin: moving shard");
-        self.node.move_shard(shard, &node).await?;
+        let epoch = self.node.move_shard(shard, &node).await?;
         let elapsed_ms = started.elapsed().as_millis() as i64;
-        // The move is done; a failed read of the view afterwards only leaves the epoch unknown.
-        let epoch = match self.node.cluster_view().await {
-            Ok(view) => view
-                .shards
-                .iter()
-                .find(|s| s.shard == shard)
-                .and_then(|s| owner_epoch(s, &node))
-                .unwrap_or(0),
-            Err(e) => {
-                tracing::warn!(shard, error = %e, "shard moved; its new epoch could not be read");
-                0
-            }
-        };
         tracing::info!(shard, to = %node, epoch, elapsed_ms, "admin: shard moved");
         Ok(Response::new(pb::MoveShardResponse {
             shard,
@@ -183,18 +170,6 @@ fn now_unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// `node`'s epoch of the shard, if the view shows `node` holding it (owner key first: it is
-/// what the lease holds; a serving record naming `node` otherwise).
-fn owner_epoch(s: &ShardView, node: &str) -> Option<u64> {
-    if let Some(owner) = s.owner.as_ref().filter(|o| o.node == node) {
-        return Some(owner.epoch);
-    }
-    s.record
-        .as_ref()
-        .filter(|r| r.state == ShardState::Serving && r.owner.as_deref() == Some(node))
-        .map(|r| r.epoch)
 }
 
 /// The wire form of a cluster view at wall-clock `now_ms`. Every listed node is alive: node
@@ -243,8 +218,8 @@ fn cluster_response(view: &ClusterView, now_ms: u64) -> pb::ClusterResponse {
         })
         .collect();
     pb::ClusterResponse {
-        // The view carries no cluster name yet; empty reads as "embedded" to clients.
-        cluster: String::new(),
+        // Empty for the embedded default (clients show "embedded").
+        cluster: view.cluster.clone(),
         nodes,
         shards,
     }
@@ -253,7 +228,7 @@ fn cluster_response(view: &ClusterView, now_ms: u64) -> pb::ClusterResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::etcd::{CheckpointRef, NodeRecord, OwnerKey, ShardRecord};
+    use crate::control::etcd::{CheckpointRef, NodeRecord, OwnerKey, ShardRecord, ShardView};
 
     fn record(state: ShardState, owner: &str, epoch: u64) -> ShardRecord {
         ShardRecord {
@@ -262,6 +237,8 @@ mod tests {
             owner: Some(owner.into()),
             endpoint: Some(format!("https://{owner}:7878")),
             checkpoint: None,
+            changed: true,
+            target: None,
         }
     }
 
@@ -283,6 +260,7 @@ mod tests {
             created_unix_ms: 10_000,
         });
         let view = ClusterView {
+            cluster: "demo".into(),
             config: None,
             nodes: vec![(
                 "a".into(),
@@ -363,6 +341,7 @@ mod tests {
             created_unix_ms: 20_000,
         });
         let view = ClusterView {
+            cluster: "demo".into(),
             config: None,
             nodes: vec![],
             shards: vec![ShardView {
@@ -375,27 +354,5 @@ mod tests {
             cluster_response(&view, 10_000).shards[0].checkpoint_age_ms,
             0
         );
-    }
-
-    #[test]
-    fn a_moved_shard_reports_an_epoch_only_when_the_view_shows_the_target_holding_it() {
-        let held = ShardView {
-            shard: 0,
-            record: Some(record(ShardState::Serving, "b", 7)),
-            owner: owner("b", 7),
-        };
-        assert_eq!(owner_epoch(&held, "b"), Some(7));
-        assert_eq!(owner_epoch(&held, "c"), None);
-        let recorded_only = ShardView {
-            owner: None,
-            ..held.clone()
-        };
-        assert_eq!(owner_epoch(&recorded_only, "b"), Some(7));
-        let handed_off = ShardView {
-            shard: 0,
-            record: Some(record(ShardState::Handoff, "b", 7)),
-            owner: None,
-        };
-        assert_eq!(owner_epoch(&handed_off, "b"), None);
     }
 }
