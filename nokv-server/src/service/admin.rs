@@ -292,7 +292,7 @@ mod tests {
             ],
         };
         let r = cluster_response(&view, 15_000);
-        assert_eq!(r.cluster, "");
+        assert_eq!(r.cluster, "demo");
         assert_eq!(
             r.nodes,
             [pb::ClusterNode {
