@@ -333,17 +333,14 @@ impl Cluster {
             )));
         }
         let control = self.control();
-        if to == control.node_id() {
-            if self.node.held().contains(&shard) {
-                return Ok(control.holding(shard).map(|(e, _)| e).unwrap_or(0));
-            }
-            return Err(Error::FailedPrecondition(format!(
-                "shard {shard} is served by another node: send the move to its owner"
-            )));
-        }
         if !self.node.held().contains(&shard) {
-            // Not ours: point the caller at the owner (the CLI follows the hint).
+            // Not ours: `NotOwner` points the caller at the owner (the CLI follows the hint),
+            // or `Unavailable` while the shard is between owners.
             self.node.shard(shard)?;
+        }
+        if to == control.node_id() {
+            // Already here (e.g. a retried move whose answer was lost).
+            return Ok(control.holding(shard).map(|(e, _)| e).unwrap_or(0));
         }
         let mut version = self.routes.subscribe();
         {
