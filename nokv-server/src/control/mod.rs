@@ -26,6 +26,8 @@
 
 pub mod deadline;
 pub mod etcd;
+#[cfg(test)]
+pub mod fake;
 pub mod local;
 
 use std::sync::Arc;
@@ -78,6 +80,9 @@ pub enum ControlError {
 pub enum Ownership {
     Local(local::LocalOwnership),
     Etcd(Arc<etcd::EtcdControl>),
+    /// Unit tests of the fence only.
+    #[cfg(test)]
+    Fake(Arc<fake::FakeOwnership>),
 }
 
 impl Ownership {
@@ -87,6 +92,11 @@ impl Ownership {
         match self {
             Ownership::Local(local) => Ok(local.acknowledge_epoch(shard)),
             Ownership::Etcd(etcd) => etcd.acknowledge_epoch(shard),
+            #[cfg(test)]
+            Ownership::Fake(fake) => match fake.holding(shard)? {
+                (epoch, true) => Ok(epoch),
+                _ => Err(ControlError::NotOwner { shard }),
+            },
         }
     }
 
@@ -97,6 +107,8 @@ impl Ownership {
         match self {
             Ownership::Local(local) => Ok(local.acknowledge_epoch(shard)),
             Ownership::Etcd(etcd) => etcd.holding(shard).map(|(epoch, _)| epoch),
+            #[cfg(test)]
+            Ownership::Fake(fake) => fake.holding(shard).map(|(epoch, _)| epoch),
         }
     }
 
@@ -107,6 +119,8 @@ impl Ownership {
         match self {
             Ownership::Local(_) => Ok(()),
             Ownership::Etcd(etcd) => etcd.mark_changed(shard).await,
+            #[cfg(test)]
+            Ownership::Fake(fake) => fake.mark_changed(shard),
         }
     }
 

@@ -535,6 +535,22 @@ macro_rules! readable {
                 Ok(out)
             }
 
+            /// True once every upload record is covered by the upload indexes.
+            pub fn uploads_indexed(&self) -> MetaResult<bool> {
+                Ok(self.last_sequence(UPLOAD_INDEX_MARKER)? > 0)
+            }
+
+            /// True if some replay record was created before `cutoff_ms` (pruning has work).
+            pub fn has_replays_before(&self, cutoff_ms: i64) -> MetaResult<bool> {
+                match optional(self.txn.open_table(REQUEST_AGE))? {
+                    Some(t) => Ok(t
+                        .range(..(cutoff_ms.max(0) as u64, "", ""))?
+                        .next()
+                        .is_some()),
+                    None => Ok(false),
+                }
+            }
+
             /// The fencing epoch this shard's data was last owned under (0 if never raised).
             pub fn epoch(&self) -> MetaResult<u64> {
                 match optional(self.txn.open_table(OWNERSHIP))? {

@@ -98,3 +98,134 @@ impl Fence {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::control::fake::FakeOwnership;
+    use crate::meta::MetaStore;
+    use crate::shard::gate::Gate;
+
+    /// A gate on a fresh store, fenced by a fake ownership of shard 7 at `epoch` whose epoch
+    /// the store has adopted.
+    async fn owned_gate(epoch: Epoch) -> (tempfile::TempDir, Arc<FakeOwnership>, Arc<Gate>) {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
+        let fake = Arc::new(FakeOwnership::default());
+        fake.own(epoch);
+        let fence = Fence::new(7, Ownership::Fake(fake.clone()));
+        let gate = Arc::new(Gate::new(meta, "t".into(), fence));
+        assert_eq!(gate.adopt_epoch().await.unwrap(), epoch);
+        (dir, fake, gate)
+    }
+
+    async fn put(gate: &Gate, n: u64) -> Result<u64> {
+        gate.write(move |w| Ok(w.next_sequence("n")? + n * 0)).await
+    }
+
+    async fn value(gate: &Gate) -> u64 {
+        gate.read(|r| Ok(r.last_sequence("n")?)).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_node_that_lost_the_shard_commits_no_write_session() {
+        let (_dir, fake, gate) = owned_gate(3).await;
+        put(&gate, 1).await.unwrap();
+        fake.lose();
+        let err = put(&gate, 2).await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        assert_eq!(
+            value(&gate).await,
+            1,
+            "the refused session changed the store"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_session_queued_before_the_shard_was_lost_changes_nothing_when_it_runs_late() {
+        let (_dir, fake, gate) = owned_gate(3).await;
+        put(&gate, 1).await.unwrap();
+        // Hold the committer in a session so the next one is queued (it passed `prepare`),
+        // then lose the shard before the queued one runs: the in-session check refuses it.
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let blocker = {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                gate.write(move |_| {
+                    entered_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    Ok(())
+                })
+                .await
+            })
+        };
+        tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
+            .await
+            .unwrap();
+        let late = {
+            let gate = gate.clone();
+            tokio::spawn(async move { put(&gate, 2).await })
+        };
+        // Let the late session reach the queue (it only needs `prepare`, which is memory).
+        tokio::task::yield_now().await;
+        while !late.is_finished() && gate.stats().sessions == 0 && fake.marks() == 0 {
+            tokio::task::yield_now().await;
+        }
+        fake.lose();
+        go_tx.send(()).unwrap();
+        let _ = blocker.await.unwrap();
+        let err = late.await.unwrap().unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        assert_eq!(value(&gate).await, 1, "the late session changed the store");
+    }
+
+    #[tokio::test]
+    async fn a_store_holding_another_epoch_refuses_write_sessions() {
+        let (_dir, fake, gate) = owned_gate(3).await;
+        // The node now believes it owns epoch 4, but the store was never moved to it.
+        fake.own(4);
+        let err = put(&gate, 1).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Unavailable(m) if m.contains("holds epoch 3")),
+            "{err:?}"
+        );
+        assert_eq!(value(&gate).await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_session_whose_ownership_lapsed_before_the_answer_is_not_acknowledged() {
+        let (_dir, fake, gate) = owned_gate(3).await;
+        let lapse = fake.clone();
+        let err = gate
+            .write(move |w| {
+                w.next_sequence("n")?;
+                // The lease lapses while the batch commits and fsyncs.
+                lapse.lose();
+                Ok(())
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn the_first_write_of_an_ownership_marks_the_shard_changed_once() {
+        let (_dir, fake, gate) = owned_gate(5).await;
+        assert_eq!(fake.marks(), 0, "adopting the epoch is not a change");
+        put(&gate, 1).await.unwrap();
+        put(&gate, 2).await.unwrap();
+        assert_eq!(fake.marks(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_stored_epoch_never_goes_back() {
+        let (_dir, fake, gate) = owned_gate(5).await;
+        fake.own(4);
+        let err = gate.adopt_epoch().await.unwrap_err();
+        assert!(matches!(err, Error::Internal(_)), "{err:?}");
+        assert_eq!(gate.read(|r| Ok(r.epoch()?)).await.unwrap(), 5);
+    }
+}

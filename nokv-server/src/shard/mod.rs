@@ -158,6 +158,15 @@ impl Shard {
         const PAGE: usize = 500;
         let ttl_ms = self.cfg.replay_ttl.as_millis() as i64;
         let mut total = 0;
+        // Read first: nothing to prune means no write session (see `reconcile`).
+        let cutoff = self.clock.now_ms() - ttl_ms;
+        if !self
+            .gate
+            .read(move |r| Ok(r.has_replays_before(cutoff)?))
+            .await?
+        {
+            return Ok(0);
+        }
         loop {
             let clock = self.clock.clone();
             let n = self
@@ -179,6 +188,15 @@ impl Shard {
         const PAGE: usize = 500;
         let ttl_ms = self.cfg.replay_ttl.as_millis() as i64;
         let mut total = 0;
+        let cutoff = self.clock.now_ms() - ttl_ms;
+        if self
+            .gate
+            .read(move |r| Ok(r.ended_uploads(cutoff, 1)?))
+            .await?
+            .is_empty()
+        {
+            return Ok(0);
+        }
         loop {
             let clock = self.clock.clone();
             let (seen, removed) = self

@@ -44,7 +44,11 @@ pub struct Pass {
 impl Shard {
     pub async fn reconcile(&self) -> Result<Pass> {
         // Once per data directory: index uploads recorded before the upload indexes existed.
-        self.gate.write(|w| Ok(w.index_uploads()?)).await?;
+        // Read first: an idle shard's pass opens no write session (no fsync; in a cluster, no
+        // mark that the shard changed since its checkpoint).
+        if !self.gate.read(|r| Ok(r.uploads_indexed()?)).await? {
+            self.gate.write(|w| Ok(w.index_uploads()?)).await?;
+        }
         // Deletions cut short (crash, shutdown) finish first, so their bytes go this pass.
         self.resume_workspace_deletions().await?;
         let mut pass = Pass {
