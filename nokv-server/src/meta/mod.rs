@@ -10,6 +10,7 @@
 pub mod fault;
 mod open;
 pub mod records;
+mod snapshot;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -43,6 +44,10 @@ pub enum MetaError {
     Empty(PathBuf),
     #[error("shard file {path} cannot be opened ({detail}); restore it from a backup")]
     Damaged { path: PathBuf, detail: String },
+    /// Copying the shard file for a checkpoint failed (see [`MetaStore::copy_to`]); the store
+    /// itself is unaffected.
+    #[error("copying the shard file to {dest}: {detail}")]
+    Copy { dest: PathBuf, detail: String },
 }
 
 macro_rules! store_err {
