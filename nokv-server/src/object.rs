@@ -42,7 +42,9 @@ impl From<ObjectError> for crate::error::Error {
             ObjectError::NotFound(k) => {
                 crate::error::Error::Internal(format!("referenced object {k} is missing"))
             }
-            ObjectError::CheckpointCorrupt { .. } => crate::error::Error::DataCorrupted(e.to_string()),
+            ObjectError::CheckpointCorrupt { .. } => {
+                crate::error::Error::DataCorrupted(e.to_string())
+            }
             other => crate::error::Error::Unavailable(other.to_string()),
         }
     }

@@ -47,12 +47,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = MetaStore::create(&dir.path().join("s.redb")).unwrap();
         store
-            .write(|w| Ok::<_, MetaError>(w.put_inline("ws", "durable", b"d")?))
+            .write(|w| w.put_inline("ws", "durable", b"d"))
             .unwrap();
         store
-            .write_with(Commit::Deferred, |w| {
-                Ok::<_, MetaError>(w.put_inline("ws", "deferred", b"x")?)
-            })
+            .write_with(Commit::Deferred, |w| w.put_inline("ws", "deferred", b"x"))
             .unwrap();
 
         let dest = dir.path().join("copy.redb");
@@ -60,9 +58,7 @@ mod tests {
         assert_eq!(size, std::fs::metadata(&dest).unwrap().len());
         let copy = MetaStore::open(&dest).unwrap();
         for name in ["durable", "deferred"] {
-            let have = copy
-                .read(|r| Ok::<_, MetaError>(r.inline("ws", name)?))
-                .unwrap();
+            let have = copy.read(|r| r.inline("ws", name)).unwrap();
             assert!(have.is_some(), "{name} is missing from the copy");
         }
     }

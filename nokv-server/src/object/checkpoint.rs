@@ -57,9 +57,9 @@ impl ObjectProvider {
     pub async fn put_checkpoint(&self, key: &str, data: Bytes) -> Result<(), ObjectError> {
         match self.create(key, data).await {
             PutOutcome::Written => Ok(()),
-            PutOutcome::NotWritten(e) | PutOutcome::Unknown(e) => {
-                Err(ObjectError::Provider(format!("uploading checkpoint {key}: {e}")))
-            }
+            PutOutcome::NotWritten(e) | PutOutcome::Unknown(e) => Err(ObjectError::Provider(
+                format!("uploading checkpoint {key}: {e}"),
+            )),
         }
     }
 

@@ -641,7 +641,10 @@ mod tests {
         let copied = MetaStore::open(&copy).unwrap();
         for name in &acknowledged_before {
             let have = copied.read(|r| r.inline("ws", name)).unwrap();
-            assert!(have.is_some(), "{name} was acknowledged before the snapshot");
+            assert!(
+                have.is_some(),
+                "{name} was acknowledged before the snapshot"
+            );
         }
     }
 

@@ -5,6 +5,7 @@
 //! operation that spans two sessions with provider I/O between them.
 
 pub mod accounting;
+pub mod checkpoint;
 pub mod claims;
 pub mod clock;
 pub mod files;
