@@ -16,6 +16,9 @@ use object_store::{
     ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
 };
 
+/// Checkpoint objects (a shard's database, uploaded for a handoff): keys, upload, verified
+/// download.
+pub mod checkpoint;
 /// The fault-injecting fake: driven by hand in unit tests, and by the test-only
 /// `NOKV_TEST_FAULTS` schedule in black-box tests (compiled in, inert unless that is set).
 pub mod fault;
@@ -28,6 +31,9 @@ pub enum ObjectError {
     Config(String),
     #[error("object provider: {0}")]
     Provider(String),
+    /// A downloaded checkpoint is not the one its record describes (size or sha256).
+    #[error("checkpoint {key} is corrupt: {reason}")]
+    CheckpointCorrupt { key: String, reason: String },
 }
 
 impl From<ObjectError> for crate::error::Error {
@@ -35,6 +41,9 @@ impl From<ObjectError> for crate::error::Error {
         match e {
             ObjectError::NotFound(k) => {
                 crate::error::Error::Internal(format!("referenced object {k} is missing"))
+            }
+            ObjectError::CheckpointCorrupt { .. } => {
+                crate::error::Error::DataCorrupted(e.to_string())
             }
             other => crate::error::Error::Unavailable(other.to_string()),
         }

@@ -63,12 +63,18 @@ pub async fn audit(client: &Client, out: Output) -> Result<(), ClientError> {
         json!({"objects": a.objects, "referenced": a.referenced, "guarded": a.guarded,
                "collectable": a.collectable, "unaccounted": a.unaccounted,
                "violations": a.violations, "unaccounted_keys": a.unaccounted_keys,
-               "violation_keys": a.violation_keys}),
+               "violation_keys": a.violation_keys, "checkpoints": a.checkpoints}),
         || {
             let mut text = format!(
                 "{} objects: {} referenced · {} guarded · {} collectable · {} unaccounted · \
-                 {} live-but-collectable",
-                a.objects, a.referenced, a.guarded, a.collectable, a.unaccounted, a.violations
+                 {} live-but-collectable · {} checkpoints",
+                a.objects,
+                a.referenced,
+                a.guarded,
+                a.collectable,
+                a.unaccounted,
+                a.violations,
+                a.checkpoints
             );
             for k in &a.unaccounted_keys {
                 text.push_str(&format!("\nunaccounted: {k}"));

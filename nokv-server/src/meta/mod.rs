@@ -10,6 +10,7 @@
 pub mod fault;
 mod open;
 pub mod records;
+mod snapshot;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -46,6 +47,10 @@ pub enum MetaError {
     /// An attempt to record an ownership epoch below the stored one.
     #[error("shard is owned at epoch {current}; refusing to record the older epoch {epoch}")]
     EpochRegression { current: u64, epoch: u64 },
+    /// Copying the shard file for a checkpoint failed (see [`MetaStore::copy_to`]); the store
+    /// itself is unaffected.
+    #[error("copying the shard file to {dest}: {detail}")]
+    Copy { dest: PathBuf, detail: String },
 }
 
 macro_rules! store_err {

@@ -122,6 +122,7 @@ impl Admin for AdminService {
             violations: r.violations,
             unaccounted_keys: r.unaccounted_keys,
             violation_keys: r.violation_keys,
+            checkpoints: r.checkpoints,
         }))
     }
 

@@ -121,8 +121,9 @@ mod tests {
         (dir, fake, gate)
     }
 
-    async fn put(gate: &Gate, n: u64) -> Result<u64> {
-        gate.write(move |w| Ok(w.next_sequence("n")? + n * 0)).await
+    /// One session raising the counter "n" (its value is the number of committed sessions).
+    async fn put(gate: &Gate) -> Result<u64> {
+        gate.write(move |w| Ok(w.next_sequence("n")?)).await
     }
 
     async fn value(gate: &Gate) -> u64 {
@@ -132,9 +133,9 @@ mod tests {
     #[tokio::test]
     async fn a_node_that_lost_the_shard_commits_no_write_session() {
         let (_dir, fake, gate) = owned_gate(3).await;
-        put(&gate, 1).await.unwrap();
+        put(&gate).await.unwrap();
         fake.lose();
-        let err = put(&gate, 2).await.unwrap_err();
+        let err = put(&gate).await.unwrap_err();
         assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
         assert_eq!(
             value(&gate).await,
@@ -146,7 +147,7 @@ mod tests {
     #[tokio::test]
     async fn a_session_queued_before_the_shard_was_lost_changes_nothing_when_it_runs_late() {
         let (_dir, fake, gate) = owned_gate(3).await;
-        put(&gate, 1).await.unwrap();
+        put(&gate).await.unwrap();
         // Hold the committer in a session so the next one is queued (it passed `prepare`),
         // then lose the shard before the queued one runs: the in-session check refuses it.
         let (entered_tx, entered_rx) = std::sync::mpsc::channel();
@@ -167,7 +168,7 @@ mod tests {
             .unwrap();
         let late = {
             let gate = gate.clone();
-            tokio::spawn(async move { put(&gate, 2).await })
+            tokio::spawn(async move { put(&gate).await })
         };
         // Let the late session reach the queue (it only needs `prepare`, which is memory).
         tokio::task::yield_now().await;
@@ -187,7 +188,7 @@ mod tests {
         let (_dir, fake, gate) = owned_gate(3).await;
         // The node now believes it owns epoch 4, but the store was never moved to it.
         fake.own(4);
-        let err = put(&gate, 1).await.unwrap_err();
+        let err = put(&gate).await.unwrap_err();
         assert!(
             matches!(&err, Error::Unavailable(m) if m.contains("holds epoch 3")),
             "{err:?}"
@@ -215,8 +216,8 @@ mod tests {
     async fn the_first_write_of_an_ownership_marks_the_shard_changed_once() {
         let (_dir, fake, gate) = owned_gate(5).await;
         assert_eq!(fake.marks(), 0, "adopting the epoch is not a change");
-        put(&gate, 1).await.unwrap();
-        put(&gate, 2).await.unwrap();
+        put(&gate).await.unwrap();
+        put(&gate).await.unwrap();
         assert_eq!(fake.marks(), 1);
     }
 
