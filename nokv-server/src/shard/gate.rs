@@ -620,7 +620,7 @@ mod tests {
     async fn a_snapshot_holds_every_session_queued_before_it_in_its_own_batch() {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
-        let gate = Arc::new(Gate::new(meta, "t".into()));
+        let gate = Arc::new(Gate::new(meta, "t".into(), Fence::local(0)));
         let copy = dir.path().join("copy.redb");
 
         let held = hold(&gate).await;
@@ -654,7 +654,7 @@ mod tests {
     {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
-        let gate = Arc::new(Gate::new(meta, "t".into()));
+        let gate = Arc::new(Gate::new(meta, "t".into(), Fence::local(0)));
         let acked = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
         let (count_tx, mut count_rx) = watch::channel(0usize);
         let count_tx = Arc::new(count_tx);
