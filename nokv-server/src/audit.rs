@@ -33,6 +33,9 @@ pub struct AuditReport {
     pub unaccounted: u64,
     /// Shard checkpoints (handoff copies of shard databases), not block keys.
     pub checkpoints: u64,
+    /// Cluster mode: objects of shards this node does not hold; their owners' audits
+    /// account for them.
+    pub other_shards: u64,
     /// Referenced *and* collectable: live bytes queued for deletion.
     pub violations: u64,
     pub unaccounted_keys: Vec<String>,
@@ -48,6 +51,7 @@ impl Node {
             .map_err(|e| Error::Unavailable(format!("provider listing failed: {e}")))?;
         let mut ledgers: BTreeMap<u32, Ledger> = BTreeMap::new();
         let mut report = AuditReport::default();
+        let held: std::collections::BTreeSet<u32> = self.shards().iter().map(|s| s.id).collect();
         for key in keys {
             report.objects += 1;
             if self.provider.is_checkpoint_key(&key) {
@@ -55,11 +59,15 @@ impl Node {
                 continue;
             }
             let class = match self.provider.shard_of_key(&key) {
-                Some(id) if (id as usize) < self.shards().len() => {
+                Some(id) if held.contains(&id) => {
                     if let Entry::Vacant(slot) = ledgers.entry(id) {
                         slot.insert(self.shard(id)?.ledger().await?);
                     }
                     ledgers[&id].classify(&key)
+                }
+                Some(id) if id < self.shard_count() && !self.is_embedded() => {
+                    report.other_shards += 1;
+                    continue;
                 }
                 _ => KeyClass::Unaccounted,
             };

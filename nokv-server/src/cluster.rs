@@ -135,6 +135,8 @@ impl Cluster {
         loop {
             let control = self.control();
             tokio::select! {
+                // A lapsed lease wins over everything: nothing may be served past it.
+                biased;
                 _ = stop.changed() => return,
                 _ = control.deadline().passed() => {
                     self.lease_lost().await;
@@ -153,6 +155,9 @@ impl Cluster {
     async fn balance_once(&self) -> Result<()> {
         let _one = self.moving.lock().await;
         let control = self.control();
+        if !control.deadline().allows() {
+            return Ok(());
+        }
         let report = control.balance_step().await?;
         // Everything owned but not loaded: just acquired, or a load that failed earlier.
         for (shard, epoch) in control.owned() {

@@ -162,6 +162,11 @@ impl Node {
         let _ = self.cluster.set(Arc::downgrade(cluster));
     }
 
+    /// True for the embedded default (no cluster runtime attached).
+    pub fn is_embedded(&self) -> bool {
+        self.cluster.get().is_none()
+    }
+
     fn cluster(&self) -> Option<Arc<Cluster>> {
         self.cluster.get().and_then(Weak::upgrade)
     }

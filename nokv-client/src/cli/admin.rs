@@ -63,18 +63,20 @@ pub async fn audit(client: &Client, out: Output) -> Result<(), ClientError> {
         json!({"objects": a.objects, "referenced": a.referenced, "guarded": a.guarded,
                "collectable": a.collectable, "unaccounted": a.unaccounted,
                "violations": a.violations, "unaccounted_keys": a.unaccounted_keys,
-               "violation_keys": a.violation_keys, "checkpoints": a.checkpoints}),
+               "violation_keys": a.violation_keys, "checkpoints": a.checkpoints,
+               "other_shards": a.other_shards}),
         || {
             let mut text = format!(
                 "{} objects: {} referenced · {} guarded · {} collectable · {} unaccounted · \
-                 {} live-but-collectable · {} checkpoints",
+                 {} live-but-collectable · {} checkpoints · {} on other nodes' shards",
                 a.objects,
                 a.referenced,
                 a.guarded,
                 a.collectable,
                 a.unaccounted,
                 a.violations,
-                a.checkpoints
+                a.checkpoints,
+                a.other_shards
             );
             for k in &a.unaccounted_keys {
                 text.push_str(&format!("\nunaccounted: {k}"));

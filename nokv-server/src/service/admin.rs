@@ -123,6 +123,7 @@ impl Admin for AdminService {
             unaccounted_keys: r.unaccounted_keys,
             violation_keys: r.violation_keys,
             checkpoints: r.checkpoints,
+            other_shards: r.other_shards,
         }))
     }
 
