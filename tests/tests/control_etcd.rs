@@ -124,9 +124,9 @@ async fn two_nodes_acquiring_the_same_shard_at_once_yield_exactly_one_owner_at_t
             }
             other => panic!("exactly one acquisition must win, got {other:?}"),
         };
-        assert_eq!(winner.acknowledge_epoch(3).unwrap(), expected_epoch);
+        assert_eq!(winner.holding(3).map(|(e, _)| e).unwrap(), expected_epoch);
         assert!(matches!(
-            loser.acknowledge_epoch(3),
+            loser.holding(3).map(|(e, _)| e),
             Err(ControlError::NotOwner { shard: 3 })
         ));
         let (record, _) = a.record(3).await.unwrap();
@@ -151,7 +151,7 @@ async fn two_nodes_acquiring_the_same_shard_at_once_yield_exactly_one_owner_at_t
                 .await,
             Err(ControlError::InvalidArgument(_))
         ));
-        assert_eq!(winner.acknowledge_epoch(3).unwrap(), expected_epoch);
+        assert_eq!(winner.holding(3).map(|(e, _)| e).unwrap(), expected_epoch);
 
         // Graceful release: acknowledging stops, the owner key goes, the record says handoff
         // and points at the checkpoint.
@@ -161,7 +161,7 @@ async fn two_nodes_acquiring_the_same_shard_at_once_yield_exactly_one_owner_at_t
                 .await
                 .unwrap()
         );
-        assert!(winner.acknowledge_epoch(3).is_err());
+        assert!(winner.holding(3).map(|(e, _)| e).is_err());
         assert_eq!(a.owner(3).await.unwrap(), None);
         let record = a.record(3).await.unwrap().0.unwrap();
         assert_eq!(record.state, ShardState::Handoff);
@@ -191,14 +191,14 @@ async fn an_owner_whose_lease_is_revoked_loses_the_shard_and_another_node_acquir
     );
 
     assert_eq!(b.acquire(5).await.unwrap(), Acquisition::Acquired(2));
-    assert_eq!(b.acknowledge_epoch(5).unwrap(), 2);
+    assert_eq!(b.holding(5).map(|(e, _)| e).unwrap(), 2);
 
     // The deposed owner learns it at its next keep-alive and acknowledges nothing more.
     tokio::time::timeout(CONDITION_BOUND, a.deadline().passed())
         .await
         .expect("the deposed owner's deadline passes");
     assert!(matches!(
-        a.acknowledge_epoch(5),
+        a.holding(5).map(|(e, _)| e),
         Err(ControlError::NotOwner { shard: 5 })
     ));
     // Its late release changes nothing: the new owner's record and key stay.
@@ -229,7 +229,7 @@ async fn the_acknowledge_deadline_stops_advancing_when_keep_alives_stop() {
     })
     .await
     .expect("a keep-alive extends the deadline");
-    assert_eq!(a.acknowledge_epoch(0).unwrap(), 1);
+    assert_eq!(a.holding(0).map(|(e, _)| e).unwrap(), 1);
 
     // etcd goes away: no keep-alive is confirmed any more.
     drop(etcd);
@@ -238,7 +238,7 @@ async fn the_acknowledge_deadline_stops_advancing_when_keep_alives_stop() {
         .expect("the deadline passes without keep-alives");
     let last = a.deadline().until();
     assert!(matches!(
-        a.acknowledge_epoch(0),
+        a.holding(0).map(|(e, _)| e),
         Err(ControlError::NotOwner { shard: 0 })
     ));
     assert!(matches!(a.acquire(1).await, Err(ControlError::LeaseLost)));
@@ -257,7 +257,6 @@ async fn a_balance_step_takes_free_shards_up_to_an_even_share_of_the_live_nodes(
     for node in &nodes {
         let report = node.balance_step().await.unwrap();
         assert_eq!(report.target, 6, "ceil(16 / 3)");
-        assert_eq!(report.surplus, 0);
         total += report.acquired.len();
         assert!(node.owned().len() <= 6);
     }
@@ -265,6 +264,10 @@ async fn a_balance_step_takes_free_shards_up_to_an_even_share_of_the_live_nodes(
     let mut counts: Vec<_> = nodes.iter().map(|n| n.owned().len()).collect();
     counts.sort_unstable();
     assert_eq!(counts, [4, 6, 6]);
+    // The last node holds fewer than floor(16 / 3) = 5: a full node hands one off, the
+    // starved one does not.
+    assert_eq!(nodes[0].balance_step().await.unwrap().surplus, 1);
+    assert_eq!(nodes[2].balance_step().await.unwrap().surplus, 0);
 
     let view = nodes[0].cluster_view().await.unwrap();
     assert_eq!(view.config, Some(config(16)));
@@ -337,7 +340,7 @@ async fn a_node_restarted_after_a_crash_rejoins_and_takes_its_shards_back_at_a_h
     // ...and the restarted node takes it back at the next epoch.
     let report = a.balance_step().await.unwrap();
     assert!(report.acquired.contains(&(2, 2)), "{report:?}");
-    assert_eq!(a.acknowledge_epoch(2).unwrap(), 2);
+    assert_eq!(a.holding(2).map(|(e, _)| e).unwrap(), 2);
 }
 
 #[tokio::test]
@@ -357,6 +360,36 @@ async fn a_draining_shard_keeps_its_owner_and_epoch_and_only_its_owner_can_mark_
         (1, ShardState::Draining, Some("a"))
     );
     // In-flight requests may still be acknowledged; nobody else can take the shard.
-    assert_eq!(a.acknowledge_epoch(1).unwrap(), 1);
+    assert_eq!(a.holding(1).map(|(e, _)| e).unwrap(), 1);
     assert_eq!(b.acquire(1).await.unwrap(), Acquisition::Refused);
+}
+
+#[tokio::test]
+async fn an_owner_acknowledges_only_after_marking_the_shard_changed_and_a_deposed_owner_cannot_mark()
+ {
+    let etcd = Etcd::start();
+    let a = join(&etcd, "a", 16).await;
+    let b = join(&etcd, "b", 16).await;
+    assert_eq!(a.acquire(6).await.unwrap(), Acquisition::Acquired(1));
+    assert!(
+        a.acknowledge_epoch(6).is_err(),
+        "nothing may commit before etcd knows the shard can differ from its checkpoint"
+    );
+    a.mark_changed(6).await.unwrap();
+    assert_eq!(a.acknowledge_epoch(6).unwrap(), 1);
+    assert!(b.record(6).await.unwrap().0.unwrap().changed);
+
+    // Deposed: its lease is gone and another node owns the shard.
+    assert_eq!(b.acquire(7).await.unwrap(), Acquisition::Acquired(1));
+    let mut raw = etcd_client_for(&etcd).await;
+    raw.lease_revoke(b.lease_id()).await.unwrap();
+    assert_eq!(a.acquire(7).await.unwrap(), Acquisition::Acquired(2));
+    assert!(matches!(
+        b.mark_changed(7).await,
+        Err(ControlError::NotOwner { shard: 7 })
+    ));
+    assert!(
+        !a.record(7).await.unwrap().0.unwrap().changed,
+        "the deposed owner's mark must not land"
+    );
 }
