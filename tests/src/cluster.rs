@@ -411,20 +411,41 @@ impl Cluster {
         shard: u32,
         count: usize,
     ) -> Vec<String> {
-        let mut found = Vec::new();
+        self.workspaces_in_shards(via, prefix, &[shard], count)
+    }
+
+    /// `per_shard` workspace names (`PREFIX-<k>`) for each of `shards`, grouped by shard in
+    /// the order given.
+    pub fn workspaces_in_shards(
+        &self,
+        via: &Node,
+        prefix: &str,
+        shards: &[u32],
+        per_shard: usize,
+    ) -> Vec<String> {
+        let mut found: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        let enough = |found: &BTreeMap<u32, Vec<String>>| {
+            shards
+                .iter()
+                .all(|s| found.get(s).map_or(0, Vec::len) >= per_shard)
+        };
         let mut k = 0;
-        while found.len() < count {
-            // Batches keep the number of route calls (and connections) small.
+        while !enough(&found) {
+            // Batches keep the number of connections small.
             let batch: Vec<String> = (k..k + 64).map(|i| format!("{prefix}-{i}")).collect();
             k += 64;
-            assert!(k < 64 * 64, "no workspace of shard {shard} among {k} names");
+            assert!(k <= 64 * 64, "shards {shards:?} not all hit by {k} names");
             for (ws, s) in batch.iter().zip(self.shards_of(via, &batch)) {
-                if s == shard && found.len() < count {
-                    found.push(ws.clone());
+                let list = found.entry(s).or_default();
+                if shards.contains(&s) && list.len() < per_shard {
+                    list.push(ws.clone());
                 }
             }
         }
-        found
+        shards
+            .iter()
+            .flat_map(|s| found.remove(s).unwrap_or_default())
+            .collect()
     }
 }
 

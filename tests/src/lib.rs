@@ -2,10 +2,11 @@
 //! external services on loopback, each owned by a guard that kills its process on drop so a
 //! failing test never leaks a process.
 //!
-//! What the tests really run against: the daemon in its embedded mode (local ownership), with
-//! the local-filesystem provider or moto's S3 server ([`Moto`]). The daemon does not use etcd
-//! yet: [`Etcd`] is started by the environment smoke test (`services_smoke.rs`) and by
-//! `control_etcd.rs`, which drives the control module (`nokv_server::control`) directly.
+//! What the tests run against: the daemon in its embedded mode (local ownership), with the
+//! local-filesystem provider or moto's S3 server ([`Moto`]), and in cluster mode: several
+//! nodes sharing one [`Etcd`], one moto bucket and one cluster TLS directory, driven by the
+//! [`cluster`] harness. `control_etcd.rs` also drives the control module
+//! (`nokv_server::control`) directly against etcd.
 //!
 //! Only std is used for process control and HTTP so the support code has no moving parts of
 //! its own to debug when a test fails.
