@@ -424,6 +424,35 @@ impl Client {
         unary!(self, delete_workspace, req)
     }
 
+    /// The cluster as the answering node sees it: live nodes and every shard's owner, epoch,
+    /// state and last checkpoint (admin token scoped to `*`).
+    pub async fn cluster(&self) -> Result<pb::ClusterResponse> {
+        let r = self
+            .retrying("cluster", |conn| {
+                let mut c = conn.admin;
+                async move { c.cluster(pb::ClusterRequest {}).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    /// Hands `shard` gracefully to node `node` (cluster mode; admin token scoped to `*`).
+    /// Answers once `node` serves the shard. A retry after a lost answer asks for the same
+    /// end state again.
+    pub async fn move_shard(&self, shard: u32, node: &str) -> Result<pb::MoveShardResponse> {
+        let r = self
+            .retrying("move_shard", |conn| {
+                let mut c = conn.admin;
+                let req = pb::MoveShardRequest {
+                    shard,
+                    node: node.to_string(),
+                };
+                async move { c.move_shard(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
             .retrying("health", |conn| {

@@ -110,6 +110,27 @@ impl Error {
     }
 }
 
+/// The control plane's errors as the API reports them. Losing ownership (or the lease) is
+/// retryable: the shard is moving or its owner is rejoining, and the same request sent again
+/// reaches the owner through a hint. A request never gets `NotOwner` without a hint from here.
+impl From<crate::control::ControlError> for Error {
+    fn from(e: crate::control::ControlError) -> Self {
+        use crate::control::ControlError as C;
+        match e {
+            C::Etcd(_) | C::LeaseLost | C::NotOwner { .. } => Error::Unavailable(format!(
+                "{e}; the shard is moving or its owner is rejoining, retry"
+            )),
+            C::ConfigMismatch { .. } | C::NodeIdInUse { .. } => {
+                Error::FailedPrecondition(e.to_string())
+            }
+            C::ShardOutOfRange { .. } | C::InvalidArgument(_) => {
+                Error::InvalidArgument(e.to_string())
+            }
+            C::Corrupt { .. } => Error::Internal(e.to_string()),
+        }
+    }
+}
+
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let mut status = Status::new(e.code(), format!("{}: {e}", e.reason()));

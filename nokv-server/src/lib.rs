@@ -9,6 +9,7 @@ pub mod audit;
 pub mod auth;
 pub mod bootstrap;
 pub mod bulk;
+pub mod cluster;
 pub mod cluster_tls;
 pub mod config;
 pub mod control;

@@ -4,10 +4,13 @@
 //! shard's redb file (`DATA_DIR/shards/NNNN.redb`) always holds the same workspaces.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::RwLock;
 use std::time::Instant;
 
 use crate::bulk::Bulk;
+use crate::cluster::Cluster;
 use crate::control::etcd::{ClusterView, NodeRecord, OwnerKey, ShardRecord, ShardState, ShardView};
 use crate::error::{Error, Result};
 use crate::memory::BlockMemory;
@@ -15,11 +18,13 @@ use crate::meta::MetaStore;
 use crate::object::ObjectProvider;
 use crate::placement::shard_of;
 use crate::route::{LocalRoutes, Route, Routes};
+use crate::shard::fence::Fence;
 use crate::shard::{Shard, ShardConfig};
 use crate::token::Signer;
 
 pub struct Node {
-    shards: Vec<Arc<Shard>>,
+    /// One slot per shard id of the placement.
+    slots: Vec<RwLock<Slot>>,
     pub signer: Signer,
     pub provider: ObjectProvider,
     /// The node-wide budget of block bytes held in memory (see [`crate::memory`]).
@@ -28,9 +33,29 @@ pub struct Node {
     pub started: Instant,
     /// Who owns which shard (embedded: this node, epoch 0).
     routes: Box<dyn Routes>,
+    /// What a shard needs when it is opened later (cluster mode loads shards as it takes them).
+    dir: PathBuf,
+    cfg: ShardConfig,
+    bulk: Arc<Bulk>,
+    /// The cluster runtime, in cluster mode (weak: the runtime holds the node).
+    cluster: OnceLock<Weak<Cluster>>,
+}
+
+/// A shard id as this node holds it.
+#[derive(Clone, Default)]
+enum Slot {
+    /// Not held here (another node's, or not loaded yet).
+    #[default]
+    Empty,
+    /// Served: requests get it.
+    Serving(Arc<Shard>),
+    /// Being handed off: new requests are turned away (hint or retry) while the ones holding
+    /// the shard finish.
+    Draining(Arc<Shard>),
 }
 
 impl Node {
+    /// The embedded default: opens (or creates) every shard file and serves them all.
     #[allow(clippy::too_many_arguments)]
     pub fn open(
         data_dir: &Path,
@@ -42,33 +67,86 @@ impl Node {
         signer: Signer,
         name: String,
     ) -> Result<Node> {
-        let dir = data_dir.join("shards");
+        let node = Self::empty(
+            data_dir,
+            shard_count,
+            cfg,
+            bulk,
+            memory,
+            provider,
+            signer,
+            name,
+        )?;
+        let stores = open_shard_files(&node.dir, shard_count)?;
+        for (meta, id) in stores.into_iter().zip(0..) {
+            let shard = Shard::open(
+                id,
+                meta,
+                node.provider.clone(),
+                node.bulk.clone(),
+                node.signer.clone(),
+                node.cfg.clone(),
+            );
+            node.install(id, shard);
+        }
+        Ok(node)
+    }
+
+    /// Cluster mode: a node that holds no shard yet; the cluster runtime loads the shards it
+    /// takes ([`Node::install`]). The data dir's shard count is checked (or recorded) now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_cluster(
+        data_dir: &Path,
+        shard_count: u32,
+        cfg: &ShardConfig,
+        bulk: (usize, Option<f64>),
+        memory: BlockMemory,
+        provider: ObjectProvider,
+        signer: Signer,
+        name: String,
+    ) -> Result<Node> {
+        let node = Self::empty(
+            data_dir,
+            shard_count,
+            cfg,
+            bulk,
+            memory,
+            provider,
+            signer,
+            name,
+        )?;
+        std::fs::create_dir_all(&node.dir)
+            .map_err(|e| Error::Internal(format!("{}: {e}", node.dir.display())))?;
+        check_shard_count(&node.dir, shard_count)?;
+        Ok(node)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn empty(
+        data_dir: &Path,
+        shard_count: u32,
+        cfg: &ShardConfig,
+        bulk: (usize, Option<f64>),
+        memory: BlockMemory,
+        provider: ObjectProvider,
+        signer: Signer,
+        name: String,
+    ) -> Result<Node> {
         let bulk = Arc::new(
             Bulk::new(bulk.0, bulk.1).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
         );
-        let stores = open_shard_files(&dir, shard_count)?;
-        let shards = stores
-            .into_iter()
-            .zip(0..)
-            .map(|(meta, id)| {
-                Shard::open(
-                    id,
-                    meta,
-                    provider.clone(),
-                    bulk.clone(),
-                    signer.clone(),
-                    cfg.clone(),
-                )
-            })
-            .collect();
         Ok(Node {
-            shards,
+            slots: (0..shard_count).map(|_| RwLock::new(Slot::Empty)).collect(),
             signer,
             provider,
             memory,
             name,
             started: Instant::now(),
             routes: Box::new(LocalRoutes::new(String::new())),
+            dir: data_dir.join("shards"),
+            cfg: cfg.clone(),
+            bulk,
+            cluster: OnceLock::new(),
         })
     }
 
@@ -79,21 +157,34 @@ impl Node {
         self
     }
 
-    /// The route of `workspace` (validated by the caller): its shard, owner and epoch.
-    pub fn route(&self, workspace: &str) -> Route {
-        self.routes
-            .route(shard_of(workspace, self.shards.len() as u32))
+    /// Attaches the cluster runtime (cluster mode only, once).
+    pub fn attach_cluster(&self, cluster: &Arc<Cluster>) {
+        let _ = self.cluster.set(Arc::downgrade(cluster));
     }
 
-    /// The shards this node holds right now (in cluster mode: the ones it owns and has
-    /// loaded), in shard order.
+    fn cluster(&self) -> Option<Arc<Cluster>> {
+        self.cluster.get().and_then(Weak::upgrade)
+    }
+
+    /// The route of `workspace` (validated by the caller): its shard, owner and epoch.
+    pub fn route(&self, workspace: &str) -> Route {
+        self.routes.route(shard_of(workspace, self.shard_count()))
+    }
+
+    /// The shards this node serves right now, in shard order.
     pub fn shards(&self) -> Vec<Arc<Shard>> {
-        self.shards.clone()
+        self.slots
+            .iter()
+            .filter_map(|slot| match &*slot.read() {
+                Slot::Serving(shard) => Some(shard.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Number of shards of the node's placement (the cluster's, in cluster mode).
     pub fn shard_count(&self) -> u32 {
-        self.shards.len() as u32
+        self.slots.len() as u32
     }
 
     /// The shard holding `workspace` (validated by the caller), or `NotOwner` with a hint.
@@ -101,23 +192,93 @@ impl Node {
         self.shard(shard_of(workspace, self.shard_count()))
     }
 
-    /// Shard `id` if this node serves it, else `NotOwner` with the owner hint.
+    /// Shard `id` if this node serves it. Otherwise `NotOwner` with the owner's endpoint and
+    /// epoch when another node serves it, or `Unavailable` (retry) while it is moving or its
+    /// owner is unknown — `NotOwner` always carries a usable hint.
     pub fn shard(&self, id: u32) -> Result<Arc<Shard>> {
-        self.shards
-            .get(id as usize)
-            .cloned()
-            .ok_or(Error::NotOwner {
+        let Some(slot) = self.slots.get(id as usize) else {
+            return Err(Error::InvalidArgument(format!(
+                "shard {id} does not exist (the placement has {} shards)",
+                self.shard_count()
+            )));
+        };
+        if let Slot::Serving(shard) = &*slot.read() {
+            return Ok(shard.clone());
+        }
+        let route = self.routes.route(id);
+        let here = self.routes.own_endpoint();
+        if !route.endpoint.is_empty() && route.endpoint != here {
+            return Err(Error::NotOwner {
                 shard: id,
-                hint: String::new(),
-                epoch: 0,
-            })
+                hint: route.endpoint,
+                epoch: route.epoch,
+            });
+        }
+        Err(Error::Unavailable(format!(
+            "shard {id} is moving between nodes; retry"
+        )))
+    }
+
+    /// Serves `shard` from now on (it was loaded and its epoch adopted).
+    pub fn install(&self, id: u32, shard: Arc<Shard>) {
+        *self.slots[id as usize].write() = Slot::Serving(shard);
+    }
+
+    /// Starts handing off shard `id`: new requests are turned away; returns the shard so the
+    /// caller can wait for the requests holding it and take its checkpoint.
+    pub fn begin_drain(&self, id: u32) -> Option<Arc<Shard>> {
+        let mut slot = self.slots.get(id as usize)?.write();
+        let shard = match &*slot {
+            Slot::Serving(shard) | Slot::Draining(shard) => shard.clone(),
+            Slot::Empty => return None,
+        };
+        *slot = Slot::Draining(shard.clone());
+        Some(shard)
+    }
+
+    /// Forgets shard `id` (handed off, or its ownership lapsed); returns what was held.
+    pub fn remove(&self, id: u32) -> Option<Arc<Shard>> {
+        let mut slot = self.slots.get(id as usize)?.write();
+        match std::mem::take(&mut *slot) {
+            Slot::Serving(shard) | Slot::Draining(shard) => Some(shard),
+            Slot::Empty => None,
+        }
+    }
+
+    /// Ids of every shard held (serving or draining).
+    pub fn held(&self) -> Vec<u32> {
+        (0..self.shard_count())
+            .filter(|id| !matches!(&*self.slots[*id as usize].read(), Slot::Empty))
+            .collect()
+    }
+
+    /// The local file of shard `id`.
+    pub fn shard_path(&self, id: u32) -> PathBuf {
+        shard_file(&self.dir, id)
+    }
+
+    /// Opens a shard (cluster mode) whose store is at [`Node::shard_path`], fenced by `fence`.
+    pub fn open_shard(&self, id: u32, meta: MetaStore, fence: Fence) -> Arc<Shard> {
+        Shard::open_fenced(
+            id,
+            meta,
+            self.provider.clone(),
+            self.bulk.clone(),
+            self.signer.clone(),
+            self.cfg.clone(),
+            fence,
+        )
     }
 
     /// The cluster as this node sees it: config, live nodes, and every shard's ownership.
     /// The embedded default reports itself as the only node, owning every shard at epoch 0.
     pub async fn cluster_view(&self) -> Result<ClusterView> {
-        let endpoint = self.routes.route(0).endpoint;
+        if let Some(cluster) = self.cluster() {
+            return cluster.view().await;
+        }
+        let endpoint = self.routes.own_endpoint();
         Ok(ClusterView {
+            cluster: String::new(),
             config: None,
             nodes: vec![(
                 self.name.clone(),
@@ -134,6 +295,8 @@ impl Node {
                         owner: Some(self.name.clone()),
                         endpoint: Some(endpoint.clone()),
                         checkpoint: None,
+                        changed: true,
+                        target: None,
                     }),
                     owner: Some(OwnerKey {
                         node: self.name.clone(),
@@ -145,12 +308,15 @@ impl Node {
     }
 
     /// Hands `shard` to node `to` gracefully (cluster mode only): drain, checkpoint, release
-    /// to `to`. Answers once `to` serves the shard.
-    pub async fn move_shard(&self, shard: u32, to: &str) -> Result<()> {
-        let _ = (shard, to);
-        Err(Error::InvalidArgument(
-            "shard moves need cluster mode (--etcd); this node serves every shard itself".into(),
-        ))
+    /// to `to`. Answers once `to` serves the shard, with its epoch.
+    pub async fn move_shard(&self, shard: u32, to: &str) -> Result<u64> {
+        match self.cluster() {
+            Some(cluster) => cluster.move_shard(shard, to).await,
+            None => Err(Error::InvalidArgument(
+                "shard moves need cluster mode (--etcd); this node serves every shard itself"
+                    .into(),
+            )),
+        }
     }
 }
 

@@ -18,8 +18,11 @@ pub struct Route {
 
 /// The source of routes of a node.
 pub trait Routes: Send + Sync {
-    /// The current owner of `shard`.
+    /// The current owner of `shard` (endpoint empty when unknown, e.g. mid-move).
     fn route(&self, shard: u32) -> Route;
+
+    /// This node's own advertised endpoint.
+    fn own_endpoint(&self) -> String;
 }
 
 /// The embedded default: this node owns every shard, at epoch 0.
@@ -43,5 +46,9 @@ impl Routes for LocalRoutes {
             endpoint: self.endpoint.clone(),
             epoch: 0,
         }
+    }
+
+    fn own_endpoint(&self) -> String {
+        self.endpoint.clone()
     }
 }

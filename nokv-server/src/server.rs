@@ -18,10 +18,13 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::bootstrap;
+use crate::cluster::{Cluster, ClusterRoutes};
 use crate::config::Settings;
+use crate::control::etcd::{ClusterConfig, EtcdControl, EtcdSettings};
 use crate::memory::BlockMemory;
 use crate::node::Node;
 use crate::object::ObjectProvider;
+use crate::object::ProviderConfig;
 use crate::route::LocalRoutes;
 use crate::service::admin::AdminService;
 use crate::service::body_admission::BodyAdmission;
@@ -52,10 +55,8 @@ pub enum ServeError {
         cert: std::path::PathBuf,
         source: tonic::transport::Error,
     },
-    #[error(
-        "cluster mode (--etcd) is not active in this build yet; start without --etcd, --cluster and --node-ttl to serve on its own"
-    )]
-    ClusterNotActive,
+    #[error("{0}")]
+    Control(#[from] crate::control::ControlError),
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
 }
@@ -87,16 +88,6 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         )?,
         None => bootstrap::ensure(&settings.data_dir, settings.advertise.as_deref())?,
     };
-    if let Some(cluster) = &settings.cluster {
-        // The etcd control plane is not wired yet: refuse rather than serve as a lone node
-        // that believes it is part of a cluster.
-        tracing::error!(
-            cluster = %cluster.cluster,
-            node_id = %cluster.node_id,
-            "cluster mode is not yet active"
-        );
-        return Err(ServeError::ClusterNotActive);
-    }
     let provider = ObjectProvider::open(&settings.provider, &settings.prefix)?;
     // Test-only: black-box fault schedules (never a flag; see object::fault).
     let provider = match crate::object::fault::Schedule::from_env()
@@ -132,28 +123,65 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         addr: settings.listen.clone(),
         source,
     })?;
-    let host = match (&settings.advertise, local.ip()) {
-        (Some(h), _) => h.clone(),
-        (None, ip) if ip.is_unspecified() => "127.0.0.1".into(),
-        (None, std::net::IpAddr::V6(ip)) => format!("[{ip}]"),
-        (None, ip) => ip.to_string(),
-    };
-    let endpoint = format!("https://{host}:{}", local.port());
+    let endpoint = advertised_endpoint(settings.advertise.as_deref(), local);
     let client_config = bootstrap::write_client_config(&settings.data_dir, &endpoint, &material)?;
 
-    let node = Arc::new(
-        Node::open(
-            &settings.data_dir,
-            settings.shards,
-            &settings.shard,
-            (settings.bulk_parallel, settings.bulk_mib_per_s),
-            BlockMemory::new(settings.block_memory, settings.block_memory_wait),
-            provider,
-            material.signer.clone(),
-            settings.advertise.clone().unwrap_or_else(|| "local".into()),
-        )?
-        .with_routes(Box::new(LocalRoutes::new(endpoint.clone()))),
+    let node_parts = (
+        BlockMemory::new(settings.block_memory, settings.block_memory_wait),
+        material.signer.clone(),
+        settings.advertise.clone().unwrap_or_else(|| "local".into()),
     );
+    let bulk = (settings.bulk_parallel, settings.bulk_mib_per_s);
+    let (node, cluster) = match &settings.cluster {
+        None => {
+            let node = Node::open(
+                &settings.data_dir,
+                settings.shards,
+                &settings.shard,
+                bulk,
+                node_parts.0,
+                provider,
+                node_parts.1,
+                node_parts.2,
+            )?
+            .with_routes(Box::new(LocalRoutes::new(endpoint.clone())));
+            (Arc::new(node), None)
+        }
+        Some(c) => {
+            let etcd = EtcdSettings::new(
+                c.etcd.clone(),
+                c.cluster.clone(),
+                c.node_id.clone(),
+                endpoint.clone(),
+                ClusterConfig {
+                    shards: settings.shards,
+                    bucket: provider_identity(&settings.provider),
+                    prefix: settings.prefix.clone(),
+                },
+            )
+            .with_node_ttl(c.node_ttl);
+            // Joining checks the cluster record first: a node whose shard count, bucket or
+            // prefix disagree refuses to start before it serves anything.
+            let (control, outcome) = EtcdControl::join(etcd.clone()).await?;
+            tracing::info!(cluster = %c.cluster, node = %c.node_id, ?outcome, "cluster mode");
+            let routes = ClusterRoutes::new(endpoint.clone(), settings.shards);
+            let node = Arc::new(
+                Node::open_cluster(
+                    &settings.data_dir,
+                    settings.shards,
+                    &settings.shard,
+                    bulk,
+                    node_parts.0,
+                    provider,
+                    node_parts.1,
+                    c.node_id.clone(),
+                )?
+                .with_routes(Box::new(routes.clone())),
+            );
+            let cluster = Cluster::new(node.clone(), etcd, control, routes);
+            (node, Some(cluster))
+        }
+    };
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -202,6 +230,9 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         .add_service(admin);
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let balancing = cluster
+        .clone()
+        .map(|c| tokio::spawn(c.run(stop_rx.clone())));
     let maintenance = tokio::spawn(maintain(
         node.clone(),
         settings.reconcile_interval,
@@ -227,8 +258,16 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
 
     tokio::spawn(self_check(endpoint.clone(), material.ca_path.clone()));
 
+    let handoff = cluster.clone();
+    let balance_stop = stop_tx.clone();
     let shutdown = async move {
         shutdown_signal().await;
+        // Cluster mode: hand every shard off while still serving, so requests in flight
+        // finish and new ones are pointed at the next owners; only then stop accepting.
+        if let Some(cluster) = handoff {
+            let _ = balance_stop.send(true);
+            cluster.shutdown().await;
+        }
         tracing::info!("shutdown requested: draining in-flight requests");
     };
     router
@@ -241,9 +280,40 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
 
     let _ = stop_tx.send(true);
     let _ = maintenance.await;
+    if let Some(balancing) = balancing {
+        let _ = balancing.await;
+    }
+    drop(cluster);
     drop(node);
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// `https://HOST:PORT` clients reach this node at: `--advertise` as given when it names a
+/// port (`HOST:PORT`, the form a cluster node advertises), else its host with the bound port.
+fn advertised_endpoint(advertise: Option<&str>, local: SocketAddr) -> String {
+    let names_port = |a: &str| match a.strip_prefix('[') {
+        Some(inner) => inner.contains("]:"),
+        None => a
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.contains(':') && p.parse::<u16>().is_ok()),
+    };
+    match (advertise, local.ip()) {
+        (Some(a), _) if names_port(a) => format!("https://{a}"),
+        (Some(h), _) => format!("https://{h}:{}", local.port()),
+        (None, ip) if ip.is_unspecified() => format!("https://127.0.0.1:{}", local.port()),
+        (None, std::net::IpAddr::V6(ip)) => format!("https://[{ip}]:{}", local.port()),
+        (None, ip) => format!("https://{ip}:{}", local.port()),
+    }
+}
+
+/// The provider as the cluster record names it: every node must write to the same place.
+fn provider_identity(provider: &ProviderConfig) -> String {
+    match provider {
+        ProviderConfig::S3 { bucket, .. } => bucket.clone(),
+        ProviderConfig::Local { root } => format!("local:{}", root.display()),
+        ProviderConfig::Memory => "memory".into(),
+    }
 }
 
 /// Proves the freshly started daemon answers over TLS the way a client will reach it: one

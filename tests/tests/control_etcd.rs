@@ -147,7 +147,7 @@ async fn two_nodes_acquiring_the_same_shard_at_once_yield_exactly_one_owner_at_t
         // A checkpoint of another epoch is refused and changes nothing.
         assert!(matches!(
             winner
-                .release(3, Some(checkpoint(3, expected_epoch + 7)))
+                .release(3, Some(checkpoint(3, expected_epoch + 7)), None)
                 .await,
             Err(ControlError::InvalidArgument(_))
         ));
@@ -157,7 +157,7 @@ async fn two_nodes_acquiring_the_same_shard_at_once_yield_exactly_one_owner_at_t
         // and points at the checkpoint.
         assert!(
             winner
-                .release(3, Some(checkpoint(3, expected_epoch)))
+                .release(3, Some(checkpoint(3, expected_epoch)), None)
                 .await
                 .unwrap()
         );
@@ -202,7 +202,7 @@ async fn an_owner_whose_lease_is_revoked_loses_the_shard_and_another_node_acquir
         Err(ControlError::NotOwner { shard: 5 })
     ));
     // Its late release changes nothing: the new owner's record and key stay.
-    assert!(!a.release(5, None).await.unwrap());
+    assert!(!a.release(5, None, None).await.unwrap());
     let (record, _) = b.record(5).await.unwrap();
     let record = record.unwrap();
     assert_eq!(
@@ -289,11 +289,11 @@ async fn a_balance_step_takes_free_shards_up_to_an_even_share_of_the_live_nodes(
     let a = &nodes[0];
     let (handed, kept, crashed) = (a.owned()[0].0, a.owned()[1].0, a.owned()[2].0);
     assert!(
-        a.release(handed, Some(checkpoint(handed, 1)))
+        a.release(handed, Some(checkpoint(handed, 1)), None)
             .await
             .unwrap()
     );
-    assert!(a.release(kept, None).await.unwrap());
+    assert!(a.release(kept, None, None).await.unwrap());
     let c = &nodes[2];
     let (mut raw, owner_key) = (
         etcd_client_for(&etcd).await,

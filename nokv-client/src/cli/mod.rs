@@ -154,6 +154,25 @@ enum AdminCommand {
     /// reconciliation settled: a key written or deleted during the audit can show up as
     /// unaccounted once; one unaccounted twice is leaked.
     Audit,
+    /// Cluster membership and shard ownership: nodes (id, endpoint, alive) and shards (owner,
+    /// epoch, state, last checkpoint size and age). The embedded default shows itself owning
+    /// every shard at epoch 0.
+    Cluster,
+    /// Shard commands.
+    #[command(subcommand)]
+    Shard(ShardCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ShardCommand {
+    /// Hand shard S gracefully to node NODE (cluster mode): drain, checkpoint, release. Returns
+    /// once NODE serves it; clients see at most a retry.
+    Move {
+        /// Shard number (0 to shard count - 1).
+        shard: u32,
+        /// Id of the node to take the shard (`--node-id` of a live node).
+        node: String,
+    },
 }
 
 pub fn main() -> ExitCode {
@@ -290,6 +309,10 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         } => artifacts::restore(client, out, &target, &dest, parallel, quiet).await,
         Command::Admin(AdminCommand::Health) => admin::health(client, out).await,
         Command::Admin(AdminCommand::Audit) => admin::audit(client, out).await,
+        Command::Admin(AdminCommand::Cluster) => admin::cluster(client, out).await,
+        Command::Admin(AdminCommand::Shard(ShardCommand::Move { shard, node })) => {
+            admin::move_shard(client, out, shard, &node).await
+        }
         Command::Workspace(cmd) => workspaces::run(client, out, cmd).await,
     }
 }

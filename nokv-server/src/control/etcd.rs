@@ -85,6 +85,16 @@ pub struct ShardRecord {
     pub endpoint: Option<String>,
     #[serde(default)]
     pub checkpoint: Option<CheckpointRef>,
+    /// False from an acquisition until the owner's first write session: an owner must set it
+    /// (a transaction guarded by its owner key) before it commits anything. A record whose
+    /// owner lapsed with `changed == false` still equals its checkpoint, so another node may
+    /// take the shard from that checkpoint without losing an acknowledged write.
+    #[serde(default)]
+    pub changed: bool,
+    /// A handoff addressed to one node (`nokv admin shard move`): only that node takes it
+    /// while it is alive.
+    #[serde(default)]
+    pub target: Option<String>,
 }
 
 /// A consistent snapshot of a shard's metadata uploaded by a releasing owner.
@@ -105,6 +115,8 @@ pub struct CheckpointRef {
 /// Everything under `/nokv/<cluster>/`, read at one etcd revision (for `nokv admin cluster`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterView {
+    /// The cluster's name (`--cluster`); empty for the embedded default.
+    pub cluster: String,
     pub config: Option<ClusterConfig>,
     /// Live nodes (their keys exist only while their leases do), sorted by id.
     pub nodes: Vec<(String, NodeRecord)>,
@@ -281,6 +293,11 @@ impl Keys {
 struct Owned {
     epoch: Epoch,
     owner_revision: i64,
+    /// The record says `changed` for this ownership (see [`ShardRecord::changed`]).
+    changed: bool,
+    /// Cleared when a release begins: from then on nothing more is acknowledged (fail closed)
+    /// while the checkpoint is taken and the release transaction sent.
+    acknowledging: bool,
 }
 
 /// A node's membership in a cluster: its lease, its acknowledge deadline, its shards.
@@ -294,6 +311,9 @@ pub struct EtcdControl {
     lease_id: i64,
     deadline: Arc<AckDeadline>,
     owned: Mutex<HashMap<u32, Owned>>,
+    /// The record each acquisition replaced, kept until the shard is loaded: where its data
+    /// comes from depends on it (see `crate::cluster`).
+    previous: Mutex<HashMap<u32, Option<ShardRecord>>>,
     keep_alive: tokio::task::JoinHandle<()>,
 }
 
@@ -353,6 +373,7 @@ impl EtcdControl {
             lease_id,
             deadline,
             owned: Mutex::new(HashMap::new()),
+            previous: Mutex::new(HashMap::new()),
             keep_alive,
         };
         Ok((Arc::new(control), outcome))
@@ -376,11 +397,61 @@ impl EtcdControl {
 
     /// The epoch under which `shard` may be acknowledged now: owned by this node *and* the
     /// lease confirmed recently enough. Memory only: no await, no etcd.
+    ///
+    /// Also requires the record to say `changed` for this ownership: a session may only commit
+    /// once etcd knows the shard can differ from its checkpoint ([`EtcdControl::mark_changed`]).
     pub fn acknowledge_epoch(&self, shard: u32) -> Result<Epoch> {
-        let epoch = self.owned.lock().get(&shard).map(|o| o.epoch);
-        match epoch {
-            Some(epoch) if self.deadline.allows() => Ok(epoch),
+        match self.holding(shard) {
+            Ok((epoch, true)) => Ok(epoch),
             _ => Err(ControlError::NotOwner { shard }),
+        }
+    }
+
+    /// The epoch `shard` is held at and whether it is marked changed, if it is owned, still
+    /// acknowledged and the lease confirmed recently enough. Memory only.
+    pub fn holding(&self, shard: u32) -> Result<(Epoch, bool)> {
+        let owned = self.owned.lock().get(&shard).copied();
+        match owned {
+            Some(o) if o.acknowledging && self.deadline.allows() => Ok((o.epoch, o.changed)),
+            _ => Err(ControlError::NotOwner { shard }),
+        }
+    }
+
+    /// Records in etcd, once per ownership, that the shard may now differ from its
+    /// checkpoint; must succeed before the first write session of the ownership commits.
+    /// Guarded by the owner key: a deposed owner cannot mark (nor then write).
+    pub async fn mark_changed(&self, shard: u32) -> Result<()> {
+        let owned = match self.holding(shard)? {
+            (_, true) => return Ok(()),
+            _ => self.owned.lock().get(&shard).copied(),
+        }
+        .ok_or(ControlError::NotOwner { shard })?;
+        let marked = self
+            .update_guarded(shard, owned, |r| r.changed = true, false)
+            .await?;
+        if !marked {
+            self.owned.lock().remove(&shard);
+            return Err(ControlError::NotOwner { shard });
+        }
+        if let Some(o) = self.owned.lock().get_mut(&shard)
+            && o.owner_revision == owned.owner_revision
+        {
+            o.changed = true;
+        }
+        Ok(())
+    }
+
+    /// The record that this node's acquisition of `shard` replaced (`Some(None)`: there was
+    /// none), taken once by the loader.
+    pub fn take_previous(&self, shard: u32) -> Option<Option<ShardRecord>> {
+        self.previous.lock().remove(&shard)
+    }
+
+    /// Stops acknowledging `shard` at once (the first step of a release); it stays owned in
+    /// etcd until [`EtcdControl::release`].
+    pub fn stop_acknowledging(&self, shard: u32) {
+        if let Some(o) = self.owned.lock().get_mut(&shard) {
+            o.acknowledging = false;
         }
     }
 
@@ -439,6 +510,9 @@ impl EtcdControl {
         }
         let (record, seen) = self.record(shard).await?;
         let epoch = record.as_ref().map_or(0, |r| r.epoch) + 1;
+        // Kept before sending: an acquisition whose answer is lost is adopted later and still
+        // needs to know what it replaced.
+        self.previous.lock().insert(shard, record.clone());
         // The checkpoint pointer carries over: the new owner restores from it (verifying its
         // digest and that its epoch is `epoch - 1`) before serving.
         let next = ShardRecord {
@@ -447,6 +521,8 @@ impl EtcdControl {
             owner: Some(self.settings.node_id.clone()),
             endpoint: Some(self.settings.advertise.clone()),
             checkpoint: record.and_then(|r| r.checkpoint),
+            changed: false,
+            target: None,
         };
         let owner = OwnerKey {
             node: self.settings.node_id.clone(),
@@ -482,6 +558,8 @@ impl EtcdControl {
             Owned {
                 epoch,
                 owner_revision,
+                changed: false,
+                acknowledging: true,
             },
         );
         tracing::info!(shard, epoch, "acquired shard");
@@ -499,7 +577,7 @@ impl EtcdControl {
             .copied()
             .ok_or(ControlError::NotOwner { shard })?;
         if !self
-            .set_state_guarded(shard, owned, ShardState::Draining, None)
+            .update_guarded(shard, owned, |r| r.state = ShardState::Draining, false)
             .await?
         {
             self.owned.lock().remove(&shard);
@@ -510,14 +588,19 @@ impl EtcdControl {
 
     /// Gives `shard` up gracefully: it stops being acknowledged *first* (fail closed), then one
     /// transaction guarded by this node's owner key deletes the key and sets the record to
-    /// `handoff` with `checkpoint` (keeping this node as the last owner, the next owner's
-    /// hint). Returns false when the owner key was already gone (the lease lapsed and the shard
-    /// may have moved on): nothing was changed then.
+    /// `handoff` with `checkpoint` and `target` (keeping this node as the last owner). Returns
+    /// false when the owner key was already gone (the lease lapsed and the shard may have moved
+    /// on): nothing was changed then.
     ///
     /// Without a checkpoint the record's pointer is cleared (an older one would miss later
     /// acknowledged writes) and only this node may take the shard back in a balance step: its
     /// data is on this node's disk only. A checkpoint must carry this ownership's epoch.
-    pub async fn release(&self, shard: u32, checkpoint: Option<CheckpointRef>) -> Result<bool> {
+    pub async fn release(
+        &self,
+        shard: u32,
+        checkpoint: Option<CheckpointRef>,
+        target: Option<String>,
+    ) -> Result<bool> {
         self.check_shard(shard)?;
         let epoch = self
             .owned
@@ -539,36 +622,42 @@ impl EtcdControl {
             .remove(&shard)
             .ok_or(ControlError::NotOwner { shard })?;
         let released = self
-            .set_state_guarded(shard, owned, ShardState::Handoff, Some(checkpoint))
+            .update_guarded(
+                shard,
+                owned,
+                move |r| {
+                    r.state = ShardState::Handoff;
+                    r.checkpoint = checkpoint;
+                    r.target = target;
+                },
+                true,
+            )
             .await?;
         tracing::info!(shard, epoch = owned.epoch, released, "released shard");
         Ok(released)
     }
 
-    /// One transaction: if our owner key (by create revision and lease) still exists, write the
-    /// record with `state`. `release = Some(checkpoint)` also sets the checkpoint pointer and
-    /// deletes the owner key.
-    async fn set_state_guarded(
+    /// One transaction: if our owner key (by create revision and lease) still exists, write
+    /// the record changed by `change`; `delete_owner` also deletes the owner key (a release).
+    async fn update_guarded(
         &self,
         shard: u32,
         owned: Owned,
-        state: ShardState,
-        release: Option<Option<CheckpointRef>>,
+        change: impl FnOnce(&mut ShardRecord),
+        delete_owner: bool,
     ) -> Result<bool> {
         let (record, _) = self.record(shard).await?;
         let mut record = record.unwrap_or(ShardRecord {
             epoch: owned.epoch,
-            state,
+            state: ShardState::Serving,
             owner: None,
             endpoint: None,
             checkpoint: None,
+            changed: false,
+            target: None,
         });
-        record.state = state;
+        change(&mut record);
         let owner_key = self.keys.owner(shard);
-        let delete_owner = release.is_some();
-        if let Some(checkpoint) = release {
-            record.checkpoint = checkpoint;
-        }
         let mut ops = vec![TxnOp::put(self.keys.record(shard), encode(&record), None)];
         if delete_owner {
             ops.push(TxnOp::delete(owner_key.clone(), None));
@@ -593,21 +682,25 @@ impl EtcdControl {
     }
 
     /// One balance step: counts live nodes, adopts owner keys of this lease it does not know
-    /// (an acquisition whose answer was lost), then takes free shards until it holds
-    /// `ceil(shards / nodes)`. Free = no owner key and either no record, a `handoff` record
-    /// with a checkpoint, or a record naming this node (its own shards after a restart). A
-    /// `serving` record of another node without an owner key is a crashed owner's, and a
-    /// `handoff` without checkpoint has its data on its last owner's disk: both are left alone.
+    /// (an acquisition whose answer was lost), takes every handoff addressed to this node,
+    /// then takes free shards until it holds `ceil(shards / nodes)`. See [`takeable`] for
+    /// which shards are free. Returns the surplus to hand off (see the end of the body).
     pub async fn balance_step(&self) -> Result<BalanceReport> {
         let mut client = self.client.clone();
         let shard_count = self.settings.config.shards;
-        let nodes = client
+        let live: Vec<String> = client
             .get(self.keys.nodes(), Some(GetOptions::new().with_prefix()))
             .await?
             .kvs()
-            .len()
-            .max(1);
-        let target = (shard_count as usize).div_ceil(nodes);
+            .iter()
+            .filter_map(|kv| {
+                std::str::from_utf8(kv.key())
+                    .ok()?
+                    .strip_prefix(&self.keys.nodes())
+                    .map(str::to_string)
+            })
+            .collect();
+        let target = (shard_count as usize).div_ceil(live.len().max(1));
 
         let response = client
             .get(self.keys.shards(), Some(GetOptions::new().with_prefix()))
@@ -639,6 +732,8 @@ impl EtcdControl {
                         Owned {
                             epoch: owner.epoch,
                             owner_revision: kv.create_revision(),
+                            changed: records.get(shard).is_some_and(|r| r.changed),
+                            acknowledging: true,
                         },
                     );
                     report.acquired.push((*shard, owner.epoch));
@@ -646,31 +741,47 @@ impl EtcdControl {
             }
         }
 
+        let me = self.settings.node_id.as_str();
+        // Handoffs addressed to this node first, whatever it holds.
+        for (shard, record) in &records {
+            if !owners.contains_key(shard)
+                && record.state == ShardState::Handoff
+                && record.checkpoint.is_some()
+                && record.target.as_deref() == Some(me)
+                && let Acquisition::Acquired(epoch) = self.acquire(*shard).await?
+            {
+                report.acquired.push((*shard, epoch));
+            }
+        }
         // Start at a node-specific offset so nodes balancing at once mostly try different shards.
-        let offset = fnv1a(self.settings.node_id.as_bytes()) % u64::from(shard_count);
+        let offset = fnv1a(me.as_bytes()) % u64::from(shard_count);
         for i in 0..shard_count {
             if self.owned.lock().len() >= target {
                 break;
             }
             let shard = ((offset + u64::from(i)) % u64::from(shard_count)) as u32;
-            if owners.contains_key(&shard) {
-                continue;
-            }
-            let free = match records.get(&shard) {
-                None => true,
-                Some(r) => {
-                    (r.state == ShardState::Handoff && r.checkpoint.is_some())
-                        || r.owner.as_deref() == Some(self.settings.node_id.as_str())
-                }
-            };
-            if !free {
+            if owners.contains_key(&shard)
+                || self.owned.lock().contains_key(&shard)
+                || !takeable(records.get(&shard), me, &live)
+            {
                 continue;
             }
             if let Acquisition::Acquired(epoch) = self.acquire(shard).await? {
                 report.acquired.push((shard, epoch));
             }
         }
-        report.surplus = self.owned.lock().len().saturating_sub(target);
+        // Hand off beyond the target, or one shard while some live node holds fewer than
+        // `floor(shards / nodes)` and this one more: nodes converge to 5–6 of 16 on 3 nodes.
+        let floor = shard_count as usize / live.len().max(1);
+        let mine = self.owned.lock().len();
+        let starved = live.iter().any(|node| {
+            node != me && owners.values().filter(|(o, _)| &o.node == node).count() < floor
+        });
+        report.surplus = if mine > target {
+            mine - target
+        } else {
+            usize::from(starved && mine > floor)
+        };
         Ok(report)
     }
 
@@ -685,6 +796,7 @@ impl EtcdControl {
             )
             .await?;
         let mut view = ClusterView {
+            cluster: self.settings.cluster.clone(),
             config: None,
             nodes: Vec::new(),
             shards: (0..self.settings.config.shards)
@@ -716,6 +828,32 @@ impl EtcdControl {
         Ok(view)
     }
 
+    /// A stream of every change under the cluster prefix from now on (nodes joining or
+    /// leaving, ownership records and owner keys). Carries no decoded data: the caller re-reads
+    /// [`EtcdControl::cluster_view`] when it fires.
+    pub async fn changes(&self) -> Result<etcd_client::WatchStream> {
+        let stream = self
+            .client
+            .clone()
+            .watch(
+                self.keys.root.clone(),
+                Some(WatchOptions::new().with_prefix()),
+            )
+            .await?;
+        Ok(stream)
+    }
+
+    /// Withdraws this node's registration (its `nodes/<id>` key) while it keeps its lease and
+    /// shards: the first step of a graceful shutdown, so the other nodes raise their targets
+    /// and take the shards this node is about to hand off.
+    pub async fn withdraw(&self) -> Result<()> {
+        self.client
+            .clone()
+            .delete(self.keys.node(&self.settings.node_id), None)
+            .await?;
+        Ok(())
+    }
+
     /// Leaves the cluster at once: stops acknowledging, stops the keep-alives and revokes the
     /// lease (etcd deletes the node key and every owner key of this node). Records keep their
     /// state: shards not released first are left as a crashed owner's.
@@ -725,6 +863,35 @@ impl EtcdControl {
         self.keep_alive.abort();
         self.client.clone().lease_revoke(self.lease_id).await?;
         Ok(())
+    }
+}
+
+/// Whether node `me` may take a shard nobody holds (no owner key), given its record:
+/// * no record: a new shard;
+/// * `handoff` with a checkpoint: released gracefully — by anyone, unless it is addressed to
+///   another live node; `handoff` without a checkpoint: only by its last owner (the data is on
+///   its disk);
+/// * `serving`/`draining` (the owner's lease lapsed: a crash or a pause): by the same node
+///   (restarted with its data dir), or by anyone if the owner never marked it changed and the
+///   checkpoint it was taken from is there — then it still equals that checkpoint and nothing
+///   acknowledged can be lost. Otherwise it waits for its owner (crash failover is not built).
+fn takeable(record: Option<&ShardRecord>, me: &str, live: &[String]) -> bool {
+    let Some(r) = record else {
+        return true;
+    };
+    let mine = r.owner.as_deref() == Some(me);
+    match r.state {
+        ShardState::Handoff => match (&r.checkpoint, &r.target) {
+            (None, _) => mine,
+            (Some(_), Some(target)) => target == me || !live.contains(target),
+            (Some(_), None) => true,
+        },
+        ShardState::Serving | ShardState::Draining => {
+            mine || (!r.changed
+                && r.checkpoint
+                    .as_ref()
+                    .is_some_and(|c| c.epoch + 1 == r.epoch))
+        }
     }
 }
 

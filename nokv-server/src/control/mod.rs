@@ -90,6 +90,26 @@ impl Ownership {
         }
     }
 
+    /// The epoch `shard` is held at, while it is owned and acknowledged, ignoring whether the
+    /// ownership was marked changed yet (the loader records this epoch in the store before the
+    /// first write session). Memory only.
+    pub fn holding_epoch(&self, shard: u32) -> Result<Epoch, ControlError> {
+        match self {
+            Ownership::Local(local) => Ok(local.acknowledge_epoch(shard)),
+            Ownership::Etcd(etcd) => etcd.holding(shard).map(|(epoch, _)| epoch),
+        }
+    }
+
+    /// Makes `shard` writable under its current ownership: in a cluster, once per ownership,
+    /// tells etcd the shard may now differ from its checkpoint (one guarded transaction; later
+    /// calls answer from memory). The embedded default has nothing to do.
+    pub async fn prepare_write(&self, shard: u32) -> Result<(), ControlError> {
+        match self {
+            Ownership::Local(_) => Ok(()),
+            Ownership::Etcd(etcd) => etcd.mark_changed(shard).await,
+        }
+    }
+
     /// True for the embedded default (no etcd).
     pub fn is_local(&self) -> bool {
         matches!(self, Ownership::Local(_))

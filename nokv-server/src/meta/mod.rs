@@ -43,6 +43,9 @@ pub enum MetaError {
     Empty(PathBuf),
     #[error("shard file {path} cannot be opened ({detail}); restore it from a backup")]
     Damaged { path: PathBuf, detail: String },
+    /// An attempt to record an ownership epoch below the stored one.
+    #[error("shard is owned at epoch {current}; refusing to record the older epoch {epoch}")]
+    EpochRegression { current: u64, epoch: u64 },
 }
 
 macro_rules! store_err {
@@ -124,6 +127,12 @@ const RETIRED: TableDefinition<(i64, u64), ()> = TableDefinition::new("retired")
 /// workspace -> WorkspaceRecord, only for workspaces being deleted (see
 /// [`crate::shard::workspaces`]).
 const WORKSPACES: TableDefinition<&str, Bytes> = TableDefinition::new("workspaces");
+/// "epoch" -> the fencing epoch under which this shard's data was last owned (absent: 0, the
+/// embedded default). Raised only when a node takes the shard at a higher epoch; every write
+/// session compares it with the epoch the node may acknowledge under (see
+/// [`crate::shard::fence`]), so a store that a deposed owner still holds rejects its sessions.
+const OWNERSHIP: TableDefinition<&str, u64> = TableDefinition::new("ownership");
+const EPOCH_KEY: &str = "epoch";
 
 fn decode<R: Message + Default>(bytes: &[u8]) -> MetaResult<R> {
     Ok(R::decode(bytes)?)
@@ -526,6 +535,14 @@ macro_rules! readable {
                 Ok(out)
             }
 
+            /// The fencing epoch this shard's data was last owned under (0 if never raised).
+            pub fn epoch(&self) -> MetaResult<u64> {
+                match optional(self.txn.open_table(OWNERSHIP))? {
+                    Some(t) => Ok(t.get(EPOCH_KEY)?.map(|v| v.value()).unwrap_or(0)),
+                    None => Ok(0),
+                }
+            }
+
             /// The last value a named sequence issued (0 if none yet).
             pub fn last_sequence(&self, name: &str) -> MetaResult<u64> {
                 let t = self.txn.open_table(SEQUENCES)?;
@@ -662,6 +679,17 @@ impl WriteView {
         let next = t.get((ws, path))?.map(|v| v.value()).unwrap_or(0) + 1;
         t.insert((ws, path), next)?;
         Ok(next)
+    }
+
+    /// Records that the shard is now owned under `epoch`. Epochs only grow: a lower one is
+    /// refused (a stale owner must never lower the fence of a newer one).
+    pub fn set_epoch(&mut self, epoch: u64) -> MetaResult<()> {
+        let current = self.epoch()?;
+        if epoch < current {
+            return Err(MetaError::EpochRegression { current, epoch });
+        }
+        self.txn.open_table(OWNERSHIP)?.insert(EPOCH_KEY, epoch)?;
+        Ok(())
     }
 
     /// Issues the next value of a named sequence (starting at 1, never reused).

@@ -7,14 +7,20 @@
 //! workspace (`*`); an admin token scoped to some workspaces (e.g. `team-*`) administers
 //! those workspaces' data through the Workspace API and is refused here with
 //! `PermissionDenied` rather than shown figures about other tenants.
+//!
+//! `Cluster` and `MoveShard` are the operator surface of cluster mode. The cluster view names
+//! nodes, endpoints, epochs and checkpoint sizes/ages only: the checkpoint's provider key and
+//! digest stay inside the control plane.
 
 use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use nokv_proto::v1 as pb;
 use pb::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
 use crate::auth::authenticate;
+use crate::control::etcd::{ClusterView, ShardState};
 use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::token::Role;
@@ -117,5 +123,236 @@ impl Admin for AdminService {
             unaccounted_keys: r.unaccounted_keys,
             violation_keys: r.violation_keys,
         }))
+    }
+
+    async fn cluster(
+        &self,
+        req: Request<pb::ClusterRequest>,
+    ) -> Result<Response<pb::ClusterResponse>, Status> {
+        self.admit(&req)?;
+        let view = self.node.cluster_view().await?;
+        Ok(Response::new(cluster_response(&view, now_unix_ms())))
+    }
+
+    async fn move_shard(
+        &self,
+        req: Request<pb::MoveShardRequest>,
+    ) -> Result<Response<pb::MoveShardResponse>, Status> {
+        self.admit(&req)?;
+        let pb::MoveShardRequest { shard, node } = req.into_inner();
+        let count = self.node.shard_count();
+        if shard >= count {
+            return Err(Error::InvalidArgument(format!(
+                "shard {shard} does not exist (shards are numbered 0 to {})",
+                count.saturating_sub(1)
+            ))
+            .into());
+        }
+        if node.trim().is_empty() {
+            return Err(Error::InvalidArgument("the target node id is empty".into()).into());
+        }
+        let started = Instant::now();
+        tracing::info!(shard, to = %node, "admin: moving shard");
+        let epoch = self.node.move_shard(shard, &node).await?;
+        let elapsed_ms = started.elapsed().as_millis() as i64;
+        tracing::info!(shard, to = %node, epoch, elapsed_ms, "admin: shard moved");
+        Ok(Response::new(pb::MoveShardResponse {
+            shard,
+            node,
+            epoch,
+            elapsed_ms,
+        }))
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The wire form of a cluster view at wall-clock `now_ms`. Every listed node is alive: node
+/// keys exist only while their leases do. A shard without an ownership record is `unowned`
+/// (its owner key, should one exist, still names who holds it).
+fn cluster_response(view: &ClusterView, now_ms: u64) -> pb::ClusterResponse {
+    let nodes = view
+        .nodes
+        .iter()
+        .map(|(id, n)| pb::ClusterNode {
+            id: id.clone(),
+            endpoint: n.endpoint.clone(),
+            alive: true,
+        })
+        .collect();
+    let shards = view
+        .shards
+        .iter()
+        .map(|s| {
+            let record = s.record.as_ref();
+            let checkpoint = record.and_then(|r| r.checkpoint.as_ref());
+            pb::ClusterShard {
+                shard: s.shard,
+                owner: record
+                    .and_then(|r| r.owner.clone())
+                    .or_else(|| s.owner.as_ref().map(|o| o.node.clone()))
+                    .unwrap_or_default(),
+                endpoint: record.and_then(|r| r.endpoint.clone()).unwrap_or_default(),
+                epoch: record
+                    .map(|r| r.epoch)
+                    .or_else(|| s.owner.as_ref().map(|o| o.epoch))
+                    .unwrap_or(0),
+                state: match record.map(|r| r.state) {
+                    Some(ShardState::Serving) => "serving",
+                    Some(ShardState::Draining) => "draining",
+                    Some(ShardState::Handoff) => "handoff",
+                    None => "unowned",
+                }
+                .into(),
+                owner_alive: s.owner.is_some(),
+                checkpoint_size: checkpoint.map_or(0, |c| c.size),
+                checkpoint_age_ms: checkpoint
+                    .map_or(0, |c| now_ms.saturating_sub(c.created_unix_ms)),
+                has_checkpoint: checkpoint.is_some(),
+            }
+        })
+        .collect();
+    pb::ClusterResponse {
+        // Empty for the embedded default (clients show "embedded").
+        cluster: view.cluster.clone(),
+        nodes,
+        shards,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::etcd::{CheckpointRef, NodeRecord, OwnerKey, ShardRecord, ShardView};
+
+    fn record(state: ShardState, owner: &str, epoch: u64) -> ShardRecord {
+        ShardRecord {
+            epoch,
+            state,
+            owner: Some(owner.into()),
+            endpoint: Some(format!("https://{owner}:7878")),
+            checkpoint: None,
+            changed: true,
+            target: None,
+        }
+    }
+
+    fn owner(node: &str, epoch: u64) -> Option<OwnerKey> {
+        Some(OwnerKey {
+            node: node.into(),
+            epoch,
+        })
+    }
+
+    #[test]
+    fn the_cluster_answer_reports_each_shards_state_owner_liveness_and_checkpoint_age() {
+        let mut handed_off = record(ShardState::Handoff, "b", 4);
+        handed_off.checkpoint = Some(CheckpointRef {
+            key: "nokv/meta/1/ckpt/4-secret-key".into(),
+            sha256: "ab".repeat(32),
+            size: 12_345,
+            epoch: 4,
+            created_unix_ms: 10_000,
+        });
+        let view = ClusterView {
+            cluster: "demo".into(),
+            config: None,
+            nodes: vec![(
+                "a".into(),
+                NodeRecord {
+                    endpoint: "https://a:7878".into(),
+                },
+            )],
+            shards: vec![
+                ShardView {
+                    shard: 0,
+                    record: Some(record(ShardState::Serving, "a", 2)),
+                    owner: owner("a", 2),
+                },
+                ShardView {
+                    shard: 1,
+                    record: Some(handed_off),
+                    owner: None,
+                },
+                ShardView {
+                    shard: 2,
+                    record: Some(record(ShardState::Draining, "a", 3)),
+                    owner: owner("a", 3),
+                },
+                ShardView {
+                    shard: 3,
+                    record: None,
+                    owner: None,
+                },
+            ],
+        };
+        let r = cluster_response(&view, 15_000);
+        assert_eq!(r.cluster, "demo");
+        assert_eq!(
+            r.nodes,
+            [pb::ClusterNode {
+                id: "a".into(),
+                endpoint: "https://a:7878".into(),
+                alive: true,
+            }]
+        );
+        let states: Vec<_> = r.shards.iter().map(|s| s.state.as_str()).collect();
+        assert_eq!(states, ["serving", "handoff", "draining", "unowned"]);
+        let s0 = &r.shards[0];
+        assert_eq!(
+            (s0.owner.as_str(), s0.epoch, s0.owner_alive),
+            ("a", 2, true)
+        );
+        assert!(!s0.has_checkpoint);
+        assert_eq!((s0.checkpoint_size, s0.checkpoint_age_ms), (0, 0));
+        // Handoff names the last owner, whose key is gone.
+        let s1 = &r.shards[1];
+        assert_eq!(
+            (s1.owner.as_str(), s1.epoch, s1.owner_alive),
+            ("b", 4, false)
+        );
+        assert_eq!(s1.endpoint, "https://b:7878");
+        assert!(s1.has_checkpoint);
+        assert_eq!((s1.checkpoint_size, s1.checkpoint_age_ms), (12_345, 5_000));
+        let s3 = &r.shards[3];
+        assert_eq!(
+            (s3.owner.as_str(), s3.endpoint.as_str(), s3.epoch),
+            ("", "", 0)
+        );
+        assert!(!s3.owner_alive);
+        // The checkpoint's provider key and digest stay in the control plane.
+        let debug = format!("{r:?}");
+        assert!(!debug.contains("secret-key") && !debug.contains(&"ab".repeat(32)));
+    }
+
+    #[test]
+    fn a_checkpoint_from_the_future_reads_as_age_zero() {
+        let mut r = record(ShardState::Handoff, "b", 1);
+        r.checkpoint = Some(CheckpointRef {
+            key: String::new(),
+            sha256: String::new(),
+            size: 1,
+            epoch: 1,
+            created_unix_ms: 20_000,
+        });
+        let view = ClusterView {
+            cluster: "demo".into(),
+            config: None,
+            nodes: vec![],
+            shards: vec![ShardView {
+                shard: 0,
+                record: Some(r),
+                owner: None,
+            }],
+        };
+        assert_eq!(
+            cluster_response(&view, 10_000).shards[0].checkpoint_age_ms,
+            0
+        );
     }
 }

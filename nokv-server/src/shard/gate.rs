@@ -49,6 +49,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{Error, Result};
 use crate::meta::{Commit, MetaStore, ReadView, WriteView};
+use crate::shard::fence::Fence;
 
 /// Sessions taken into one batch at most (bounds the latency of the batch's first session).
 const MAX_BATCH: usize = 64;
@@ -104,6 +105,8 @@ impl Slot {
 
 pub struct Gate {
     slot: Arc<Slot>,
+    /// Checked around every write session (see [`crate::shard::fence`]).
+    fence: Fence,
     /// `None` only while dropping: closing the queue ends the committer.
     queue: Option<mpsc::UnboundedSender<Job>>,
     committer: Option<std::thread::JoinHandle<()>>,
@@ -126,7 +129,7 @@ fn out_of_service() -> Error {
 
 impl Gate {
     /// Starts the shard's committer thread; it ends when the gate is dropped.
-    pub fn new(meta: MetaStore, name: String) -> Gate {
+    pub fn new(meta: MetaStore, name: String, fence: Fence) -> Gate {
         let slot = Arc::new(Slot {
             store: RwLock::new(Some(Arc::new(meta))),
             serving: watch::Sender::new(true),
@@ -140,6 +143,7 @@ impl Gate {
             .expect("spawn the shard committer");
         Gate {
             slot,
+            fence,
             queue: Some(queue),
             committer: Some(committer),
         }
@@ -175,10 +179,49 @@ impl Gate {
     /// Runs `f` as one exclusive write session and answers once it is durable (or, when `f`
     /// fails, once it was rolled back — a failed session changes nothing). The session runs
     /// to completion even if the caller stops waiting.
+    ///
+    /// Fenced: the node must own the shard at the epoch the store holds, checked before,
+    /// inside and after the session (see [`crate::shard::fence`]).
     pub async fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut WriteView) -> Result<T> + Send + 'static,
     ) -> Result<T> {
+        self.fence.prepare().await?;
+        let fence = self.fence.clone();
+        self.submit(
+            move |w: &mut WriteView| {
+                fence.check(w)?;
+                f(w)
+            },
+            true,
+        )
+        .await
+    }
+
+    /// Records the node's ownership epoch in the store when the node takes the shard: the one
+    /// session without the in-session check (the store still holds the previous owner's
+    /// epoch), run before any other. The epoch only grows ([`WriteView::set_epoch`]); the
+    /// answer still waits for the node to hold the shard after the fsync.
+    pub async fn adopt_epoch(&self) -> Result<u64> {
+        let epoch = self.fence.holding_epoch()?;
+        self.submit(
+            move |w: &mut WriteView| {
+                w.set_epoch(epoch)?;
+                Ok(epoch)
+            },
+            false,
+        )
+        .await
+    }
+
+    /// Queues one session; `acknowledged_only_if_owner` is check 3 of the fence (for
+    /// [`Gate::adopt_epoch`] the holding epoch is re-checked instead).
+    async fn submit<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut WriteView) -> Result<T> + Send + 'static,
+        acknowledged_only_if_owner: bool,
+    ) -> Result<T> {
+        let fence = self.fence.clone();
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |store| {
             let Some((meta, commit)) = store else {
@@ -192,7 +235,10 @@ impl Gate {
             let answer: Answer = Box::new(move |flushed| {
                 let _ = tx.send(match (outcome, flushed) {
                     (Err(e), _) => Err(e),
-                    (Ok(v), Ok(())) => Ok(v),
+                    (Ok(v), Ok(())) if acknowledged_only_if_owner => {
+                        fence.still_owner().map(|()| v)
+                    }
+                    (Ok(v), Ok(())) => fence.holding_epoch().map(|_| v),
                     (Ok(_), Err(e)) => Err(Error::Unavailable(format!(
                         "commit failed, nothing was acknowledged: {e}; retry"
                     ))),
@@ -482,7 +528,7 @@ mod tests {
     async fn sessions_queued_while_the_committer_is_busy_commit_together_as_one_batch() {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
-        let gate = Arc::new(Gate::new(meta, "t".into()));
+        let gate = Arc::new(Gate::new(meta, "t".into(), Fence::local(0)));
         let before = gate.stats();
 
         let held = hold(&gate).await;
@@ -508,7 +554,11 @@ mod tests {
     async fn what_an_answered_caller_saw_is_in_a_copy_of_the_file_taken_while_the_gate_is_open() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("g.redb");
-        let gate = Arc::new(Gate::new(MetaStore::create(&path).unwrap(), "t".into()));
+        let gate = Arc::new(Gate::new(
+            MetaStore::create(&path).unwrap(),
+            "t".into(),
+            Fence::local(0),
+        ));
 
         let held = hold(&gate).await;
         let mut queued: Vec<_> = (0..10).map(|i| put(&gate, format!("f{i}"))).collect();
@@ -566,7 +616,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
         let disk = meta.faults().clone();
-        let gate = Arc::new(Gate::new(meta, "t".into()));
+        let gate = Arc::new(Gate::new(meta, "t".into(), Fence::local(0)));
         let before = gate.stats();
 
         let answers = batch_failing_at_its_end(&gate, 8, || Ok(())).await;
@@ -594,7 +644,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
         let disk = meta.faults().clone();
-        let gate = Arc::new(Gate::new(meta, "t".into()));
+        let gate = Arc::new(Gate::new(meta, "t".into(), Fence::local(0)));
         let before = gate.stats();
 
         // The last session refuses by itself, so the batch ends with an explicit flush of
@@ -628,7 +678,11 @@ mod tests {
     async fn a_batch_keeps_every_committed_session_and_nothing_of_a_failed_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("g.redb");
-        let gate = Arc::new(Gate::new(MetaStore::create(&path).unwrap(), "t".into()));
+        let gate = Arc::new(Gate::new(
+            MetaStore::create(&path).unwrap(),
+            "t".into(),
+            Fence::local(0),
+        ));
         let tasks: Vec<_> = (0..40)
             .map(|i| {
                 let g = gate.clone();
@@ -661,7 +715,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
         let disk = meta.faults().clone();
-        let gate = Gate::new(meta, "t".into());
+        let gate = Gate::new(meta, "t".into(), Fence::local(0));
         let put = |name: &'static str| gate.write(move |w| Ok(w.put_inline("ws", name, b"x")?));
         put("before").await.unwrap();
 

@@ -5,8 +5,10 @@
 //! operation that spans two sessions with provider I/O between them.
 
 pub mod accounting;
+pub mod checkpoint;
 pub mod claims;
 pub mod clock;
+pub mod fence;
 pub mod files;
 pub mod gate;
 pub mod receipts;
@@ -25,6 +27,7 @@ use crate::meta::{EntryRecord, MetaStore};
 use crate::object::ObjectProvider;
 use crate::token::Signer;
 use clock::Clock;
+use fence::Fence;
 use gate::Gate;
 
 /// Per-shard limits and timings, resolved from the server configuration.
@@ -68,6 +71,7 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// Opens the embedded default's shard (epoch 0, always owner).
     pub fn open(
         id: u32,
         meta: MetaStore,
@@ -76,7 +80,20 @@ impl Shard {
         signer: Signer,
         cfg: ShardConfig,
     ) -> Arc<Shard> {
-        Self::open_with_clock(id, meta, object, bulk, signer, cfg, Clock::wall())
+        Self::open_fenced(id, meta, object, bulk, signer, cfg, Fence::local(id))
+    }
+
+    /// Opens a shard whose write sessions are fenced by `fence` (cluster mode).
+    pub fn open_fenced(
+        id: u32,
+        meta: MetaStore,
+        object: ObjectProvider,
+        bulk: Arc<Bulk>,
+        signer: Signer,
+        cfg: ShardConfig,
+        fence: Fence,
+    ) -> Arc<Shard> {
+        Self::build(id, meta, object, bulk, signer, cfg, Clock::wall(), fence)
     }
 
     /// Like [`Shard::open`] with a given shard clock (tests pass a manual one).
@@ -89,9 +106,23 @@ impl Shard {
         cfg: ShardConfig,
         clock: Clock,
     ) -> Arc<Shard> {
+        Self::build(id, meta, object, bulk, signer, cfg, clock, Fence::local(id))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        id: u32,
+        meta: MetaStore,
+        object: ObjectProvider,
+        bulk: Arc<Bulk>,
+        signer: Signer,
+        cfg: ShardConfig,
+        clock: Clock,
+        fence: Fence,
+    ) -> Arc<Shard> {
         Arc::new(Shard {
             id,
-            gate: Gate::new(meta, format!("nokv-shard-{id}")),
+            gate: Gate::new(meta, format!("nokv-shard-{id}"), fence),
             object,
             bulk,
             signer,
@@ -99,6 +130,16 @@ impl Shard {
             claims: Default::default(),
             clock,
         })
+    }
+
+    /// Records the node's ownership epoch in the shard's store (see [`Gate::adopt_epoch`]).
+    pub async fn adopt_epoch(&self) -> crate::error::Result<u64> {
+        self.gate.adopt_epoch().await
+    }
+
+    /// The epoch the shard's store holds (0: never owned in a cluster).
+    pub async fn stored_epoch(&self) -> crate::error::Result<u64> {
+        self.gate.read(|r| Ok(r.epoch()?)).await
     }
 
     /// False while the shard's metadata store is out of service after a storage failure

@@ -1,0 +1,624 @@
+//! Cluster mode at run time: which shards this node serves, how it takes them and how it hands
+//! them off. The etcd side (leases, fenced ownership records) is [`crate::control::etcd`];
+//! this module moves the *data* accordingly and keeps the node's routes current.
+//!
+//! **Taking a shard** ([`Cluster::load`]): the balance step acquired it in etcd at epoch `e`.
+//! Where its data comes from depends on the record the acquisition replaced ([`Source`]):
+//! nothing (a new shard), a checkpoint (a graceful handoff, or an owner that lapsed without
+//! changing anything since its checkpoint), or this node's own file (it owned the shard last
+//! and comes back with its data dir). A checkpoint is verified (size, sha256, and the epoch
+//! stored inside it); a local file must hold the epoch the record says it was served at. Then
+//! the store records epoch `e` ([`crate::shard::Shard::adopt_epoch`]) and the node serves.
+//!
+//! **Handing a shard off** ([`Cluster::hand_off`]): the record is marked `draining`, the slot
+//! turns new requests away (hint or retry), requests holding the shard finish (bounded wait),
+//! the shard stops acknowledging (fail closed), a checkpoint of its store is uploaded under a
+//! unique key, and one transaction guarded by this node's owner key records it and deletes the
+//! owner key. If the checkpoint cannot be taken the release records none: the shard then waits
+//! for this node to take it back (its data is on this disk only).
+//!
+//! **Lease loss**: when the acknowledge deadline passes, every shard is dropped at once (the
+//! fence already refuses their sessions) and the node rejoins with a new lease; shards come
+//! back through the balance step like any other.
+//!
+//! Nothing here is on the per-request path: requests read the node's slots and routes only.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+use tokio::sync::{Notify, watch};
+
+use crate::control::etcd::{
+    CheckpointRef, ClusterView, EtcdControl, EtcdSettings, ShardRecord, ShardState,
+};
+use crate::control::{ControlError, Epoch, Ownership};
+use crate::error::{Error, Result};
+use crate::meta::MetaStore;
+use crate::node::Node;
+use crate::route::{Route, Routes};
+use crate::shard::Shard;
+use crate::shard::checkpoint::{self, Checkpoint};
+use crate::shard::fence::Fence;
+
+/// How long a handoff waits for requests holding the shard before it fences them out.
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
+/// The cluster runtime of one node.
+pub struct Cluster {
+    node: Arc<Node>,
+    settings: EtcdSettings,
+    control: RwLock<Arc<EtcdControl>>,
+    routes: Arc<ClusterRoutes>,
+    /// Wakes the balance loop early (a change under the cluster prefix).
+    kick: Notify,
+    /// Serialises handoffs and loads of this node (they are rare; one at a time keeps the
+    /// reasoning simple).
+    moving: tokio::sync::Mutex<()>,
+    /// Shards an operator moved here (`nokv admin shard move`): rebalancing hands off others
+    /// first, so a move is not undone by the next balance step.
+    pinned: parking_lot::Mutex<std::collections::HashSet<u32>>,
+}
+
+/// Where a newly acquired shard's data comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// No record: a new shard (an existing local file from an earlier life is kept if its
+    /// epoch is 0).
+    New,
+    /// The checkpoint the record points at: it holds everything acknowledged.
+    Checkpoint(CheckpointRef),
+    /// This node's own file, which must hold epoch `epoch` (`exact`) or at most `epoch`.
+    Local { epoch: Epoch, exact: bool },
+}
+
+impl Source {
+    /// Decides from the record the acquisition replaced (see the module doc and
+    /// `control::etcd::takeable`, which admits exactly these cases).
+    pub fn of(previous: Option<&ShardRecord>) -> Source {
+        let Some(r) = previous else {
+            return Source::New;
+        };
+        match (&r.state, &r.checkpoint) {
+            (ShardState::Handoff, Some(c)) => Source::Checkpoint(c.clone()),
+            (ShardState::Serving | ShardState::Draining, Some(c))
+                if !r.changed && c.epoch + 1 == r.epoch =>
+            {
+                Source::Checkpoint(c.clone())
+            }
+            _ => Source::Local {
+                epoch: r.epoch,
+                exact: r.changed,
+            },
+        }
+    }
+}
+
+impl Cluster {
+    /// Joins etcd (creating or checking the cluster record) and builds the runtime around
+    /// `node`; nothing is served until [`Cluster::run`] takes shards.
+    pub fn new(
+        node: Arc<Node>,
+        settings: EtcdSettings,
+        control: Arc<EtcdControl>,
+        routes: Arc<ClusterRoutes>,
+    ) -> Arc<Cluster> {
+        let cluster = Arc::new(Cluster {
+            node,
+            settings,
+            control: RwLock::new(control),
+            routes,
+            kick: Notify::new(),
+            moving: tokio::sync::Mutex::new(()),
+            pinned: Default::default(),
+        });
+        cluster.node.attach_cluster(&cluster);
+        cluster
+    }
+
+    fn control(&self) -> Arc<EtcdControl> {
+        self.control.read().clone()
+    }
+
+    /// The cluster as etcd holds it now.
+    pub async fn view(&self) -> Result<ClusterView> {
+        Ok(self.control().cluster_view().await?)
+    }
+
+    /// Balances until `stop` flips: on every change under the cluster prefix and at least
+    /// every third of the lease TTL. Keeps the routes current, drops everything at once if the
+    /// lease lapses, then rejoins.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        tokio::spawn(self.clone().watch_changes(stop.clone()));
+        let period = self.settings.node_ttl / 3;
+        loop {
+            let control = self.control();
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = control.deadline().passed() => {
+                    self.lease_lost().await;
+                    continue;
+                }
+                _ = self.kick.notified() => {}
+                _ = tokio::time::sleep(period) => {}
+            }
+            if let Err(e) = self.balance_once().await {
+                tracing::warn!(error = %e, "balance step failed; will retry");
+            }
+        }
+    }
+
+    /// One balance step and the data moves it calls for.
+    async fn balance_once(&self) -> Result<()> {
+        let _one = self.moving.lock().await;
+        let control = self.control();
+        let report = control.balance_step().await?;
+        // Everything owned but not loaded: just acquired, or a load that failed earlier.
+        for (shard, epoch) in control.owned() {
+            if self.node.held().contains(&shard) {
+                continue;
+            }
+            if let Err(e) = self.load(&control, shard, epoch).await {
+                tracing::error!(shard, epoch, error = %e, "cannot load an acquired shard; will retry");
+            }
+        }
+        let pinned = self.pinned.lock().clone();
+        let mut unpinned = self.node.held().into_iter().filter(|s| !pinned.contains(s));
+        if report.surplus > 0
+            && let Some(shard) = unpinned.next_back()
+        {
+            tracing::info!(shard, target = report.target, "handing off a surplus shard");
+            self.hand_off(&control, shard, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Loads shard `shard`, acquired at `epoch`, and serves it (see the module doc).
+    async fn load(&self, control: &Arc<EtcdControl>, shard: u32, epoch: Epoch) -> Result<()> {
+        let started = Instant::now();
+        let previous = match control.take_previous(shard) {
+            Some(previous) => previous,
+            // Adopted without an acquisition of this process: only its own record is known,
+            // so accept the local file if it is not newer than the record.
+            None => control.record(shard).await?.0.map(|mut r| {
+                r.changed = false;
+                r.checkpoint = None;
+                r
+            }),
+        };
+        let source = Source::of(previous.as_ref());
+        if previous.as_ref().and_then(|r| r.target.as_deref()) == Some(control.node_id()) {
+            self.pinned.lock().insert(shard);
+        } else {
+            self.pinned.lock().remove(&shard);
+        }
+        let path = self.node.shard_path(shard);
+        let meta = match &source {
+            Source::New => open_or_create(&path)?,
+            Source::Checkpoint(c) => {
+                checkpoint::restore(&self.node.provider, &to_checkpoint(c), &path).await?;
+                let meta = MetaStore::open(&path)?;
+                let stored = stored_epoch(&meta)?;
+                if stored != c.epoch {
+                    return Err(Error::DataCorrupted(format!(
+                        "checkpoint {} of shard {shard} holds epoch {stored}, its record says {}; refusing it",
+                        c.key, c.epoch
+                    )));
+                }
+                meta
+            }
+            Source::Local {
+                epoch: expected,
+                exact,
+            } => {
+                let meta = MetaStore::open(&path)?;
+                let stored = stored_epoch(&meta)?;
+                if stored > *expected || (*exact && stored != *expected) {
+                    return Err(Error::FailedPrecondition(format!(
+                        "the local file of shard {shard} holds epoch {stored} but the shard was \
+                         last served at epoch {expected}: it is not this shard's latest data"
+                    )));
+                }
+                meta
+            }
+        };
+        let fence = Fence::new(shard, Ownership::Etcd(control.clone()));
+        let opened = self.node.open_shard(shard, meta, fence);
+        opened.adopt_epoch().await?;
+        self.node.install(shard, opened);
+        tracing::info!(
+            shard,
+            epoch,
+            ?source,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "serving shard"
+        );
+        Ok(())
+    }
+
+    /// Hands `shard` off (see the module doc); `target` addresses the handoff to one node.
+    /// Returns the recorded checkpoint, if one could be taken.
+    async fn hand_off(
+        &self,
+        control: &Arc<EtcdControl>,
+        shard: u32,
+        target: Option<String>,
+    ) -> Result<Option<CheckpointRef>> {
+        let started = Instant::now();
+        let epoch = control
+            .owned()
+            .into_iter()
+            .find(|(s, _)| *s == shard)
+            .map(|(_, e)| e)
+            .ok_or(ControlError::NotOwner { shard })?;
+        if let Err(e) = control.mark_draining(shard).await {
+            tracing::warn!(shard, error = %e, "could not mark the shard draining; releasing anyway");
+        }
+        let previous = control.record(shard).await.ok().and_then(|(r, _)| r);
+        let held = self.node.begin_drain(shard);
+        if let Some(held) = &held {
+            wait_for_requests(held).await;
+        }
+        control.stop_acknowledging(shard);
+        let checkpoint = match &held {
+            Some(held) => match self.take_checkpoint(held, shard, epoch).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!(shard, error = %e, "checkpoint failed; releasing without one (the shard waits for this node)");
+                    None
+                }
+            },
+            None => None,
+        };
+        self.node.remove(shard);
+        drop(held);
+        let released = control
+            .release(
+                shard,
+                checkpoint.clone(),
+                target.filter(|_| checkpoint.is_some()),
+            )
+            .await?;
+        if released
+            && checkpoint.is_some()
+            && let Some(old) = previous.and_then(|r| r.checkpoint)
+        {
+            checkpoint::discard(&self.node.provider, &old.key).await;
+        }
+        tracing::info!(
+            shard,
+            epoch,
+            released,
+            checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| c.size),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "handed off shard"
+        );
+        Ok(checkpoint)
+    }
+
+    async fn take_checkpoint(
+        &self,
+        held: &Arc<Shard>,
+        shard: u32,
+        epoch: Epoch,
+    ) -> Result<CheckpointRef> {
+        let scratch = self.node.shard_path(shard).with_extension("ckpt");
+        let c = checkpoint::take(held, &self.node.provider, shard, epoch, &scratch).await?;
+        Ok(CheckpointRef {
+            key: c.key,
+            sha256: c.sha256,
+            size: c.size,
+            epoch,
+            created_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        })
+    }
+
+    /// `nokv admin shard move S NODE`: hands `shard` to node `to` and answers once `to`
+    /// serves it, with its epoch.
+    pub async fn move_shard(&self, shard: u32, to: &str) -> Result<u64> {
+        if shard >= self.node.shard_count() {
+            return Err(Error::InvalidArgument(format!(
+                "shard {shard} does not exist (the cluster has {} shards)",
+                self.node.shard_count()
+            )));
+        }
+        let view = self.view().await?;
+        if !view.nodes.iter().any(|(id, _)| id == to) {
+            return Err(Error::InvalidArgument(format!(
+                "node {to:?} is not a live member of cluster {:?}",
+                self.settings.cluster
+            )));
+        }
+        let control = self.control();
+        if to == control.node_id() {
+            if self.node.held().contains(&shard) {
+                return Ok(control.holding(shard).map(|(e, _)| e).unwrap_or(0));
+            }
+            return Err(Error::FailedPrecondition(format!(
+                "shard {shard} is served by another node: send the move to its owner"
+            )));
+        }
+        if !self.node.held().contains(&shard) {
+            // Not ours: point the caller at the owner (the CLI follows the hint).
+            self.node.shard(shard)?;
+        }
+        let mut version = self.routes.subscribe();
+        {
+            let _one = self.moving.lock().await;
+            let checkpoint = self.hand_off(&control, shard, Some(to.to_string())).await?;
+            if checkpoint.is_none() {
+                return Err(Error::Unavailable(format!(
+                    "shard {shard} could not be checkpointed; it stays with this node, retry"
+                )));
+            }
+        }
+        // Answer once the target serves it (its endpoint in the routes at a higher epoch).
+        let target_endpoint = view
+            .nodes
+            .iter()
+            .find(|(id, _)| id == to)
+            .map(|(_, n)| n.endpoint.clone())
+            .unwrap_or_default();
+        let wait = async {
+            loop {
+                let route = self.routes.route(shard);
+                if route.endpoint == target_endpoint {
+                    return route.epoch;
+                }
+                if version.changed().await.is_err() {
+                    return 0;
+                }
+            }
+        };
+        tokio::time::timeout(DRAIN_WAIT * 3, wait).await.map_err(|_| {
+            Error::Unavailable(format!(
+                "shard {shard} was handed off but {to} has not taken it yet; check `nokv admin cluster`"
+            ))
+        })
+    }
+
+    /// Graceful shutdown: withdraw the node's registration, hand off every shard (in
+    /// parallel), then leave (revoke the lease).
+    pub async fn shutdown(&self) {
+        let control = self.control();
+        if let Err(e) = control.withdraw().await {
+            tracing::warn!(error = %e, "could not withdraw the node registration");
+        }
+        let _one = self.moving.lock().await;
+        let shards = self.node.held();
+        tracing::info!(?shards, "handing off every shard before exiting");
+        let handoffs = shards.iter().map(|s| self.hand_off(&control, *s, None));
+        for (shard, outcome) in shards.iter().zip(futures::future::join_all(handoffs).await) {
+            if let Err(e) = outcome {
+                tracing::error!(shard, error = %e, "handoff failed; the shard waits for this node");
+            }
+        }
+        if let Err(e) = control.leave().await {
+            tracing::warn!(error = %e, "could not revoke the lease; it expires by itself");
+        }
+    }
+
+    /// The lease lapsed: drop every shard at once (their sessions are already fenced), then
+    /// rejoin with a fresh lease.
+    async fn lease_lost(&self) {
+        let dropped: Vec<u32> = self.node.held();
+        for shard in &dropped {
+            self.node.remove(*shard);
+        }
+        tracing::error!(
+            ?dropped,
+            "lease lapsed: serving nothing; rejoining the cluster"
+        );
+        loop {
+            match EtcdControl::join(self.settings.clone()).await {
+                Ok((control, _)) => {
+                    *self.control.write() = control;
+                    tracing::info!("rejoined the cluster with a new lease");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "rejoining failed; retrying");
+                    tokio::time::sleep(self.settings.node_ttl / 3).await;
+                }
+            }
+        }
+    }
+
+    /// Keeps the routes current from etcd and kicks the balance loop on every change.
+    async fn watch_changes(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            let control = self.control();
+            let stream = control.changes().await;
+            if let Ok(view) = control.cluster_view().await {
+                self.routes.update(&view);
+                self.kick.notify_one();
+            }
+            let mut stream = match stream {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch the cluster; retrying");
+                    tokio::select! {
+                        _ = stop.changed() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    message = stream.message() => match message {
+                        Ok(Some(_)) => {
+                            match control.cluster_view().await {
+                                Ok(view) => self.routes.update(&view),
+                                Err(e) => tracing::warn!(error = %e, "cannot read the cluster"),
+                            }
+                            self.kick.notify_one();
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Waits (bounded by [`DRAIN_WAIT`]) until no request holds `shard` any more: the slot no
+/// longer hands it out, so the count of holders only falls. Requests still holding it after
+/// the wait are fenced out by the caller.
+async fn wait_for_requests(shard: &Arc<Shard>) {
+    let deadline = Instant::now() + DRAIN_WAIT;
+    // Holders: the caller's clone and the slot's (until removed). Polling is fine here: this
+    // is a rare operator path, never a request path.
+    while Arc::strong_count(shard) > 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn open_or_create(path: &Path) -> Result<MetaStore> {
+    if path.exists() {
+        let meta = MetaStore::open(path)?;
+        let stored = stored_epoch(&meta)?;
+        if stored != 0 {
+            return Err(Error::FailedPrecondition(format!(
+                "{} holds epoch {stored} of an earlier ownership, but the cluster has no record \
+                 of this shard: it belongs to another cluster; move it away",
+                path.display()
+            )));
+        }
+        return Ok(meta);
+    }
+    Ok(MetaStore::create(path)?)
+}
+
+fn stored_epoch(meta: &MetaStore) -> Result<Epoch> {
+    meta.read(|r| Ok::<_, Error>(r.epoch()?))
+}
+
+fn to_checkpoint(c: &CheckpointRef) -> Checkpoint {
+    Checkpoint {
+        key: c.key.clone(),
+        sha256: c.sha256.clone(),
+        size: c.size,
+    }
+}
+
+/// The node's routes in cluster mode: a copy of the ownership records, refreshed on every
+/// change under the cluster prefix (never read from etcd on the request path).
+pub struct ClusterRoutes {
+    own: String,
+    table: RwLock<Vec<Route>>,
+    version: watch::Sender<u64>,
+}
+
+impl ClusterRoutes {
+    pub fn new(own: String, shard_count: u32) -> Arc<ClusterRoutes> {
+        Arc::new(ClusterRoutes {
+            own,
+            table: RwLock::new(
+                (0..shard_count)
+                    .map(|shard| Route {
+                        shard,
+                        endpoint: String::new(),
+                        epoch: 0,
+                    })
+                    .collect(),
+            ),
+            version: watch::Sender::new(0),
+        })
+    }
+
+    /// Replaces the table from a view: a shard routes to its owner only while the owner key
+    /// exists and the record says serving; otherwise the endpoint is empty (moving: retry).
+    pub fn update(&self, view: &ClusterView) {
+        let mut table = self.table.write();
+        for s in &view.shards {
+            let Some(route) = table.get_mut(s.shard as usize) else {
+                continue;
+            };
+            let serving = s.owner.is_some()
+                && s.record
+                    .as_ref()
+                    .is_some_and(|r| r.state == ShardState::Serving);
+            route.epoch = s.record.as_ref().map_or(0, |r| r.epoch);
+            route.endpoint = match (&s.record, serving) {
+                (Some(r), true) => r.endpoint.clone().unwrap_or_default(),
+                _ => String::new(),
+            };
+        }
+        drop(table);
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+}
+
+impl Routes for Arc<ClusterRoutes> {
+    fn route(&self, shard: u32) -> Route {
+        self.table
+            .read()
+            .get(shard as usize)
+            .cloned()
+            .unwrap_or(Route {
+                shard,
+                endpoint: String::new(),
+                epoch: 0,
+            })
+    }
+
+    fn own_endpoint(&self) -> String {
+        self.own.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(state: ShardState, epoch: Epoch, changed: bool, ckpt: Option<Epoch>) -> ShardRecord {
+        ShardRecord {
+            epoch,
+            state,
+            owner: Some("a".into()),
+            endpoint: Some("https://a:1".into()),
+            checkpoint: ckpt.map(|epoch| CheckpointRef {
+                key: format!("p/meta/1/ckpt/{epoch}-x"),
+                sha256: "00".into(),
+                size: 1,
+                epoch,
+                created_unix_ms: 0,
+            }),
+            changed,
+            target: None,
+        }
+    }
+
+    #[test]
+    fn a_shard_handed_off_gracefully_is_loaded_from_its_checkpoint() {
+        let r = record(ShardState::Handoff, 4, true, Some(4));
+        assert!(matches!(Source::of(Some(&r)), Source::Checkpoint(c) if c.epoch == 4));
+    }
+
+    #[test]
+    fn a_lapsed_owner_that_changed_nothing_since_its_checkpoint_is_loaded_from_it() {
+        let clean = record(ShardState::Serving, 5, false, Some(4));
+        assert!(matches!(Source::of(Some(&clean)), Source::Checkpoint(c) if c.epoch == 4));
+    }
+
+    #[test]
+    fn a_lapsed_owner_that_changed_the_shard_is_loaded_only_from_its_own_file_at_its_epoch() {
+        let changed = record(ShardState::Serving, 5, true, Some(4));
+        assert_eq!(
+            Source::of(Some(&changed)),
+            Source::Local {
+                epoch: 5,
+                exact: true
+            }
+        );
+        assert_eq!(Source::of(None), Source::New);
+    }
+}

@@ -1,0 +1,697 @@
+//! The files under `deploy/` (issue 10, item 7) cannot be run here (no container engine), so
+//! these tests hold them to the binaries they drive: every flag they pass to `nokv-server` or
+//! `nokv` is listed in the help of the (sub)command it is passed to, every `NOKV_*` variable
+//! they set is one the binaries read, every TOML key is a server flag and every TOML file is
+//! accepted by the server's configuration loader, and the YAML files are well-formed enough to
+//! be read (no YAML parser is a dependency: a structural check stands in for one).
+//!
+//! How an invocation is found, in every file (comment markers stripped, Markdown only inside
+//! code): a token `nokv-server` or `nokv` (or a `.../bin/`, `.../release/`, `.../debug/` path
+//! to one; not after cargo's `-p`) starts it, and it runs to the end of the shell command
+//! (`&&`, `||`, `;`, `|`, a `#` comment or the end of the line, `\` continuing it). In YAML, a
+//! `command:`/`args:`/`entrypoint:` list is also an invocation when it starts with one of those
+//! programs, or when it is the argument list of a container running the nokv image (whose
+//! entrypoint is `nokv-server`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nokv_tests::bin;
+
+const PROGRAMS: [&str; 2] = ["nokv-server", "nokv"];
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Every file under `deploy/`, recursively, with its path relative to `deploy/`.
+fn deploy_files() -> Vec<(String, String)> {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                walk(&path, root, out);
+            } else {
+                let name = path.strip_prefix(root).unwrap().display().to_string();
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                out.push((name, text));
+            }
+        }
+    }
+    let root = deploy_dir();
+    let mut out = Vec::new();
+    walk(&root, &root, &mut out);
+    assert!(!out.is_empty(), "no files under {}", root.display());
+    out
+}
+
+fn is_yaml(name: &str) -> bool {
+    name.ends_with(".yml") || name.ends_with(".yaml")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Help texts
+
+/// What one `--help` says: its options (with whether each takes a value), its subcommands
+/// and the `NOKV_*` variables it names.
+struct Help {
+    options: HashMap<String, bool>,
+    commands: BTreeSet<String>,
+    env: BTreeSet<String>,
+}
+
+impl Help {
+    fn parse(text: &str) -> Help {
+        let mut options = HashMap::new();
+        let mut commands = BTreeSet::new();
+        let mut in_commands = false;
+        for line in text.lines() {
+            let trimmed = line.trim_start();
+            if line == "Commands:" {
+                in_commands = true;
+                continue;
+            }
+            if in_commands {
+                match trimmed.split_whitespace().next() {
+                    Some(name) if line.starts_with("  ") => {
+                        commands.insert(name.to_string());
+                    }
+                    _ => in_commands = false,
+                }
+                continue;
+            }
+            if trimmed.starts_with('-') {
+                let mut words = trimmed.split_whitespace();
+                if let Some(flag) = words.by_ref().find(|w| w.starts_with("--")) {
+                    let takes_value = words.next().is_some_and(|w| w.starts_with('<'));
+                    options.insert(flag.trim_end_matches(',').to_string(), takes_value);
+                }
+            }
+        }
+        Help {
+            options,
+            commands,
+            env: env_names(text),
+        }
+    }
+}
+
+/// Runs `PROGRAM SUBCOMMAND... --help` once per distinct command line.
+#[derive(Default)]
+struct Helps(HashMap<(String, Vec<String>), Help>);
+
+impl Helps {
+    fn get(&mut self, program: &str, scope: &[String]) -> &Help {
+        self.0
+            .entry((program.to_string(), scope.to_vec()))
+            .or_insert_with(|| {
+                let out = Command::new(bin(program))
+                    .args(scope)
+                    .arg("--help")
+                    .output()
+                    .expect("run --help");
+                assert!(
+                    out.status.success(),
+                    "{program} {} --help failed: {}",
+                    scope.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                Help::parse(&String::from_utf8(out.stdout).expect("utf-8 help"))
+            })
+    }
+}
+
+/// Every `NOKV_[A-Z0-9_]+` name in `text`.
+fn env_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("NOKV_") {
+        let tail = &rest[at..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        // `NOKV_*` in prose names no variable.
+        if len > "NOKV_".len() {
+            names.insert(tail[..len].trim_end_matches('_').to_string());
+        }
+        rest = &tail[len..];
+    }
+    names
+}
+
+// ---------------------------------------------------------------------------------------------
+// Invocations
+
+/// A command line of `program` found in a deploy file.
+#[derive(Debug)]
+struct Invocation {
+    at: String,
+    program: &'static str,
+    args: Vec<String>,
+}
+
+/// `token` as a program name: `nokv-server`/`nokv` alone or as a binary's path.
+fn program_of(token: &str) -> Option<&'static str> {
+    let token = token.rsplit('=').next().unwrap_or(token);
+    if token.contains("://") {
+        return None;
+    }
+    let mut parts = token.rsplit('/');
+    let base = parts.next()?;
+    let program = PROGRAMS.into_iter().find(|p| *p == base)?;
+    match parts.next() {
+        None => Some(program),
+        Some("bin" | "release" | "debug") => Some(program),
+        Some(_) => None,
+    }
+}
+
+/// The code of a file: every line for configuration files, code blocks and one-line inline
+/// code spans for Markdown. Comment markers are stripped so commands in comments count.
+fn code_lines(name: &str, text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    if name.ends_with(".md") {
+        let mut fenced = false;
+        for (i, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+            } else if fenced {
+                out.push((i + 1, line.to_string()));
+            } else {
+                for span in line.split('`').skip(1).step_by(2) {
+                    out.push((i + 1, span.to_string()));
+                }
+            }
+        }
+        return out;
+    }
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let code = trimmed.strip_prefix('#').unwrap_or(trimmed);
+        out.push((i + 1, code.to_string()));
+    }
+    out
+}
+
+/// Invocations in shell-like text: each logical line (joined on a trailing `\`) split into
+/// shell commands, each command starting at its first program token.
+fn shell_invocations(name: &str, text: &str) -> Vec<Invocation> {
+    let mut logical: Vec<(usize, String)> = Vec::new();
+    let mut pending: Option<(usize, String)> = None;
+    for (n, line) in code_lines(name, text) {
+        let (start, mut joined) = pending.take().unwrap_or((n, String::new()));
+        joined.push(' ');
+        joined.push_str(&line);
+        match joined.trim_end().strip_suffix('\\') {
+            Some(head) => pending = Some((start, head.to_string())),
+            None => logical.push((start, joined)),
+        }
+    }
+    logical.extend(pending);
+    let mut out = Vec::new();
+    for (line, text) in logical {
+        let text = text.replace("&&", "\n").replace("||", "\n");
+        for command in text.split(['\n', ';', '|']) {
+            let tokens: Vec<String> = command
+                .split(|c: char| c.is_whitespace() || "[]\"'`(){}".contains(c))
+                .map(|t| t.trim_end_matches(',').to_string())
+                .filter(|t| !t.is_empty())
+                .collect();
+            let start = tokens.iter().enumerate().find_map(|(i, t)| {
+                let after_cargo_package =
+                    i > 0 && matches!(tokens[i - 1].as_str(), "-p" | "--package" | "--bin");
+                program_of(t)
+                    .filter(|_| !after_cargo_package)
+                    .map(|p| (i, p))
+            });
+            if let Some((i, program)) = start {
+                let args = tokens[i + 1..]
+                    .iter()
+                    .take_while(|t| !t.starts_with('#'))
+                    .cloned()
+                    .collect();
+                out.push(Invocation {
+                    at: format!("deploy/{name}:{line}"),
+                    program,
+                    args,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+fn unquote(s: &str) -> String {
+    s.trim().trim_matches('"').trim_matches('\'').to_string()
+}
+
+/// The `key: value` of a YAML mapping line (also after a `- ` item marker).
+fn yaml_key(line: &str) -> Option<(&str, &str)> {
+    let t = line.trim_start();
+    let t = t.strip_prefix("- ").unwrap_or(t);
+    let (key, value) = t.split_once(':')?;
+    if key.is_empty() || key.contains(' ') || key.starts_with('#') {
+        return None;
+    }
+    Some((key, value.trim()))
+}
+
+/// The keys of the mapping containing line `at` (indent `k`): its lines at indent `k`, and the
+/// `- ` item line that opens it.
+fn sibling_keys<'a>(lines: &[&'a str], at: usize) -> HashMap<&'a str, &'a str> {
+    let k = indent(lines[at]);
+    let mut keys = HashMap::new();
+    let at_k = |line: &'a str| yaml_key(line).filter(|_| indent(line) == k);
+    for &line in lines[..at].iter().rev() {
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        if indent(line) < k {
+            // `- key: v` opening the mapping: its key sits at indent k too.
+            if line.trim_start().starts_with("- ") && indent(line) + 2 == k {
+                keys.extend(yaml_key(line));
+            }
+            break;
+        }
+        keys.extend(at_k(line));
+    }
+    for &line in &lines[at + 1..] {
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        if indent(line) < k {
+            break;
+        }
+        keys.extend(at_k(line));
+    }
+    keys
+}
+
+/// The items of the YAML list that is the value of the key on line `at`: a flow list on the
+/// same line, or the `- ` items below it.
+fn yaml_list(lines: &[&str], at: usize) -> Vec<String> {
+    let (_, value) = yaml_key(lines[at]).unwrap();
+    if let Some(inner) = value.strip_prefix('[') {
+        let inner = inner.trim_end().trim_end_matches(']');
+        return inner.split(',').map(unquote).collect();
+    }
+    if !value.is_empty() {
+        // A scalar command line.
+        return unquote(value)
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+    }
+    let mut items = Vec::new();
+    let mut item_indent = None;
+    for &line in &lines[at + 1..] {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let i = indent(line);
+        if i < indent(lines[at]) || (i == indent(lines[at]) && !line.trim_start().starts_with("- "))
+        {
+            break;
+        }
+        match (line.trim_start().strip_prefix("- "), item_indent) {
+            (Some(item), None) => {
+                item_indent = Some(i);
+                items.push(unquote(item));
+            }
+            (Some(item), Some(at_indent)) if at_indent == i => items.push(unquote(item)),
+            (_, Some(at_indent)) if i > at_indent => {} // a block scalar's lines
+            _ => break,
+        }
+    }
+    items
+}
+
+/// An image is nokv's when its name (last path segment, without the tag) is `nokv`.
+fn is_nokv_image(image: &str) -> bool {
+    let image = unquote(image);
+    let last = image.rsplit('/').next().unwrap_or(&image);
+    last.split(':').next() == Some("nokv")
+}
+
+/// Argument lists of YAML containers: lists starting with a program, and the arguments of
+/// the nokv image's entrypoint (`nokv-server`). Kubernetes: `command` replaces the entrypoint,
+/// `args` are its arguments. Compose: `entrypoint` replaces it, `command` are its arguments.
+fn yaml_invocations(name: &str, text: &str) -> Vec<Invocation> {
+    let lines: Vec<&str> = text.lines().collect();
+    let kubernetes = text.lines().any(|l| l.starts_with("apiVersion:"));
+    let (replaces, arguments) = if kubernetes {
+        ("command", "args")
+    } else {
+        ("entrypoint", "command")
+    };
+    let mut out = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        let Some((key, _)) = yaml_key(line) else {
+            continue;
+        };
+        if key != replaces && key != arguments {
+            continue;
+        }
+        let items = yaml_list(&lines, at);
+        let siblings = sibling_keys(&lines, at);
+        let invocation = match items.first().and_then(|first| program_of(first)) {
+            Some(program) => Some((program, items[1..].to_vec())),
+            None if key == arguments
+                && !siblings.contains_key(replaces)
+                && siblings.get("image").is_some_and(|i| is_nokv_image(i)) =>
+            {
+                Some(("nokv-server", items))
+            }
+            None => None,
+        };
+        if let Some((program, args)) = invocation {
+            out.push(Invocation {
+                at: format!("deploy/{name}:{}", at + 1),
+                program,
+                args,
+            });
+        }
+    }
+    out
+}
+
+fn all_invocations() -> Vec<Invocation> {
+    let mut out = Vec::new();
+    for (name, text) in deploy_files() {
+        out.extend(shell_invocations(&name, &text));
+        if is_yaml(&name) {
+            out.extend(yaml_invocations(&name, &text));
+        }
+    }
+    out
+}
+
+/// The flags of `inv` that its command does not list, as messages, and the flags it used
+/// (`program subcommand... --flag`). Subcommands are followed while the words after the
+/// program name them; a flag's value (`--flag value`, `--flag=value`) is skipped.
+fn check(helps: &mut Helps, inv: &Invocation) -> (Vec<String>, Vec<String>) {
+    let (mut bad, mut used) = (Vec::new(), Vec::new());
+    let mut scope: Vec<String> = Vec::new();
+    let mut descending = true;
+    let mut args = inv.args.iter();
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        let command = format!("{} {}", inv.program, scope.join(" "));
+        let command = command.trim_end();
+        if let Some(flag) = arg.strip_prefix("--") {
+            let (flag, inline_value) = match flag.split_once('=') {
+                Some((f, _)) => (f, true),
+                None => (flag, false),
+            };
+            let flag = format!("--{flag}");
+            match helps.get(inv.program, &scope).options.get(&flag) {
+                None => bad.push(format!(
+                    "{}: `{command}` has no {flag} (see `{command} --help`)",
+                    inv.at
+                )),
+                Some(&takes_value) => {
+                    used.push(format!("{command} {flag}"));
+                    if takes_value && !inline_value {
+                        args.next();
+                    }
+                }
+            }
+        } else if descending && !arg.starts_with('-') {
+            if helps.get(inv.program, &scope).commands.contains(arg) {
+                scope.push(arg.clone());
+            } else {
+                descending = false;
+            }
+        }
+    }
+    (bad, used)
+}
+
+#[test]
+fn every_flag_used_in_deploy_files_exists_in_the_help_of_the_command_it_is_passed_to() {
+    let mut helps = Helps::default();
+    let (mut bad, mut used) = (Vec::new(), BTreeSet::new());
+    for inv in all_invocations() {
+        let (b, u) = check(&mut helps, &inv);
+        bad.extend(b);
+        used.extend(u);
+    }
+    assert!(bad.is_empty(), "unknown flags:\n{}", bad.join("\n"));
+    // The extraction must see the invocations that matter, or the check above proves nothing:
+    // the compose nodes and the StatefulSet (image entrypoint), the unit and the init service.
+    for expected in [
+        "nokv-server --etcd",
+        "nokv-server --advertise",
+        "nokv-server --tls-dir",
+        "nokv-server --node-id",
+        "nokv-server --s3-allow-http",
+        "nokv-server --config",
+        "nokv-server cluster init --dir",
+        "nokv-server cluster init --host",
+        "nokv --endpoint",
+    ] {
+        assert!(
+            used.contains(expected),
+            "no `{expected}` found in deploy/ (extraction broke?); found: {used:?}"
+        );
+    }
+}
+
+#[test]
+fn a_flag_the_server_does_not_have_is_reported_with_its_file_and_line() {
+    let compose = "services:\n  node:\n    image: nokv:dev\n    command:\n      - --etcd=http://e:2379\n      - --no-such-flag\n  init:\n    image: nokv:dev\n    entrypoint: [\"sh\", \"-c\", \"exec nokv-server cluster init --dir /c --listen x\"]\n";
+    let mut helps = Helps::default();
+    let mut bad = Vec::new();
+    for inv in yaml_invocations("x.yml", compose)
+        .iter()
+        .chain(&shell_invocations("x.yml", compose))
+    {
+        bad.extend(check(&mut helps, inv).0);
+    }
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(
+        bad.iter()
+            .any(|b| b.starts_with("deploy/x.yml:4:") && b.contains("--no-such-flag")),
+        "{bad:?}"
+    );
+    // --listen is a serve flag, not one of `cluster init`.
+    assert!(
+        bad.iter()
+            .any(|b| b.contains("`nokv-server cluster init` has no --listen")),
+        "{bad:?}"
+    );
+}
+
+#[test]
+fn every_nokv_environment_variable_in_deploy_files_is_one_the_binaries_read() {
+    let mut helps = Helps::default();
+    let mut known = helps.get("nokv-server", &[]).env.clone();
+    known.extend(helps.get("nokv", &[]).env.clone());
+    assert!(known.contains("NOKV_ETCD") && known.contains("NOKV_ENDPOINT"));
+    let mut used = BTreeSet::new();
+    let mut bad = Vec::new();
+    for (name, text) in deploy_files() {
+        for var in env_names(&text) {
+            if !known.contains(&var) {
+                bad.push(format!("deploy/{name}: {var}"));
+            }
+            used.insert(var);
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "variables no binary reads:\n{}",
+        bad.join("\n")
+    );
+    assert!(
+        used.contains("NOKV_ETCD"),
+        "the k8s ConfigMap sets NOKV_ETCD"
+    );
+}
+
+fn toml_files() -> Vec<(String, String)> {
+    let files: Vec<_> = deploy_files()
+        .into_iter()
+        .filter(|(name, _)| name.ends_with(".toml"))
+        .collect();
+    assert!(
+        files.iter().any(|(n, _)| n == "cluster-node.toml"),
+        "deploy/cluster-node.toml is missing"
+    );
+    files
+}
+
+#[test]
+fn every_key_of_every_deploy_toml_file_is_a_flag_in_the_server_help() {
+    let mut helps = Helps::default();
+    let options = &helps.get("nokv-server", &[]).options;
+    let mut bad = Vec::new();
+    for (name, text) in toml_files() {
+        let table: toml::Table =
+            toml::from_str(&text).unwrap_or_else(|e| panic!("deploy/{name}: {e}"));
+        assert!(!table.is_empty(), "deploy/{name} sets nothing");
+        for (key, value) in &table {
+            let flag = format!("--{}", key.replace('_', "-"));
+            if !options.contains_key(&flag) {
+                bad.push(format!(
+                    "deploy/{name}: {key} (no {flag} in nokv-server --help)"
+                ));
+            }
+            if value.is_table() {
+                bad.push(format!(
+                    "deploy/{name}: [{key}] (the server reads no tables)"
+                ));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "keys the server does not take:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn every_deploy_toml_file_is_accepted_by_the_server_configuration_loader() {
+    for (name, text) in toml_files() {
+        // The same deserialisation (unknown keys refused) and validation `--config` goes
+        // through, without flags or environment on top.
+        let args: nokv_server::config::ServeArgs =
+            toml::from_str(&text).unwrap_or_else(|e| panic!("deploy/{name}: {e}"));
+        let settings = args
+            .resolve()
+            .unwrap_or_else(|e| panic!("deploy/{name}: {e}"));
+        if name == "cluster-node.toml" {
+            let cluster = settings
+                .cluster
+                .unwrap_or_else(|| panic!("deploy/{name} is not a cluster node (no etcd)"));
+            assert!(cluster.advertise.ends_with(":7878"), "{cluster:?}");
+        }
+    }
+}
+
+/// Top-level keys each kind of YAML file must have.
+fn required_top_level(name: &str) -> &'static [&'static str] {
+    if name.starts_with("k8s/") {
+        &["apiVersion", "kind", "metadata"]
+    } else {
+        &["services"]
+    }
+}
+
+#[test]
+fn every_deploy_yaml_file_has_no_tabs_consistent_indentation_and_the_top_level_keys_of_its_kind() {
+    let yaml: Vec<_> = deploy_files()
+        .into_iter()
+        .filter(|(name, _)| is_yaml(name))
+        .collect();
+    assert!(yaml.iter().any(|(n, _)| n == "docker-compose.yml"));
+    assert!(yaml.iter().any(|(n, _)| n == "k8s/statefulset.yaml"));
+    let mut bad = Vec::new();
+    let mut kinds = BTreeSet::new();
+    for (name, text) in &yaml {
+        let mut top = BTreeSet::new();
+        for (i, line) in text.lines().enumerate() {
+            let at = format!("deploy/{name}:{}", i + 1);
+            if line.contains('\t') {
+                bad.push(format!("{at}: tab"));
+            }
+            if line.trim().is_empty() || line.trim_start().starts_with('#') {
+                continue;
+            }
+            if !indent(line).is_multiple_of(2) {
+                bad.push(format!("{at}: odd indentation"));
+            }
+            let t = line.trim();
+            if t.matches('[').count() != t.matches(']').count()
+                || t.matches('{').count() != t.matches('}').count()
+            {
+                bad.push(format!("{at}: unbalanced flow brackets"));
+            }
+            if indent(line) == 0 {
+                match yaml_key(line) {
+                    Some((key, value)) => {
+                        if key == "kind" {
+                            kinds.insert(value.to_string());
+                        }
+                        if !top.insert(key.to_string()) {
+                            bad.push(format!("{at}: duplicate top-level key {key}"));
+                        }
+                    }
+                    None if t == "---" => {}
+                    None => bad.push(format!("{at}: not a `key:` line")),
+                }
+            }
+        }
+        for key in required_top_level(name) {
+            if !top.contains(*key) {
+                bad.push(format!("deploy/{name}: no top-level {key}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    for kind in ["Service", "StatefulSet", "ConfigMap", "Secret"] {
+        assert!(kinds.contains(kind), "no {kind} in deploy/k8s: {kinds:?}");
+    }
+}
+
+/// The value of `--flag` in `args` (`--flag=v` or `--flag v`), every occurrence.
+fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == flag {
+            out.extend(it.next().map(String::as_str));
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            out.push(v);
+        }
+    }
+    out
+}
+
+#[test]
+fn every_compose_node_advertises_a_host_cluster_init_made_a_certificate_for_under_its_own_id() {
+    let text = std::fs::read_to_string(deploy_dir().join("docker-compose.yml")).unwrap();
+    let invocations: Vec<Invocation> = shell_invocations("docker-compose.yml", &text)
+        .into_iter()
+        .chain(yaml_invocations("docker-compose.yml", &text))
+        .collect();
+    let init = invocations
+        .iter()
+        .find(|i| i.args.starts_with(&["cluster".into(), "init".into()]))
+        .expect("a `nokv-server cluster init` in docker-compose.yml");
+    let hosts: BTreeSet<&str> = values(&init.args, "--host").into_iter().collect();
+    let tls_dir = values(&init.args, "--dir")[0];
+    let nodes: Vec<&Invocation> = invocations
+        .iter()
+        .filter(|i| i.program == "nokv-server" && !values(&i.args, "--etcd").is_empty())
+        .collect();
+    assert_eq!(nodes.len(), 3, "three nodes: {nodes:?}");
+    let mut ids = BTreeSet::new();
+    for node in nodes {
+        let advertise = values(&node.args, "--advertise");
+        let host = advertise[0]
+            .rsplit_once(':')
+            .map_or(advertise[0], |(h, _)| h);
+        assert!(hosts.contains(host), "{}: {host} not in {hosts:?}", node.at);
+        assert_eq!(values(&node.args, "--tls-dir"), [tls_dir], "{}", node.at);
+        assert!(
+            ids.insert(values(&node.args, "--node-id")[0]),
+            "{}",
+            node.at
+        );
+        assert_eq!(values(&node.args, "--cluster"), ["demo"], "{}", node.at);
+    }
+}
