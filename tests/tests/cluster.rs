@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use nokv_tests::cluster::{Cluster, ClusterView, Node, path_str};
-use nokv_tests::{CliOutput, pseudo_random_bytes};
+use nokv_tests::pseudo_random_bytes;
 use serde_json::Value;
 
 /// Artifact size: more than the inline limit would need, one 4 MiB block, small enough to
@@ -147,10 +147,11 @@ fn owns(health: &Value, shard: u32) -> bool {
         .any(|&(s, owned, _)| s == u64::from(shard) && owned)
 }
 
-/// `nokv admin shard move S NODE` through `via`; it answers once NODE serves the shard.
-fn move_shard(c: &Cluster, via: &[String], shard: u32, to: &Node) -> CliOutput {
-    let out = c.cli(
-        via,
+/// `nokv admin shard move S NODE`, sent to the shard's current owner `from`; it answers once
+/// NODE serves the shard.
+fn move_shard(c: &Cluster, from: &Node, shard: u32, to: &Node) -> Value {
+    c.cli(
+        &only(from),
         &[
             "--json",
             "admin",
@@ -159,9 +160,9 @@ fn move_shard(c: &Cluster, via: &[String], shard: u32, to: &Node) -> CliOutput {
             &shard.to_string(),
             to.id(),
         ],
-    );
-    out.assert_ok();
-    out
+    )
+    .assert_ok()
+    .json()
 }
 
 #[test]
@@ -351,13 +352,16 @@ fn an_owner_paused_past_its_lease_loses_the_shard_to_a_node_that_takes_it_from_t
     // The shard reaches the victim through a graceful move (checkpoint recorded), and nothing
     // is written through the victim afterwards: the checkpoint is the shard's whole state.
     let e0 = view.shard(shard).epoch;
-    move_shard(&c, &all(&refs(&nodes)), shard, victim);
+    let answer = move_shard(&c, source, shard, victim);
+    assert_eq!(answer["node"], victim.id(), "{answer}");
     let moved = c.wait_until("the shard served by the victim", |v| {
         v.shard(shard).served_by(victim.id()) && v.shard(shard).epoch > e0
     });
     let e1 = moved.shard(shard).epoch;
+    assert_eq!(answer["epoch"].as_u64(), Some(e1), "{answer}\n{moved}");
     assert!(moved.shard(shard).checkpoint_size.is_some(), "{moved}");
-    assert!(owns(&c.health(victim), shard));
+    let health = c.health(victim);
+    assert!(owns(&health, shard), "{health}\n{moved}");
 
     c.pause(victim);
     c.wait_until("the paused owner's lease has lapsed", |v| {
@@ -556,9 +560,10 @@ fn a_client_whose_cached_route_names_the_old_owner_is_corrected_by_the_hint_and_
     );
     write(&client, "first.txt", b"through the owner of the time");
 
-    move_shard(&c, &all(&refs(&nodes)), shard, new);
+    let answer = move_shard(&c, old, shard, new);
     let moved = c.view().expect("cluster view");
     let e1 = moved.shard(shard).epoch;
+    assert_eq!(answer["epoch"].as_u64(), Some(e1), "{answer}\n{moved}");
     assert!(moved.shard(shard).served_by(new.id()) && e1 > e0, "{moved}");
     let old_health = health_shards(&c.health(old));
 
