@@ -343,22 +343,38 @@ impl Cluster {
     pub fn wait_until(
         &self,
         what: &str,
-        mut condition: impl FnMut(&ClusterView) -> bool,
+        condition: impl FnMut(&ClusterView) -> bool,
     ) -> ClusterView {
-        let deadline = Instant::now() + VIEW_DEADLINE;
-        loop {
-            let last = match self.view() {
-                Ok(view) if condition(&view) => return view,
-                Ok(view) => view.to_string(),
-                Err(e) => e,
-            };
-            if Instant::now() >= deadline {
-                panic!(
-                    "cluster never reached: {what} (within {VIEW_DEADLINE:?})\nlast view:\n{last}"
-                );
+        poll(what, || self.view(), condition)
+    }
+
+    /// Polls `node`'s `nokv admin health --json` (answered by it alone) until `condition`
+    /// holds, like [`Cluster::wait_until`]: what a node has loaded can trail what the
+    /// cluster records say about it.
+    #[track_caller]
+    pub fn wait_until_health(
+        &self,
+        node: &Node,
+        what: &str,
+        condition: impl FnMut(&Value) -> bool,
+    ) -> Value {
+        let fetch = || {
+            let out = self.cli_via(node, &["--json", "admin", "health"]);
+            if out.status != 0 {
+                return Err(format!(
+                    "nokv admin health exited {}: {}",
+                    out.status,
+                    out.stderr.trim()
+                ));
             }
-            thread::sleep(VIEW_POLL);
-        }
+            serde_json::from_slice(&out.stdout)
+                .map_err(|e| format!("not JSON ({e}): {}", out.stdout_str()))
+        };
+        poll(
+            &format!("{what} (health of {})", node.id()),
+            fetch,
+            condition,
+        )
     }
 
     /// Waits until the shards are spread over exactly `nodes`, each serving between
@@ -446,6 +462,29 @@ impl Cluster {
             .iter()
             .flat_map(|s| found.remove(s).unwrap_or_default())
             .collect()
+    }
+}
+
+/// Calls `fetch` until its answer satisfies `condition` and returns that answer; panics with
+/// the last answer (or error) once [`VIEW_DEADLINE`] passes.
+#[track_caller]
+fn poll<T: fmt::Display>(
+    what: &str,
+    mut fetch: impl FnMut() -> Result<T, String>,
+    mut condition: impl FnMut(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + VIEW_DEADLINE;
+    loop {
+        let last = match fetch() {
+            Ok(answer) if condition(&answer) => return answer,
+            Ok(answer) => answer.to_string(),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            panic!("never reached: {what} (within {VIEW_DEADLINE:?})\nlast answer:\n{last}");
+        }
+        // Status polling: see `Cluster::wait_until`.
+        thread::sleep(VIEW_POLL);
     }
 }
 

@@ -317,6 +317,7 @@ fn sigterm_on_a_node_hands_its_shards_to_the_others_while_a_client_loop_through_
         (ops, failures, longest, after)
     });
 
+    println!("client loop: {ops} rounds of put + get");
     println!("longest stall: {} ms", longest.as_millis());
     assert!(
         failures.is_empty(),
@@ -360,8 +361,10 @@ fn an_owner_paused_past_its_lease_loses_the_shard_to_a_node_that_takes_it_from_t
     let e1 = moved.shard(shard).epoch;
     assert_eq!(answer["epoch"].as_u64(), Some(e1), "{answer}\n{moved}");
     assert!(moved.shard(shard).checkpoint_size.is_some(), "{moved}");
-    let health = c.health(victim);
-    assert!(owns(&health, shard), "{health}\n{moved}");
+    // The victim really serves it (its own health lists it), before the pause.
+    c.wait_until_health(victim, "the victim lists the moved shard", |h| {
+        owns(h, shard)
+    });
 
     c.pause(victim);
     c.wait_until("the paused owner's lease has lapsed", |v| {
@@ -488,6 +491,7 @@ fn a_node_whose_shard_count_or_bucket_differs_from_the_cluster_record_refuses_to
 
     let (status, stderr) = c.start_refused(&spec, &["--shards", "8"]);
     assert!(!status.success(), "{status}\n{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line:\n{stderr}");
     let line = stderr
         .lines()
         .find(|l| l.contains("shards = 16"))
@@ -497,6 +501,7 @@ fn a_node_whose_shard_count_or_bucket_differs_from_the_cluster_record_refuses_to
     c.moto().create_bucket("nokv-other");
     let (status, stderr) = c.start_refused(&spec, &["--s3-bucket", "nokv-other"]);
     assert!(!status.success(), "{status}\n{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line:\n{stderr}");
     let line = stderr
         .lines()
         .find(|l| l.contains("bucket"))
