@@ -2,10 +2,11 @@
 //! external services on loopback, each owned by a guard that kills its process on drop so a
 //! failing test never leaks a process.
 //!
-//! What the tests really run against: the daemon in its embedded mode (local ownership), with
-//! the local-filesystem provider or moto's S3 server ([`Moto`]). The daemon does not use etcd
-//! yet: [`Etcd`] is started by the environment smoke test (`services_smoke.rs`) and by
-//! `control_etcd.rs`, which drives the control module (`nokv_server::control`) directly.
+//! What the tests run against: the daemon in its embedded mode (local ownership), with the
+//! local-filesystem provider or moto's S3 server ([`Moto`]), and in cluster mode: several
+//! nodes sharing one [`Etcd`], one moto bucket and one cluster TLS directory, driven by the
+//! [`cluster`] harness. `control_etcd.rs` also drives the control module
+//! (`nokv_server::control`) directly against etcd.
 //!
 //! Only std is used for process control and HTTP so the support code has no moving parts of
 //! its own to debug when a test fails.
@@ -19,6 +20,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+pub mod cluster;
 
 /// How long the daemon may take to print its listening line (covers a cold debug build's
 /// first start, with TLS key generation).
@@ -263,7 +266,17 @@ impl Daemon {
     /// exit and returns its status with everything it printed to stdout and stderr. Panics,
     /// showing the output, if it starts listening instead.
     pub fn start_refused_in(dir: &Path, extra_args: &[&str]) -> (ExitStatus, String, String) {
-        let (mut daemon, lines) = Self::spawn(dir, extra_args, &[]);
+        Self::start_refused_in_with_env(dir, extra_args, &[])
+    }
+
+    /// Like [`Daemon::start_refused_in`] with extra environment variables for the daemon
+    /// process (e.g. S3 credentials, so the refusal is about the settings under test).
+    pub fn start_refused_in_with_env(
+        dir: &Path,
+        extra_args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> (ExitStatus, String, String) {
+        let (mut daemon, lines) = Self::spawn(dir, extra_args, envs);
         let deadline = Instant::now() + DAEMON_READY_DEADLINE;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -299,10 +312,17 @@ impl Daemon {
         extra_args: &[&str],
         envs: &[(&str, &str)],
     ) -> (Daemon, mpsc::Receiver<String>) {
+        // A caller that chooses its own address (a cluster node advertises a fixed port)
+        // passes `--listen`; a second one would be a usage error.
+        let listen: &[&str] = if extra_args.contains(&"--listen") {
+            &[]
+        } else {
+            &["--listen", "127.0.0.1:0"]
+        };
         let mut child = Command::new(bin("nokv-server"))
             .arg("--data-dir")
             .arg(dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(listen)
             .args(extra_args)
             .envs(envs.iter().copied())
             .stdin(Stdio::null())
@@ -468,6 +488,12 @@ impl Daemon {
     pub fn reset_peak_memory(&self) {
         let path = format!("/proc/{}/clear_refs", self.pid());
         std::fs::write(&path, "5").unwrap_or_else(|e| panic!("write {path}: {e}"));
+    }
+
+    /// Sends `signal` (a `kill` name such as `STOP` or `CONT`) to the daemon without waiting:
+    /// for tests that pause a node past its lease and resume it.
+    pub fn signal(&self, signal: &str) {
+        send_signal(self.pid(), signal);
     }
 
     /// Graceful stop: SIGTERM, then wait (bounded) for exit.

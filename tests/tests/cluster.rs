@@ -1,0 +1,599 @@
+//! Cluster mode end to end (issue 10, "Tests that must exist"): real etcd, moto and several
+//! `nokv-server` processes on loopback, driven only through the `nokv` CLI (and, for a cached
+//! route, the SDK). The harness is `nokv_tests::cluster`; tests learn ownership by polling
+//! `nokv admin cluster --json`, never by sleeping.
+//!
+//! Balance arithmetic the tests rely on: 16 shards over three nodes is 6/5/5, so moving one
+//! shard from a node with 6 to a node with 5 leaves the spread balanced and the balancer has
+//! no reason to move it again behind the test's back.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nokv_tests::cluster::{Cluster, ClusterView, Node, path_str};
+use nokv_tests::pseudo_random_bytes;
+use serde_json::Value;
+
+/// Artifact size: more than the inline limit would need, one 4 MiB block, small enough to
+/// keep 20 workspaces quick.
+const ARTIFACT_LEN: usize = 96 * 1024;
+/// Bound on waiting for the client loop to report progress (a wedged loop fails the test).
+const LOOP_PROGRESS_DEADLINE: Duration = Duration::from_secs(120);
+
+/// One cluster test at a time: three nodes with 3 s leases per test is load enough for two
+/// cores; two clusters at once would make lapsed keep-alives (and so spurious handoffs) likely.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Takes the [`SERIAL`] turn (a failed test before this one does not poison the rest).
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a test wrote to one workspace and expects to read back byte for byte.
+struct Written {
+    ws: String,
+    file: Vec<u8>,
+    artifact: Vec<u8>,
+}
+
+/// Puts a small file (`notes/a.txt`) and publishes an artifact (`art/blob.bin`) in `ws`
+/// through exactly `via`; both must be acknowledged.
+fn write_workspace(c: &Cluster, via: &[String], ws: &str, seed: u64) -> Written {
+    let file = format!("small file of {ws}, seed {seed}\n").into_bytes();
+    c.cli_stdin(via, &["put", &format!("{ws}:notes/a.txt")], Some(&file))
+        .assert_ok();
+    let artifact = pseudo_random_bytes(seed, ARTIFACT_LEN);
+    let src = c.root().join(format!("src-{ws}-{seed}.bin"));
+    std::fs::write(&src, &artifact).unwrap();
+    c.cli(
+        via,
+        &[
+            "publish",
+            "-q",
+            path_str(&src),
+            &format!("{ws}:art/blob.bin"),
+        ],
+    )
+    .assert_ok();
+    std::fs::remove_file(&src).unwrap();
+    Written {
+        ws: ws.to_string(),
+        file,
+        artifact,
+    }
+}
+
+/// Reads `w` back through exactly `via`: `get` of the file and `restore` of the artifact, both
+/// byte-identical to what was acknowledged.
+#[track_caller]
+fn assert_reads_back(c: &Cluster, via: &[String], w: &Written) {
+    static RESTORES: AtomicU64 = AtomicU64::new(0);
+    let got = c.cli(via, &["get", &format!("{}:notes/a.txt", w.ws)]);
+    assert!(
+        got.assert_ok().stdout == w.file,
+        "file of {} differs through {via:?}",
+        w.ws
+    );
+    let n = RESTORES.fetch_add(1, Ordering::Relaxed);
+    let dest = c.root().join(format!("restore-{}-{n}.bin", w.ws));
+    c.cli(
+        via,
+        &[
+            "restore",
+            "-q",
+            &format!("{}:art/blob.bin", w.ws),
+            path_str(&dest),
+        ],
+    )
+    .assert_ok();
+    let restored = std::fs::read(&dest).unwrap();
+    assert!(
+        restored == w.artifact,
+        "artifact of {} differs through {via:?} ({} bytes restored, {} written)",
+        w.ws,
+        restored.len(),
+        w.artifact.len()
+    );
+    std::fs::remove_file(&dest).unwrap();
+}
+
+fn refs(nodes: &[Node]) -> Vec<&Node> {
+    nodes.iter().collect()
+}
+
+fn only(node: &Node) -> Vec<String> {
+    vec![node.endpoint()]
+}
+
+fn all(nodes: &[&Node]) -> Vec<String> {
+    nodes.iter().map(|n| n.endpoint()).collect()
+}
+
+/// A node serving 6 shards and one serving 5 in a balanced three-node view (see the module
+/// doc): moving a shard from the first to the second keeps the cluster balanced.
+fn six_and_five<'a>(view: &ClusterView, nodes: &'a [Node]) -> (&'a Node, &'a Node) {
+    let counts = view.counts();
+    let with = |k: usize| {
+        nodes
+            .iter()
+            .find(|n| counts.get(n.id()) == Some(&k))
+            .unwrap_or_else(|| panic!("no node serves {k} shards:\n{view}"))
+    };
+    (with(6), with(5))
+}
+
+/// `(shard, owned, entries)` of every shard a node's `admin health --json` lists.
+fn health_shards(health: &Value) -> Vec<(u64, bool, u64)> {
+    health["shards"]
+        .as_array()
+        .unwrap_or_else(|| panic!("health has no shards: {health}"))
+        .iter()
+        .map(|s| {
+            (
+                s["shard"].as_u64().expect("shard"),
+                s["owned"].as_bool().expect("owned"),
+                s["entries"].as_u64().expect("entries"),
+            )
+        })
+        .collect()
+}
+
+/// Whether a node's health lists `shard` as owned.
+fn owns(health: &Value, shard: u32) -> bool {
+    health_shards(health)
+        .iter()
+        .any(|&(s, owned, _)| s == u64::from(shard) && owned)
+}
+
+/// `nokv admin shard move S NODE`, sent to the shard's current owner `from`; it answers once
+/// NODE serves the shard.
+fn move_shard(c: &Cluster, from: &Node, shard: u32, to: &Node) -> Value {
+    c.cli(
+        &only(from),
+        &[
+            "--json",
+            "admin",
+            "shard",
+            "move",
+            &shard.to_string(),
+            to.id(),
+        ],
+    )
+    .assert_ok()
+    .json()
+}
+
+#[test]
+fn three_nodes_spread_16_shards_5_or_6_each_and_put_get_publish_restore_on_20_workspaces_work_through_any_single_endpoint()
+ {
+    let _turn = serial();
+    let c = Cluster::new("spread");
+    let nodes = c.start_nodes(3);
+    let view = c.wait_balanced(&refs(&nodes));
+    for n in &nodes {
+        let served = view.served_by(n.id()).len();
+        assert!(
+            (5..=6).contains(&served),
+            "{} serves {served}:\n{view}",
+            n.id()
+        );
+        assert!(
+            view.nodes
+                .iter()
+                .any(|v| v.id == n.id() && v.endpoint == n.endpoint() && v.alive),
+            "{} listed with its advertised endpoint:\n{view}",
+            n.id()
+        );
+    }
+    assert_eq!(view.cluster.as_deref(), Some("spread"));
+
+    let names: Vec<String> = (0..20).map(|i| format!("spread-{i}")).collect();
+    // The workspaces land on shards of every node, so each single endpoint is a non-owner for
+    // some of them and the CLI must follow hints.
+    let owners: std::collections::BTreeSet<String> = c
+        .shards_of(&nodes[0], &names)
+        .into_iter()
+        .filter_map(|s| view.shard(s).owner.clone())
+        .collect();
+    assert_eq!(owners.len(), 3, "owners of the 20 workspaces: {owners:?}");
+
+    let mut written = Vec::new();
+    for (i, ws) in names.iter().enumerate() {
+        let w = write_workspace(&c, &only(&nodes[i % 3]), ws, i as u64);
+        assert_reads_back(&c, &only(&nodes[(i + 1) % 3]), &w);
+        written.push(w);
+    }
+    for (i, w) in written.iter().enumerate() {
+        assert_reads_back(&c, &only(&nodes[(i + 2) % 3]), w);
+    }
+}
+
+#[test]
+fn sigterm_on_a_node_hands_its_shards_to_the_others_while_a_client_loop_through_another_node_sees_no_failed_operation()
+ {
+    let _turn = serial();
+    let c = Cluster::new("drain");
+    let mut nodes = c.start_nodes(3);
+    let before = c.wait_balanced(&refs(&nodes));
+    let victim = nodes.pop().expect("three nodes");
+    let victim_shards = before.served_by(victim.id());
+    assert!(!victim_shards.is_empty(), "{before}");
+    let via = only(&nodes[0]);
+
+    // Workspaces on the victim's shards (they move) and on the others' (they stay).
+    let names: Vec<String> = (0..48).map(|i| format!("drain-{i}")).collect();
+    let shards = c.shards_of(&nodes[0], &names);
+    let (on_victim, elsewhere): (Vec<_>, Vec<_>) = names
+        .iter()
+        .zip(&shards)
+        .partition(|(_, s)| victim_shards.contains(s));
+    let on_victim: Vec<String> = on_victim
+        .into_iter()
+        .take(5)
+        .map(|(w, _)| w.clone())
+        .collect();
+    let elsewhere: Vec<String> = elsewhere
+        .into_iter()
+        .take(3)
+        .map(|(w, _)| w.clone())
+        .collect();
+    assert!(
+        on_victim.len() >= 3,
+        "workspaces on the victim's shards: {on_victim:?}"
+    );
+    let written: Vec<Written> = on_victim
+        .iter()
+        .chain(&elsewhere)
+        .enumerate()
+        .map(|(i, ws)| write_workspace(&c, &via, ws, 1000 + i as u64))
+        .collect();
+
+    // The loop writes and reads back small files through node 1 alone, mostly in workspaces
+    // whose shard is about to move.
+    let loop_ws: Vec<String> = on_victim[..3]
+        .iter()
+        .chain(&elsewhere[..1])
+        .cloned()
+        .collect();
+    let stop = AtomicBool::new(false);
+    let (progress, rounds) = mpsc::channel::<()>();
+    let (ops, failures, longest, after) = thread::scope(|s| {
+        let looper = s.spawn(|| {
+            let mut failures = Vec::new();
+            let mut longest = Duration::ZERO;
+            let mut k = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let ws = &loop_ws[k % loop_ws.len()];
+                let target = format!("{ws}:loop/{k}.txt");
+                let body = format!("loop write {k} to {ws}");
+                let t = Instant::now();
+                let put = c.cli_stdin(&via, &["put", &target], Some(body.as_bytes()));
+                longest = longest.max(t.elapsed());
+                if put.status != 0 {
+                    failures.push(format!("put {target}: {}", put.stderr.trim()));
+                }
+                let t = Instant::now();
+                let get = c.cli(&via, &["get", &target]);
+                longest = longest.max(t.elapsed());
+                if get.status != 0 || get.stdout != body.as_bytes() {
+                    failures.push(format!(
+                        "get {target}: exit {} {:?} stderr {}",
+                        get.status,
+                        get.stdout_str(),
+                        get.stderr.trim()
+                    ));
+                }
+                k += 1;
+                // The receiver is gone only once the test stopped waiting for rounds.
+                let _ = progress.send(());
+            }
+            (k, failures, longest)
+        });
+        let round = |what: &str| {
+            rounds
+                .recv_timeout(LOOP_PROGRESS_DEADLINE)
+                .unwrap_or_else(|e| panic!("client loop made no progress {what}: {e}"));
+        };
+        for _ in 0..4 {
+            round("before SIGTERM");
+        }
+        let (status, _spec, log) = c.terminate(victim);
+        assert!(
+            status.success(),
+            "SIGTERMed node exited {status}\nits log:\n{log}"
+        );
+        let after = c.wait_until(
+            "the victim gone and its shards served by the two others, balanced",
+            |v| !v.node_alive("n3") && v.balanced_over(&["n1", "n2"]),
+        );
+        // Some rounds against the new owners before the loop stops.
+        for _ in 0..4 {
+            round("after the handoff");
+        }
+        stop.store(true, Ordering::SeqCst);
+        let (ops, failures, longest) = looper.join().expect("client loop");
+        (ops, failures, longest, after)
+    });
+
+    println!("client loop: {ops} rounds of put + get");
+    println!("longest stall: {} ms", longest.as_millis());
+    assert!(
+        failures.is_empty(),
+        "the client loop saw failed operations ({} of {ops} rounds):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    for s in &victim_shards {
+        let (was, now) = (before.shard(*s), after.shard(*s));
+        assert!(now.epoch > was.epoch, "shard {s}: {was:?} -> {now:?}");
+        assert!(
+            now.checkpoint_size.is_some(),
+            "shard {s} moved through a recorded checkpoint: {now:?}"
+        );
+    }
+    for w in &written {
+        assert_reads_back(&c, &only(&nodes[1]), w);
+    }
+}
+
+#[test]
+fn an_owner_paused_past_its_lease_loses_the_shard_to_a_node_that_takes_it_from_the_checkpoint_and_after_resuming_acknowledges_nothing_for_it()
+ {
+    let _turn = serial();
+    let c = Cluster::new("fence");
+    let nodes = c.start_nodes(3);
+    let view = c.wait_balanced(&refs(&nodes));
+    let (source, victim) = six_and_five(&view, &nodes);
+    let shard = view.served_by(source.id())[0];
+    let ws = c.workspaces_in_shard(source, "fence", shard, 1).remove(0);
+    let written = write_workspace(&c, &only(source), &ws, 7);
+
+    // The shard reaches the victim through a graceful move (checkpoint recorded), and nothing
+    // is written through the victim afterwards: the checkpoint is the shard's whole state.
+    let e0 = view.shard(shard).epoch;
+    let answer = move_shard(&c, source, shard, victim);
+    assert_eq!(answer["node"], victim.id(), "{answer}");
+    let moved = c.wait_until("the shard served by the victim", |v| {
+        v.shard(shard).served_by(victim.id()) && v.shard(shard).epoch > e0
+    });
+    let e1 = moved.shard(shard).epoch;
+    assert_eq!(answer["epoch"].as_u64(), Some(e1), "{answer}\n{moved}");
+    assert!(moved.shard(shard).checkpoint_size.is_some(), "{moved}");
+    // The victim really serves it (its own health lists it), before the pause.
+    c.wait_until_health(victim, "the victim lists the moved shard", |h| {
+        owns(h, shard)
+    });
+
+    c.pause(victim);
+    c.wait_until("the paused owner's lease has lapsed", |v| {
+        let s = v.shard(shard);
+        !s.owner_alive || s.owner.as_deref() != Some(victim.id())
+    });
+    let taken = c.wait_until("another node serves the shard", |v| {
+        let s = v.shard(shard);
+        s.owner.as_deref() != Some(victim.id()) && s.state == "serving" && s.owner_alive
+    });
+    let s = taken.shard(shard);
+    assert_eq!(
+        s.epoch,
+        e1 + 1,
+        "taken from the checkpoint at epoch + 1: {s:?}"
+    );
+    let new_owner = nodes
+        .iter()
+        .find(|n| s.owner.as_deref() == Some(n.id()))
+        .unwrap_or_else(|| panic!("owner of shard {shard} is no test node:\n{taken}"));
+    assert_reads_back(&c, &only(new_owner), &written);
+    c.cli_stdin(
+        &only(new_owner),
+        &["put", &format!("{ws}:after.txt")],
+        Some(b"written through the new owner"),
+    )
+    .assert_ok();
+
+    c.resume(victim);
+    // Sent to the old owner alone: answered through its hint by the new owner.
+    c.cli_stdin(
+        &only(victim),
+        &["put", &format!("{ws}:late.txt")],
+        Some(b"sent to the old owner after it resumed"),
+    )
+    .assert_ok();
+    let health = c.health(victim);
+    assert!(
+        !owns(&health, shard),
+        "the resumed old owner lists shard {shard} as owned: {health}"
+    );
+
+    // The new owner has everything: what came through the checkpoint, what it acknowledged,
+    // and the write the old owner passed on.
+    for (path, body) in [
+        ("after.txt", &b"written through the new owner"[..]),
+        ("late.txt", &b"sent to the old owner after it resumed"[..]),
+    ] {
+        let got = c.cli(&only(new_owner), &["get", &format!("{ws}:{path}")]);
+        assert_eq!(got.assert_ok().stdout, body, "{path}");
+    }
+    assert_reads_back(&c, &only(new_owner), &written);
+    let ls = c.cli(&only(new_owner), &["--json", "ls", &format!("{ws}:")]);
+    ls.assert_ok();
+    let listing = ls.stdout_str();
+    for path in ["notes/a.txt", "art/blob.bin", "after.txt", "late.txt"] {
+        assert!(listing.contains(path), "{path} missing: {listing}");
+    }
+}
+
+#[test]
+fn a_node_killed_with_sigkill_leaves_its_shards_unowned_until_it_restarts_on_its_data_dir_and_takes_them_back_at_higher_epochs_with_every_acknowledged_write()
+ {
+    let _turn = serial();
+    let c = Cluster::new("crash");
+    let mut nodes = c.start_nodes(3);
+    let before = c.wait_balanced(&refs(&nodes));
+    let victim = nodes.remove(1);
+    let victim_id = victim.id().to_string();
+    let victim_shards = before.served_by(&victim_id);
+
+    // Every shard of the victim acknowledges a write after it arrived there (through its
+    // checkpoint), so none is clean: a clean shard of a lapsed owner may be taken from its
+    // checkpoint (the fencing test), a written one must wait for its node.
+    let mut names = c.workspaces_in_shards(&nodes[0], "crash", &victim_shards, 1);
+    names.extend((0..4).map(|i| format!("crash-other-{i}")));
+    let written: Vec<Written> = names
+        .iter()
+        .enumerate()
+        .map(|(i, ws)| write_workspace(&c, &only(&nodes[0]), ws, 2000 + i as u64))
+        .collect();
+
+    let spec = c.kill9(victim);
+    let down = c.wait_until("the crashed node's lease has lapsed", |v| {
+        victim_shards.iter().all(|&s| !v.shard(s).owner_alive)
+    });
+    for &s in &victim_shards {
+        let sv = down.shard(s);
+        assert!(
+            sv.owner.is_none() || sv.owner.as_deref() == Some(victim_id.as_str()),
+            "shard {s} was taken by another node after a crash: {sv:?}\n{down}"
+        );
+        assert_eq!(sv.state, "serving", "shard {s}: {sv:?}");
+    }
+
+    let restarted = c.start(spec);
+    let back = c.wait_until(
+        "the restarted node serves its shards at higher epochs",
+        |v| {
+            victim_shards.iter().all(|&s| {
+                v.shard(s).served_by(&victim_id) && v.shard(s).epoch > before.shard(s).epoch
+            })
+        },
+    );
+    for &s in &victim_shards {
+        assert!(back.shard(s).epoch > before.shard(s).epoch);
+    }
+    for w in &written {
+        assert_reads_back(&c, &only(&restarted), w);
+        assert_reads_back(&c, &only(&nodes[1]), w);
+    }
+}
+
+#[test]
+fn a_node_whose_shard_count_or_bucket_differs_from_the_cluster_record_refuses_to_start_naming_the_field()
+ {
+    let _turn = serial();
+    let c = Cluster::new("mismatch");
+    let first = c.start(c.spec(1));
+    c.wait_until("the first node serves every shard", |v| {
+        v.balanced_over(&[first.id()])
+    });
+    let spec = c.spec(2);
+
+    let (status, stderr) = c.start_refused(&spec, &["--shards", "8"]);
+    assert!(!status.success(), "{status}\n{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line:\n{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("shards = 16"))
+        .unwrap_or_else(|| panic!("no line names the shard count:\n{stderr}"));
+    assert!(line.contains("this node has 8"), "{line}");
+
+    c.moto().create_bucket("nokv-other");
+    let (status, stderr) = c.start_refused(&spec, &["--s3-bucket", "nokv-other"]);
+    assert!(!status.success(), "{status}\n{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line:\n{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("bucket"))
+        .unwrap_or_else(|| panic!("no line names the bucket:\n{stderr}"));
+    assert!(
+        line.contains(c.bucket()) && line.contains("nokv-other"),
+        "{line}"
+    );
+
+    // Neither refused start joined the cluster or disturbed it.
+    let view = c.view().expect("cluster view");
+    assert!(!view.nodes.iter().any(|n| n.id == spec.id), "{view}");
+    assert!(view.balanced_over(&[first.id()]), "{view}");
+}
+
+#[test]
+fn a_client_whose_cached_route_names_the_old_owner_is_corrected_by_the_hint_and_never_writes_through_it()
+ {
+    let _turn = serial();
+    let c = Cluster::new("stale");
+    let nodes = c.start_nodes(3);
+    let view = c.wait_balanced(&refs(&nodes));
+    let (old, new) = six_and_five(&view, &nodes);
+    let shard = view.served_by(old.id())[0];
+    let ws = c.workspaces_in_shard(old, "stale", shard, 1).remove(0);
+    let e0 = view.shard(shard).epoch;
+
+    // An SDK client learns the route (old owner, e0) and writes through it.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = nokv_client::config::ResolvedConfig {
+        endpoint: all(&refs(&nodes)).join(","),
+        ca: c.root().join("tls/ca.pem"),
+        token: Some(
+            std::fs::read_to_string(c.root().join("tls/admin.token"))
+                .unwrap()
+                .trim()
+                .to_string(),
+        ),
+    };
+    let write = |client: &nokv_client::Client, path: &str, data: &[u8]| {
+        runtime
+            .block_on(client.write(nokv_proto::v1::WriteRequest {
+                workspace: ws.clone(),
+                path: path.into(),
+                data: data.to_vec().into(),
+                ..Default::default()
+            }))
+            .unwrap_or_else(|e| panic!("write {ws}:{path}: {e:?}"))
+    };
+    let client = runtime
+        .block_on(nokv_client::Client::connect(&cfg))
+        .expect("connect");
+    let route = runtime.block_on(client.route(&ws)).expect("route");
+    assert_eq!(
+        (route.endpoint.as_str(), route.epoch),
+        (old.endpoint().as_str(), e0)
+    );
+    write(&client, "first.txt", b"through the owner of the time");
+
+    let answer = move_shard(&c, old, shard, new);
+    let moved = c.view().expect("cluster view");
+    let e1 = moved.shard(shard).epoch;
+    assert_eq!(answer["epoch"].as_u64(), Some(e1), "{answer}\n{moved}");
+    assert!(moved.shard(shard).served_by(new.id()) && e1 > e0, "{moved}");
+    let old_health = health_shards(&c.health(old));
+
+    // The SDK's cached route is older than the move: the old owner answers NotOwner with a
+    // hint at e1, which the client follows.
+    write(&client, "sdk.txt", b"written with a stale cached route");
+    // A CLI that knows only the old owner's endpoint: the same correction.
+    c.cli_stdin(
+        &only(old),
+        &["put", &format!("{ws}:cli.txt")],
+        Some(b"written through the old owner's endpoint"),
+    )
+    .assert_ok();
+
+    for (path, body) in [
+        ("first.txt", &b"through the owner of the time"[..]),
+        ("sdk.txt", &b"written with a stale cached route"[..]),
+        ("cli.txt", &b"written through the old owner's endpoint"[..]),
+    ] {
+        let got = c.cli(&only(new), &["get", &format!("{ws}:{path}")]);
+        assert_eq!(got.assert_ok().stdout, body, "{path} through the new owner");
+    }
+    // The old owner acknowledged neither write: its shards and their entry counts are as
+    // they were right after the move.
+    let health = c.health(old);
+    assert_eq!(health_shards(&health), old_health, "{health}");
+    assert!(!owns(&health, shard), "{health}");
+}
