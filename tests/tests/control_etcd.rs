@@ -393,3 +393,29 @@ async fn an_owner_acknowledges_only_after_marking_the_shard_changed_and_a_depose
         "the deposed owner's mark must not land"
     );
 }
+
+#[tokio::test]
+async fn a_release_without_a_checkpoint_keeps_the_old_pointer_only_if_the_owner_changed_nothing() {
+    let etcd = Etcd::start();
+    let a = join(&etcd, "a", 16).await;
+    let b = join(&etcd, "b", 16).await;
+    assert_eq!(a.acquire(9).await.unwrap(), Acquisition::Acquired(1));
+    a.mark_changed(9).await.unwrap();
+    assert!(a.release(9, Some(checkpoint(9, 1)), None).await.unwrap());
+
+    // b takes it and gives it back before writing anything: epoch-1's checkpoint still holds
+    // every acknowledged write, so the pointer stays and anyone may take the shard from it.
+    assert_eq!(b.acquire(9).await.unwrap(), Acquisition::Acquired(2));
+    assert!(b.release(9, None, None).await.unwrap());
+    let record = a.record(9).await.unwrap().0.unwrap();
+    assert_eq!(record.checkpoint, Some(checkpoint(9, 1)));
+
+    // a takes it, writes (marks changed) and releases without a checkpoint: the pointer would
+    // miss those writes, so it is cleared and the shard waits for a.
+    assert_eq!(a.acquire(9).await.unwrap(), Acquisition::Acquired(3));
+    a.mark_changed(9).await.unwrap();
+    assert!(a.release(9, None, None).await.unwrap());
+    let record = a.record(9).await.unwrap().0.unwrap();
+    assert_eq!(record.checkpoint, None);
+    assert_eq!(record.owner.as_deref(), Some("a"));
+}

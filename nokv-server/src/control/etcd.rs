@@ -592,9 +592,11 @@ impl EtcdControl {
     /// false when the owner key was already gone (the lease lapsed and the shard may have moved
     /// on): nothing was changed then.
     ///
-    /// Without a checkpoint the record's pointer is cleared (an older one would miss later
-    /// acknowledged writes) and only this node may take the shard back in a balance step: its
-    /// data is on this node's disk only. A checkpoint must carry this ownership's epoch.
+    /// Without a checkpoint the record's pointer is cleared if this ownership marked the shard
+    /// changed (an older one would miss later acknowledged writes): only this node may then
+    /// take the shard back, its data is on this node's disk only. If it never marked it, the
+    /// old pointer still holds everything and is kept. A checkpoint must carry this
+    /// ownership's epoch.
     pub async fn release(
         &self,
         shard: u32,
@@ -627,7 +629,11 @@ impl EtcdControl {
                 owned,
                 move |r| {
                     r.state = ShardState::Handoff;
-                    r.checkpoint = checkpoint;
+                    // Without a new checkpoint the old pointer stays valid only if this
+                    // ownership changed nothing (e.g. a shard released before it was loaded).
+                    if checkpoint.is_some() || owned.changed {
+                        r.checkpoint = checkpoint;
+                    }
                     r.target = target;
                 },
                 true,
