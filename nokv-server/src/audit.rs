@@ -121,13 +121,15 @@ mod tests {
         .unwrap();
         let node = Node::open(
             &dir.path().join("data"),
-            2,
-            &ShardConfig::default(),
-            (1, None),
-            BlockMemory::new(1 << 20, Duration::from_secs(1)),
-            provider.clone(),
-            Signer::new(b"k"),
-            "t".into(),
+            crate::node::NodeParts {
+                shard_count: 2,
+                cfg: ShardConfig::default(),
+                bulk: (1, None),
+                memory: BlockMemory::new(1 << 20, Duration::from_secs(1)),
+                provider: provider.clone(),
+                signer: Signer::new(b"k"),
+                name: "t".into(),
+            },
         )
         .unwrap();
         let shard: Arc<_> = node.shard(1).unwrap();

@@ -54,30 +54,24 @@ enum Slot {
     Draining(Arc<Shard>),
 }
 
+/// What a node is built from, in either mode.
+pub struct NodeParts {
+    pub shard_count: u32,
+    pub cfg: ShardConfig,
+    /// Bulk work: (parallel jobs, optional MiB/s cap).
+    pub bulk: (usize, Option<f64>),
+    pub memory: BlockMemory,
+    pub provider: ObjectProvider,
+    pub signer: Signer,
+    /// The node's name (its cluster node id in cluster mode).
+    pub name: String,
+}
+
 impl Node {
     /// The embedded default: opens (or creates) every shard file and serves them all.
-    #[allow(clippy::too_many_arguments)]
-    pub fn open(
-        data_dir: &Path,
-        shard_count: u32,
-        cfg: &ShardConfig,
-        bulk: (usize, Option<f64>),
-        memory: BlockMemory,
-        provider: ObjectProvider,
-        signer: Signer,
-        name: String,
-    ) -> Result<Node> {
-        let node = Self::empty(
-            data_dir,
-            shard_count,
-            cfg,
-            bulk,
-            memory,
-            provider,
-            signer,
-            name,
-        )?;
-        let stores = open_shard_files(&node.dir, shard_count)?;
+    pub fn open(data_dir: &Path, parts: NodeParts) -> Result<Node> {
+        let node = Self::empty(data_dir, parts)?;
+        let stores = open_shard_files(&node.dir, node.shard_count())?;
         for (meta, id) in stores.into_iter().zip(0..) {
             let shard = Shard::open(
                 id,
@@ -94,57 +88,31 @@ impl Node {
 
     /// Cluster mode: a node that holds no shard yet; the cluster runtime loads the shards it
     /// takes ([`Node::install`]). The data dir's shard count is checked (or recorded) now.
-    #[allow(clippy::too_many_arguments)]
-    pub fn open_cluster(
-        data_dir: &Path,
-        shard_count: u32,
-        cfg: &ShardConfig,
-        bulk: (usize, Option<f64>),
-        memory: BlockMemory,
-        provider: ObjectProvider,
-        signer: Signer,
-        name: String,
-    ) -> Result<Node> {
-        let node = Self::empty(
-            data_dir,
-            shard_count,
-            cfg,
-            bulk,
-            memory,
-            provider,
-            signer,
-            name,
-        )?;
+    pub fn open_cluster(data_dir: &Path, parts: NodeParts) -> Result<Node> {
+        let node = Self::empty(data_dir, parts)?;
         std::fs::create_dir_all(&node.dir)
             .map_err(|e| Error::Internal(format!("{}: {e}", node.dir.display())))?;
-        check_shard_count(&node.dir, shard_count)?;
+        check_shard_count(&node.dir, node.shard_count())?;
         Ok(node)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn empty(
-        data_dir: &Path,
-        shard_count: u32,
-        cfg: &ShardConfig,
-        bulk: (usize, Option<f64>),
-        memory: BlockMemory,
-        provider: ObjectProvider,
-        signer: Signer,
-        name: String,
-    ) -> Result<Node> {
+    fn empty(data_dir: &Path, parts: NodeParts) -> Result<Node> {
+        let (parallel, cap) = parts.bulk;
         let bulk = Arc::new(
-            Bulk::new(bulk.0, bulk.1).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
+            Bulk::new(parallel, cap).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
         );
         Ok(Node {
-            slots: (0..shard_count).map(|_| RwLock::new(Slot::Empty)).collect(),
-            signer,
-            provider,
-            memory,
-            name,
+            slots: (0..parts.shard_count)
+                .map(|_| RwLock::new(Slot::Empty))
+                .collect(),
+            signer: parts.signer,
+            provider: parts.provider,
+            memory: parts.memory,
+            name: parts.name,
             started: Instant::now(),
             routes: Box::new(LocalRoutes::new(String::new())),
             dir: data_dir.join("shards"),
-            cfg: cfg.clone(),
+            cfg: parts.cfg,
             bulk,
             cluster: OnceLock::new(),
         })

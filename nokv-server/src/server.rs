@@ -22,7 +22,7 @@ use crate::cluster::{Cluster, ClusterRoutes};
 use crate::config::Settings;
 use crate::control::etcd::{ClusterConfig, EtcdControl, EtcdSettings};
 use crate::memory::BlockMemory;
-use crate::node::Node;
+use crate::node::{Node, NodeParts};
 use crate::object::ObjectProvider;
 use crate::object::ProviderConfig;
 use crate::route::LocalRoutes;
@@ -126,25 +126,20 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let endpoint = advertised_endpoint(settings.advertise.as_deref(), local);
     let client_config = bootstrap::write_client_config(&settings.data_dir, &endpoint, &material)?;
 
-    let node_parts = (
-        BlockMemory::new(settings.block_memory, settings.block_memory_wait),
-        material.signer.clone(),
-        settings.advertise.clone().unwrap_or_else(|| "local".into()),
-    );
-    let bulk = (settings.bulk_parallel, settings.bulk_mib_per_s);
+    let parts = |name: String| NodeParts {
+        shard_count: settings.shards,
+        cfg: settings.shard.clone(),
+        bulk: (settings.bulk_parallel, settings.bulk_mib_per_s),
+        memory: BlockMemory::new(settings.block_memory, settings.block_memory_wait),
+        provider: provider.clone(),
+        signer: material.signer.clone(),
+        name,
+    };
     let (node, cluster) = match &settings.cluster {
         None => {
-            let node = Node::open(
-                &settings.data_dir,
-                settings.shards,
-                &settings.shard,
-                bulk,
-                node_parts.0,
-                provider,
-                node_parts.1,
-                node_parts.2,
-            )?
-            .with_routes(Box::new(LocalRoutes::new(endpoint.clone())));
+            let name = settings.advertise.clone().unwrap_or_else(|| "local".into());
+            let node = Node::open(&settings.data_dir, parts(name))?
+                .with_routes(Box::new(LocalRoutes::new(endpoint.clone())));
             (Arc::new(node), None)
         }
         Some(c) => {
@@ -166,17 +161,8 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
             tracing::info!(cluster = %c.cluster, node = %c.node_id, ?outcome, "cluster mode");
             let routes = ClusterRoutes::new(endpoint.clone(), settings.shards);
             let node = Arc::new(
-                Node::open_cluster(
-                    &settings.data_dir,
-                    settings.shards,
-                    &settings.shard,
-                    bulk,
-                    node_parts.0,
-                    provider,
-                    node_parts.1,
-                    c.node_id.clone(),
-                )?
-                .with_routes(Box::new(routes.clone())),
+                Node::open_cluster(&settings.data_dir, parts(c.node_id.clone()))?
+                    .with_routes(Box::new(routes.clone())),
             );
             let cluster = Cluster::new(node.clone(), etcd, control, routes);
             (node, Some(cluster))
