@@ -197,3 +197,61 @@ pub async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::BenchCommand;
+    use crate::cli::{Cli, Command};
+
+    #[test]
+    fn bench_cluster_defaults_to_one_and_eight_clients_three_rounds_ten_moves_and_400_files() {
+        let cli = Cli::try_parse_from(["nokv", "bench", "cluster"]).expect("parses");
+        let Command::Bench(BenchCommand::Cluster {
+            clients,
+            rounds,
+            moves,
+            files,
+            ..
+        }) = cli.command
+        else {
+            panic!("not bench cluster: {:?}", cli.command);
+        };
+        assert_eq!((clients, rounds, moves, files), (vec![1, 8], 3, 10, 400));
+    }
+
+    #[test]
+    fn bench_cluster_takes_a_client_list_and_the_global_json_flag() {
+        let cli = Cli::try_parse_from([
+            "nokv",
+            "bench",
+            "cluster",
+            "--clients",
+            "1,4",
+            "--rounds",
+            "2",
+            "--moves",
+            "5",
+            "--files",
+            "50",
+            "--seconds",
+            "2",
+            "--json",
+        ])
+        .expect("parses");
+        assert!(cli.json);
+        let Command::Bench(BenchCommand::Cluster {
+            clients,
+            rounds,
+            moves,
+            files,
+            env,
+        }) = cli.command
+        else {
+            panic!("not bench cluster: {:?}", cli.command);
+        };
+        assert_eq!((clients, rounds, moves, files), (vec![1, 4], 2, 5, 50));
+        assert_eq!(env.seconds, 2.0);
+    }
+}
