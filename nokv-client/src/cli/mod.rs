@@ -243,7 +243,7 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
         token: cli.token,
     };
     if let Command::Bench(cmd) = cli.command {
-        return bench::run(cmd, async || Client::connect(&cfg.resolve()?).await).await;
+        return bench::run(cmd, out, async || Client::connect(&cfg.resolve()?).await).await;
     }
     if let Command::Workspace(cmd) = &cli.command {
         cmd.confirmed()?;

@@ -38,6 +38,18 @@ where
     F: Fn(C, u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = bool> + Send,
 {
+    let (lat_ms, elapsed) = load_samples(conns, seconds, op).await;
+    summarize(lat_ms, elapsed)
+}
+
+/// [`load`]'s raw figures: every successful operation's latency in ms and the seconds the
+/// run took (so rounds can be pooled before summarising).
+pub(super) async fn load_samples<C, F, Fut>(conns: Vec<C>, seconds: f64, op: F) -> (Vec<f64>, f64)
+where
+    C: Clone + Send + 'static,
+    F: Fn(C, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = bool> + Send,
+{
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
     let tasks: Vec<_> = conns
@@ -62,10 +74,11 @@ where
     for t in tasks {
         all.extend(t.await.unwrap_or_default());
     }
-    summarize(all, started.elapsed().as_secs_f64())
+    (all, started.elapsed().as_secs_f64())
 }
 
-fn small_write(ws: String, i: u64) -> pb::WriteRequest {
+/// The 4 KiB durable write every put benchmark measures (64 paths per workspace, rewritten).
+pub(super) fn small_write(ws: String, i: u64) -> pb::WriteRequest {
     pb::WriteRequest {
         workspace: ws,
         path: format!("bench/file-{}", i % 64),
@@ -74,7 +87,8 @@ fn small_write(ws: String, i: u64) -> pb::WriteRequest {
     }
 }
 
-async fn nokv_clients(d: &Daemon, n: usize) -> Result<Vec<(Client, String)>> {
+/// `n` clients of `d`, each with its own workspace `bench-w<i>` and a write token for it.
+pub(super) async fn nokv_clients(d: &Daemon, n: usize) -> Result<Vec<(Client, String)>> {
     let mut out = Vec::new();
     for i in 0..n {
         let ws = format!("bench-w{i}");
@@ -126,7 +140,7 @@ async fn etcd_put(ch: Channel, key: Vec<u8>) -> bool {
     .is_ok()
 }
 
-fn summary_row(name: &str, clients: usize, s: &Summary) -> Vec<String> {
+pub(super) fn summary_row(name: &str, clients: usize, s: &Summary) -> Vec<String> {
     vec![
         name.into(),
         clients.to_string(),

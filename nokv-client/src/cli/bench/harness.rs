@@ -70,15 +70,30 @@ pub struct Daemon {
     pub endpoint: String,
     pub ca: PathBuf,
     pub admin_token: String,
+    /// Directory holding the token secret `token` signs with: the data dir, or the cluster
+    /// directory of a daemon started with `--tls-dir`.
+    pub secret_dir: PathBuf,
 }
 
 impl Daemon {
     /// Starts `nokv-server` on a free port and waits for its ready line.
     pub fn start(server_bin: &Path, data_dir: &Path, extra: &[String]) -> Result<Daemon> {
+        Daemon::start_on(server_bin, data_dir, "127.0.0.1:0", extra)
+    }
+
+    /// Starts `nokv-server` listening on `listen` (a cluster node must know the port it
+    /// advertises before it starts) and waits for its ready line. CA and admin token come
+    /// from the `client.toml` it writes, so a daemon using a cluster directory is covered.
+    pub fn start_on(
+        server_bin: &Path,
+        data_dir: &Path,
+        listen: &str,
+        extra: &[String],
+    ) -> Result<Daemon> {
         let mut child = with_test_credentials(&mut Command::new(server_bin))
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0", "--log", "warn"])
+            .args(["--listen", listen, "--log", "warn"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -109,13 +124,24 @@ impl Daemon {
             server_bin: server_bin.to_path_buf(),
             data_dir: data_dir.to_path_buf(),
             endpoint,
-            ca: data_dir.join("tls/ca.pem"),
+            ca: table
+                .get("ca")
+                .and_then(|v| v.as_str())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| data_dir.join("tls/ca.pem")),
             admin_token: table
                 .get("token")
                 .and_then(|v| v.as_str())
                 .unwrap_or_default()
                 .to_string(),
+            secret_dir: data_dir.to_path_buf(),
         })
+    }
+
+    /// Tokens are signed with the secret in `dir` (a cluster directory) from now on.
+    pub fn with_secret_dir(mut self, dir: &Path) -> Daemon {
+        self.secret_dir = dir.to_path_buf();
+        self
     }
 
     pub fn config(&self, token: &str) -> ResolvedConfig {
@@ -130,7 +156,7 @@ impl Daemon {
     pub fn token(&self, workspace: &str) -> Result<String> {
         let out = Command::new(&self.server_bin)
             .args(["token", "issue", "--data-dir"])
-            .arg(&self.data_dir)
+            .arg(&self.secret_dir)
             .args(["--workspace", workspace, "--role", "write", "--ttl", "1d"])
             .output()
             .map_err(|e| local(e.to_string()))?;
@@ -178,6 +204,7 @@ impl Etcd {
 /// moto's S3 server on a free loopback port with one bucket.
 pub struct Moto {
     _proc: Proc,
+    port: u16,
     pub endpoint: String,
     pub bucket: String,
 }
@@ -200,19 +227,30 @@ impl Moto {
         http(port, "PUT", &format!("/{bucket}"))?;
         Ok(Moto {
             _proc: proc,
+            port,
             endpoint: format!("http://127.0.0.1:{port}"),
             bucket,
         })
     }
 
+    /// Creates another bucket on the same server.
+    pub fn create_bucket(&self, name: &str) -> Result<()> {
+        http(self.port, "PUT", &format!("/{name}")).map(|_| ())
+    }
+
     pub fn server_args(&self) -> Vec<String> {
+        self.server_args_for(&self.bucket)
+    }
+
+    /// Daemon flags for the S3 provider on this server with bucket `bucket`.
+    pub fn server_args_for(&self, bucket: &str) -> Vec<String> {
         [
             "--provider",
             "s3",
             "--s3-endpoint",
             &self.endpoint,
             "--s3-bucket",
-            &self.bucket,
+            bucket,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -298,13 +336,17 @@ pub fn summarize(mut lat_ms: Vec<f64>, seconds: f64) -> Summary {
 }
 
 pub fn print_table(title: &str, header: &[&str], rows: &[Vec<String>]) {
+    print!("{}", table(title, header, rows));
+}
+
+/// A titled table with right-aligned columns, preceded by a blank line.
+pub fn table(title: &str, header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
             widths[i] = widths[i].max(c.len());
         }
     }
-    println!("\n{title}");
     let line = |cells: Vec<&str>| {
         cells
             .iter()
@@ -313,19 +355,28 @@ pub fn print_table(title: &str, header: &[&str], rows: &[Vec<String>]) {
             .collect::<Vec<_>>()
             .join("  ")
     };
-    println!("{}", line(header.to_vec()));
+    let mut out = format!("\n{title}\n{}\n", line(header.to_vec()));
     for r in rows {
-        println!("{}", line(r.iter().map(|s| s.as_str()).collect()));
+        out.push_str(&line(r.iter().map(|s| s.as_str()).collect()));
+        out.push('\n');
     }
+    out
 }
 
 /// Writes the report as JSON into `dir/NAME.json` and says where.
 pub fn write_report(dir: &Path, name: &str, report: &Value) -> Result<PathBuf> {
+    let path = save_report(dir, name, report)?;
+    println!("\nreport written to {}", path.display());
+    Ok(path)
+}
+
+/// Writes the report as JSON into `dir/NAME.json`, silently (for `--json` runs, whose stdout
+/// is one document).
+pub fn save_report(dir: &Path, name: &str, report: &Value) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| local(format!("{}: {e}", dir.display())))?;
     let path = dir.join(format!("{name}.json"));
     let text = serde_json::to_string_pretty(report).expect("report serialises");
     std::fs::write(&path, text).map_err(|e| local(format!("{}: {e}", path.display())))?;
-    println!("\nreport written to {}", path.display());
     Ok(path)
 }
 

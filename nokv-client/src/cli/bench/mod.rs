@@ -1,5 +1,6 @@
 //! `nokv bench`: the probe's workers (`session`, `upload`) and the side-by-side benchmarks.
 
+mod cluster;
 mod compare;
 mod harness;
 mod loops;
@@ -10,6 +11,7 @@ use clap::Subcommand;
 use nokv_client::{Client, ClientError};
 use serde_json::json;
 
+use super::output::Output;
 use compare::BenchEnv;
 
 #[derive(Debug, Subcommand)]
@@ -63,7 +65,26 @@ pub enum BenchCommand {
         #[command(flatten)]
         env: EnvArgs,
     },
-    /// Every comparison above, in one run.
+    /// Cluster mode's costs: put p50 of a one-node cluster vs the embedded daemon (alternating
+    /// rounds), then shard handoff times between two nodes. Starts etcd, moto and the daemons.
+    /// With --json, prints one JSON document instead of the tables.
+    Cluster {
+        #[command(flatten)]
+        env: EnvArgs,
+        /// Concurrent clients per put measurement.
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        clients: Vec<usize>,
+        /// Put rounds per daemon and client count, each --seconds long, alternating daemons.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Shard moves to time (back and forth between the two nodes).
+        #[arg(long, default_value_t = 10)]
+        moves: u32,
+        /// Small files (1 KiB) written into the moved shard before the moves.
+        #[arg(long, default_value_t = 400)]
+        files: u32,
+    },
+    /// Every comparison above but cluster, in one run.
     All {
         #[command(flatten)]
         env: EnvArgs,
@@ -102,6 +123,7 @@ impl EnvArgs {
 /// Worker commands use the CLI's connection settings; comparisons start their own daemon.
 pub async fn run(
     cmd: BenchCommand,
+    out: Output,
     connect: impl AsyncFnOnce() -> Result<Client, ClientError>,
 ) -> Result<(), ClientError> {
     match cmd {
@@ -143,6 +165,26 @@ pub async fn run(
             let r = compare::scaling(&env.env()).await?;
             harness::write_report(&env.out, "scaling", &r).map(|_| ())
         }
+        BenchCommand::Cluster {
+            env,
+            clients,
+            rounds,
+            moves,
+            files,
+        } => {
+            let bench = cluster::ClusterBench {
+                clients,
+                rounds,
+                moves,
+                files,
+            };
+            let (report, text) = cluster::run(&env.env(), &bench).await?;
+            let path = harness::save_report(&env.out, "cluster", &report)?;
+            out.emit(report, || {
+                format!("{text}\nreport written to {}", path.display())
+            });
+            Ok(())
+        }
         BenchCommand::All { env } => {
             let e = env.env();
             let all = json!({
@@ -153,5 +195,63 @@ pub async fn run(
             });
             harness::write_report(&env.out, "all", &all).map(|_| ())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::BenchCommand;
+    use crate::cli::{Cli, Command};
+
+    #[test]
+    fn bench_cluster_defaults_to_one_and_eight_clients_three_rounds_ten_moves_and_400_files() {
+        let cli = Cli::try_parse_from(["nokv", "bench", "cluster"]).expect("parses");
+        let Command::Bench(BenchCommand::Cluster {
+            clients,
+            rounds,
+            moves,
+            files,
+            ..
+        }) = cli.command
+        else {
+            panic!("not bench cluster: {:?}", cli.command);
+        };
+        assert_eq!((clients, rounds, moves, files), (vec![1, 8], 3, 10, 400));
+    }
+
+    #[test]
+    fn bench_cluster_takes_a_client_list_and_the_global_json_flag() {
+        let cli = Cli::try_parse_from([
+            "nokv",
+            "bench",
+            "cluster",
+            "--clients",
+            "1,4",
+            "--rounds",
+            "2",
+            "--moves",
+            "5",
+            "--files",
+            "50",
+            "--seconds",
+            "2",
+            "--json",
+        ])
+        .expect("parses");
+        assert!(cli.json);
+        let Command::Bench(BenchCommand::Cluster {
+            clients,
+            rounds,
+            moves,
+            files,
+            env,
+        }) = cli.command
+        else {
+            panic!("not bench cluster: {:?}", cli.command);
+        };
+        assert_eq!((clients, rounds, moves, files), (vec![1, 4], 2, 5, 50));
+        assert_eq!(env.seconds, 2.0);
     }
 }

@@ -1,0 +1,514 @@
+//! `nokv bench cluster`: what cluster mode costs, measured side by side in one run.
+//!
+//! * **put**: the 4 KiB durable write loop of the other put benchmarks against an embedded
+//!   daemon and a one-node cluster. Both share everything but `--etcd`/`--cluster`: the same
+//!   cluster TLS directory (certificate and token secret), the same moto server (one bucket
+//!   each, since a cluster records its bucket), the same flags. Rounds alternate
+//!   embedded/cluster/embedded/cluster so that drift (page cache, the other tenants of the
+//!   machine) hits both sides; each side's rounds are pooled before its percentiles are taken.
+//!   The claim under test: no etcd round trip on the request path, so the ratio is about 1.0.
+//! * **handoff**: a second node joins; a few hundred small files go into workspaces of one
+//!   shard so its checkpoint is not empty; the shard then moves back and forth between the two
+//!   nodes with MoveShard, sent to the current owner. The RPC answers once the target serves
+//!   the shard, so its client-side duration is the handoff as a caller sees it; the server's own
+//!   figure is reported next to it. Before every move the cluster is let settle (every shard
+//!   serving under a live owner, balanced), so the balancer's hand-off of the surplus shard a
+//!   move creates is never timed as part of the next move.
+//!
+//! Nothing here asserts a timing; figures are printed and written as JSON.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nokv_client::config::ResolvedConfig;
+use nokv_client::{Client, ClientError};
+use nokv_proto::v1 as pb;
+use serde_json::{Value, json};
+
+use super::compare::{BenchEnv, load_samples, nokv_clients, small_write, summary_row};
+use super::harness::{
+    Daemon, Etcd, Moto, Result, Scratch, Summary, f2, free_port, percentile, summarize, table,
+};
+
+/// Cluster name of the bench cluster.
+const CLUSTER: &str = "bench";
+/// Bucket of the cluster (the embedded daemon uses moto's default bucket).
+const CLUSTER_BUCKET: &str = "nokv-bench-cluster";
+/// Bound on waiting for a cluster state (joining, balancing through checkpoints).
+const SETTLE_DEADLINE: Duration = Duration::from_secs(180);
+/// Pause between two reads of the cluster view while waiting.
+const VIEW_POLL: Duration = Duration::from_millis(100);
+/// Size of each file written into the moved shard.
+const HANDOFF_FILE_BYTES: usize = 1024;
+/// Workspaces of the moved shard the files are spread over.
+const HANDOFF_WORKSPACES: usize = 4;
+
+/// What to measure (flags of `nokv bench cluster`).
+pub struct ClusterBench {
+    /// Concurrent clients per put measurement.
+    pub clients: Vec<usize>,
+    /// Rounds per side and client count (each `env.seconds` long).
+    pub rounds: u32,
+    /// Shard moves to time.
+    pub moves: u32,
+    /// Small files written into the moved shard before the moves.
+    pub files: u32,
+}
+
+fn local(msg: impl Into<String>) -> ClientError {
+    ClientError::local(msg)
+}
+
+/// The shared pieces of a bench cluster: the TLS directory every daemon uses.
+struct ClusterDir {
+    dir: PathBuf,
+}
+
+impl ClusterDir {
+    /// `nokv-server cluster init --dir DIR --host 127.0.0.1`.
+    fn init(server_bin: &Path, dir: PathBuf) -> Result<ClusterDir> {
+        let out = Command::new(server_bin)
+            .args(["cluster", "init", "--dir"])
+            .arg(&dir)
+            .args(["--host", "127.0.0.1"])
+            .output()
+            .map_err(|e| local(format!("{}: {e}", server_bin.display())))?;
+        if !out.status.success() {
+            return Err(local(format!(
+                "nokv-server cluster init: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(ClusterDir { dir })
+    }
+
+    /// A client of `endpoints` (comma-separated) with the cluster's admin token.
+    async fn admin(&self, endpoints: &str) -> Result<Client> {
+        let token = std::fs::read_to_string(self.dir.join("admin.token"))
+            .map_err(|e| local(format!("admin.token: {e}")))?;
+        Client::connect(&ResolvedConfig {
+            endpoint: endpoints.to_string(),
+            ca: self.dir.join("ca.pem"),
+            token: Some(token.trim().to_string()),
+        })
+        .await
+    }
+}
+
+/// Starts one daemon on a fixed loopback port with the cluster directory's identity; with
+/// `etcd`, as node `id` of the bench cluster, else embedded (the only difference).
+fn start_daemon(
+    env: &BenchEnv,
+    scratch: &Scratch,
+    c: &ClusterDir,
+    id: &str,
+    provider: Vec<String>,
+    etcd: Option<&Etcd>,
+) -> Result<Daemon> {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut args: Vec<String> = vec![
+        "--advertise".into(),
+        addr.clone(),
+        "--node-id".into(),
+        id.into(),
+        "--tls-dir".into(),
+        c.dir.display().to_string(),
+    ];
+    args.extend(provider);
+    if let Some(etcd) = etcd {
+        args.extend([
+            "--etcd".into(),
+            etcd.endpoint.clone(),
+            "--cluster".into(),
+            CLUSTER.into(),
+        ]);
+    }
+    let data_dir = scratch.0.join(id);
+    Ok(Daemon::start_on(&env.server_bin, &data_dir, &addr, &args)?.with_secret_dir(&c.dir))
+}
+
+/// Polls the cluster view until `ok` holds; fails with the last view's summary after
+/// [`SETTLE_DEADLINE`]. Errors while polling (a node between states) are retried.
+async fn wait_view(
+    admin: &Client,
+    what: &str,
+    ok: impl Fn(&pb::ClusterResponse) -> bool,
+) -> Result<pb::ClusterResponse> {
+    let deadline = Instant::now() + SETTLE_DEADLINE;
+    loop {
+        let last = match admin.cluster().await {
+            Ok(view) if ok(&view) => return Ok(view),
+            Ok(view) => describe(&view),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(local(format!("the cluster did not reach {what}: {last}")));
+        }
+        tokio::time::sleep(VIEW_POLL).await;
+    }
+}
+
+/// `owner:count` per owner and the shards not serving under a live owner (for errors).
+fn describe(view: &pb::ClusterResponse) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut unsettled = Vec::new();
+    for s in &view.shards {
+        *counts.entry(s.owner.as_str()).or_default() += 1;
+        if s.state != "serving" || !s.owner_alive {
+            unsettled.push(format!("{}:{}", s.shard, s.state));
+        }
+    }
+    format!("owners {counts:?}, unsettled {unsettled:?}")
+}
+
+/// Every shard serving under a live owner among `nodes`, every node holding
+/// floor or ceil of shards/nodes, and no other node alive.
+fn settled(view: &pb::ClusterResponse, nodes: &[&str]) -> bool {
+    let alive: Vec<&str> = view
+        .nodes
+        .iter()
+        .filter(|n| n.alive)
+        .map(|n| n.id.as_str())
+        .collect();
+    if alive.len() != nodes.len() || !nodes.iter().all(|n| alive.contains(n)) {
+        return false;
+    }
+    let shards = view.shards.len();
+    let (floor, ceil) = (shards / nodes.len(), shards.div_ceil(nodes.len()));
+    let all_serving = view
+        .shards
+        .iter()
+        .all(|s| s.state == "serving" && s.owner_alive && nodes.contains(&s.owner.as_str()));
+    all_serving
+        && nodes.iter().all(|n| {
+            let held = view.shards.iter().filter(|s| s.owner == *n).count();
+            (floor..=ceil).contains(&held)
+        })
+}
+
+/// One side of the put comparison: its clients, their pooled latencies and time, and each
+/// round's p50.
+struct Side {
+    conns: Vec<(Client, String)>,
+    lat_ms: Vec<f64>,
+    seconds: f64,
+    round_p50_ms: Vec<f64>,
+}
+
+impl Side {
+    async fn new(d: &Daemon, clients: usize) -> Result<Side> {
+        let conns = nokv_clients(d, clients).await?;
+        // Warm-up: TLS handshakes and each workspace's first write are not measured.
+        for (c, ws) in &conns {
+            c.write(small_write(ws.clone(), 0)).await?;
+        }
+        Ok(Side {
+            conns,
+            lat_ms: Vec::new(),
+            seconds: 0.0,
+            round_p50_ms: Vec::new(),
+        })
+    }
+
+    async fn round(&mut self, seconds: f64) {
+        let (mut lat, elapsed) = load_samples(
+            self.conns.clone(),
+            seconds,
+            |(c, ws): (Client, String), i| async move { c.write(small_write(ws, i)).await.is_ok() },
+        )
+        .await;
+        lat.sort_by(|a, b| a.total_cmp(b));
+        self.round_p50_ms.push(percentile(&lat, 50.0));
+        self.lat_ms.extend(lat);
+        self.seconds += elapsed;
+    }
+
+    fn summary(&self) -> Summary {
+        summarize(self.lat_ms.clone(), self.seconds)
+    }
+}
+
+/// The put comparison at each client count (module doc).
+async fn put_side_by_side(
+    env: &BenchEnv,
+    bench: &ClusterBench,
+    embedded: &Daemon,
+    node: &Daemon,
+) -> Result<(Vec<Value>, Vec<Vec<String>>)> {
+    let (mut results, mut rows) = (Vec::new(), Vec::new());
+    for &clients in &bench.clients {
+        eprintln!("put: {clients} client(s), {} rounds per side", bench.rounds);
+        let mut a = Side::new(embedded, clients).await?;
+        let mut b = Side::new(node, clients).await?;
+        for _ in 0..bench.rounds {
+            a.round(env.seconds).await;
+            b.round(env.seconds).await;
+        }
+        let (sa, sb) = (a.summary(), b.summary());
+        rows.push(summary_row("embedded", clients, &sa));
+        rows.push(summary_row("cluster node", clients, &sb));
+        results.push(json!({
+            "clients": clients,
+            "embedded": sa,
+            "cluster": sb,
+            "embedded_round_p50_ms": a.round_p50_ms,
+            "cluster_round_p50_ms": b.round_p50_ms,
+            "p50_ratio_cluster_over_embedded": sb.p50_ms / sa.p50_ms,
+            "p99_ratio_cluster_over_embedded": sb.p99_ms / sa.p99_ms,
+            "ops_ratio_cluster_over_embedded": sb.ops_per_s / sa.ops_per_s,
+        }));
+    }
+    Ok((results, rows))
+}
+
+/// Workspaces `handoff-<i>` that route to one shard (the shard of the first).
+async fn one_shards_workspaces(admin: &Client) -> Result<(u32, Vec<String>)> {
+    let shard = admin.route("handoff-0").await?.shard;
+    let mut found = vec!["handoff-0".to_string()];
+    for i in 1..10_000 {
+        if found.len() == HANDOFF_WORKSPACES {
+            break;
+        }
+        let ws = format!("handoff-{i}");
+        if admin.route(&ws).await?.shard == shard {
+            found.push(ws);
+        }
+    }
+    Ok((shard, found))
+}
+
+/// Writes `files` small files spread over `workspaces`, one writer per workspace.
+async fn fill(admin: &Client, workspaces: &[String], files: u32) -> Result<()> {
+    let tasks: Vec<_> = workspaces
+        .iter()
+        .enumerate()
+        .map(|(w, ws)| {
+            let (c, ws, n) = (admin.clone(), ws.clone(), workspaces.len() as u32);
+            tokio::spawn(async move {
+                for i in (w as u32..files).step_by(n as usize) {
+                    c.write(pb::WriteRequest {
+                        workspace: ws.clone(),
+                        path: format!("handoff/file-{i}.txt"),
+                        data: super::loops::random_data(HANDOFF_FILE_BYTES).into(),
+                        ..Default::default()
+                    })
+                    .await?;
+                }
+                Ok::<(), ClientError>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.map_err(|e| local(e.to_string()))??;
+    }
+    Ok(())
+}
+
+/// Min, median (nearest rank) and max.
+fn spread(v: &[f64]) -> Value {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    json!({
+        "min": s.first().copied().unwrap_or(f64::NAN),
+        "median": percentile(&s, 50.0),
+        "max": s.last().copied().unwrap_or(f64::NAN),
+    })
+}
+
+/// The handoff measurement (module doc): `nodes` are the two node daemons by id.
+async fn handoffs(
+    bench: &ClusterBench,
+    c: &ClusterDir,
+    nodes: &[(&str, &Daemon)],
+) -> Result<Value> {
+    let ids: Vec<&str> = nodes.iter().map(|(id, _)| *id).collect();
+    let all = nodes
+        .iter()
+        .map(|(_, d)| d.endpoint.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let admin = c.admin(&all).await?;
+    eprintln!("handoff: waiting for {} nodes to balance", ids.len());
+    wait_view(&admin, "a balanced two-node cluster", |v| settled(v, &ids)).await?;
+    let (shard, workspaces) = one_shards_workspaces(&admin).await?;
+    eprintln!(
+        "handoff: writing {} files into shard {shard} ({})",
+        bench.files,
+        workspaces.join(", ")
+    );
+    fill(&admin, &workspaces, bench.files).await?;
+    // One client per node: each move goes straight to the current owner (no hint hop).
+    let mut direct = BTreeMap::new();
+    for (id, d) in nodes {
+        direct.insert(id.to_string(), c.admin(&d.endpoint).await?);
+    }
+    let (mut moves, mut client_ms, mut server_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let mut checkpoint_size = 0;
+    for m in 0..bench.moves {
+        let view = wait_view(&admin, "a settled cluster", |v| settled(v, &ids)).await?;
+        let owner = view
+            .shards
+            .iter()
+            .find(|s| s.shard == shard)
+            .map(|s| s.owner.clone())
+            .unwrap_or_default();
+        let to = ids
+            .iter()
+            .find(|id| **id != owner)
+            .expect("two nodes")
+            .to_string();
+        let from = direct
+            .get(&owner)
+            .ok_or_else(|| local(format!("shard {shard} is owned by unknown node {owner:?}")))?;
+        let t = Instant::now();
+        let r = from.move_shard(shard, &to).await?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let view = admin.cluster().await?;
+        let size = view
+            .shards
+            .iter()
+            .find(|s| s.shard == shard && s.has_checkpoint)
+            .map(|s| s.checkpoint_size)
+            .unwrap_or(0);
+        checkpoint_size = size;
+        eprintln!(
+            "handoff: move {}/{}: shard {shard} {owner} -> {to} in {ms:.1} ms (server {} ms, epoch {}, checkpoint {size} B)",
+            m + 1,
+            bench.moves,
+            r.elapsed_ms,
+            r.epoch
+        );
+        client_ms.push(ms);
+        server_ms.push(r.elapsed_ms as f64);
+        moves.push(json!({
+            "from": owner, "to": to, "client_ms": ms, "server_ms": r.elapsed_ms,
+            "epoch": r.epoch, "checkpoint_size": size,
+        }));
+    }
+    // The moved data is intact: every file is still there at the end.
+    let entries = count_files(&admin, &workspaces, bench.files).await?;
+    Ok(json!({
+        "shard": shard,
+        "workspaces": workspaces,
+        "files": bench.files,
+        "file_bytes": HANDOFF_FILE_BYTES,
+        "files_found_after_moves": entries,
+        "checkpoint_size": checkpoint_size,
+        "moves": moves,
+        "client_ms": spread(&client_ms),
+        "server_ms": spread(&server_ms),
+    }))
+}
+
+/// How many of the `files` written by [`fill`] the owner finds now.
+async fn count_files(admin: &Client, workspaces: &[String], files: u32) -> Result<u32> {
+    let mut found = 0;
+    for i in 0..files {
+        let ws = &workspaces[i as usize % workspaces.len()];
+        match admin.stat(ws, &format!("handoff/file-{i}.txt")).await {
+            Ok(_) => found += 1,
+            Err(e) if e.is("NotFound") => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(found)
+}
+
+/// Runs both measurements (module doc) and returns the report and its human text.
+pub async fn run(env: &BenchEnv, bench: &ClusterBench) -> Result<(Value, String)> {
+    let scratch = Scratch::new(&env.work_dir, "cluster")?;
+    let etcd = Etcd::start(&scratch.0)?;
+    let moto = Moto::start()?;
+    moto.create_bucket(CLUSTER_BUCKET)?;
+    let c = ClusterDir::init(&env.server_bin, scratch.0.join("cluster"))?;
+    let embedded = start_daemon(env, &scratch, &c, "embedded", moto.server_args(), None)?;
+    let n1 = start_daemon(
+        env,
+        &scratch,
+        &c,
+        "n1",
+        moto.server_args_for(CLUSTER_BUCKET),
+        Some(&etcd),
+    )?;
+    let admin = c.admin(&n1.endpoint).await?;
+    eprintln!("put: waiting for node n1 to serve every shard");
+    wait_view(&admin, "n1 serving every shard", |v| settled(v, &["n1"])).await?;
+    let (put, put_rows) = put_side_by_side(env, bench, &embedded, &n1).await?;
+    drop(embedded);
+
+    let n2 = start_daemon(
+        env,
+        &scratch,
+        &c,
+        "n2",
+        moto.server_args_for(CLUSTER_BUCKET),
+        Some(&etcd),
+    )?;
+    let handoff = handoffs(bench, &c, &[("n1", &n1), ("n2", &n2)]).await?;
+
+    let report = json!({
+        "bench": "cluster",
+        "seconds": env.seconds,
+        "rounds": bench.rounds,
+        "put": put,
+        "handoff": handoff,
+    });
+    Ok((report.clone(), text(env, bench, &report, &put_rows)))
+}
+
+fn text(env: &BenchEnv, bench: &ClusterBench, report: &Value, put_rows: &[Vec<String>]) -> String {
+    let num = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let mut out = table(
+        &format!(
+            "cluster put: 4 KiB durable writes, embedded vs one-node cluster (same TLS, flags, moto), \
+             {} x {}s rounds per side, alternating",
+            bench.rounds, env.seconds
+        ),
+        &["daemon", "clients", "p50 ms", "p99 ms", "ops/s"],
+        put_rows,
+    );
+    for r in report["put"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  {} client(s): cluster/embedded p50 ratio {:.2}, p99 ratio {:.2}, ops/s ratio {:.2}\n",
+            r["clients"],
+            num(&r["p50_ratio_cluster_over_embedded"]),
+            num(&r["p99_ratio_cluster_over_embedded"]),
+            num(&r["ops_ratio_cluster_over_embedded"]),
+        ));
+    }
+    let h = &report["handoff"];
+    let rows = ["client_ms", "server_ms"]
+        .iter()
+        .map(|k| {
+            vec![
+                if *k == "client_ms" {
+                    "MoveShard (client)".to_string()
+                } else {
+                    "MoveShard (server)".to_string()
+                },
+                f2(num(&h[k]["min"])),
+                f2(num(&h[k]["median"])),
+                f2(num(&h[k]["max"])),
+            ]
+        })
+        .collect::<Vec<_>>();
+    out.push_str(&table(
+        &format!(
+            "cluster handoff: shard {} moved {} times between n1 and n2 ({} files of {} B in {} workspaces)",
+            h["shard"],
+            h["moves"].as_array().map(Vec::len).unwrap_or(0),
+            h["files"],
+            HANDOFF_FILE_BYTES,
+            h["workspaces"].as_array().map(Vec::len).unwrap_or(0),
+        ),
+        &["timing", "min ms", "median ms", "max ms"],
+        &rows,
+    ));
+    out.push_str(&format!(
+        "  checkpoint size {} B; {} of {} files found after the moves\n",
+        h["checkpoint_size"], h["files_found_after_moves"], h["files"]
+    ));
+    out
+}
