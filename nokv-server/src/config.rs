@@ -114,8 +114,10 @@ pub struct ServeArgs {
     /// Listen address; port 0 picks a free port [default: 127.0.0.1:7878].
     #[arg(long, env = "NOKV_LISTEN")]
     pub listen: Option<String>,
-    /// Host name clients use to reach this node. With development material it is added to the
-    /// certificate's names; with --tls-dir it chooses the node's certificate (nodes/HOST.pem).
+    /// HOST or HOST:PORT clients and other nodes use to reach this node (a cluster node
+    /// advertises HOST:PORT; without a port the bound port is used). With development material
+    /// HOST is added to the certificate's names; with --tls-dir it chooses the node's
+    /// certificate (nodes/HOST.pem).
     #[arg(long, env = "NOKV_ADVERTISE")]
     pub advertise: Option<String>,
     /// Number of shards [default: 16].
