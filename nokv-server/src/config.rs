@@ -614,6 +614,28 @@ mod tests {
     }
 
     #[test]
+    fn metrics_are_served_only_when_metrics_listen_is_set_by_flag_or_file_and_never_on_an_empty_address()
+     {
+        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
+        assert_eq!(s.metrics_listen, None);
+        let s = Cli::parse_from(["nokv-server", "--metrics-listen", "127.0.0.1:9464"])
+            .serve
+            .resolve()
+            .unwrap();
+        assert_eq!(s.metrics_listen.as_deref(), Some("127.0.0.1:9464"));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "metrics_listen = \"[::1]:9464\"\n").unwrap();
+        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap()]);
+        assert_eq!(
+            cli.serve.resolve().unwrap().metrics_listen.as_deref(),
+            Some("[::1]:9464")
+        );
+        let cli = Cli::parse_from(["nokv-server", "--metrics-listen", " "]);
+        assert!(cli.serve.resolve().is_err());
+    }
+
+    #[test]
     fn the_shipped_example_configuration_parses() {
         let example = include_str!("../../deploy/nokv-server.example.toml");
         let args: ServeArgs = toml::from_str(example).unwrap();
