@@ -453,6 +453,17 @@ impl Client {
         Ok(r.into_inner())
     }
 
+    /// The node's audit events, newest first: `limit` 1–1000 (0 = the server's default, 50).
+    pub async fn list_events(&self, limit: u32) -> Result<pb::ListEventsResponse> {
+        let r = self
+            .retrying("list_events", |conn| {
+                let mut c = conn.admin;
+                async move { c.list_events(pb::ListEventsRequest { limit }).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
             .retrying("health", |conn| {

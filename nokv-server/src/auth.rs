@@ -21,3 +21,21 @@ pub fn authenticate<T>(signer: &Signer, req: &Request<T>) -> Result<Claims> {
         .ok_or_else(|| Error::Unauthenticated("authorization is not a Bearer token".into()))?;
     signer.verify(token.trim())
 }
+
+/// [`authenticate`], also returning the token's id for audit events
+/// ([`crate::events::token_id`]; never the token itself).
+pub fn authenticate_with_id<T>(signer: &Signer, req: &Request<T>) -> Result<(Claims, String)> {
+    let claims = authenticate(signer, req)?;
+    let token = req
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(|t| {
+            t.strip_prefix("Bearer ")
+                .or_else(|| t.strip_prefix("bearer "))
+                .unwrap_or(t)
+                .trim()
+        })
+        .unwrap_or_default();
+    Ok((claims, crate::events::token_id(token)))
+}

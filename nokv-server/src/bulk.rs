@@ -48,9 +48,12 @@ impl Bulk {
 
     /// Waits until the bandwidth budget admits `bytes` more (immediately without a budget).
     pub async fn admit(&self, bytes: u64) {
+        let m = crate::metrics::metrics();
+        m.bulk_bytes.inc_by(bytes);
         let Some((rate, next)) = &self.pace else {
             return;
         };
+        let waiting = std::time::Instant::now();
         let start = {
             let mut next = next.lock();
             let (start, following) = schedule(*next, tokio::time::Instant::now(), bytes, *rate);
@@ -58,6 +61,8 @@ impl Bulk {
             start
         };
         tokio::time::sleep_until(start).await;
+        m.bulk_admission_wait
+            .observe(waiting.elapsed().as_secs_f64());
     }
 
     /// Runs `work` on a bulk thread and waits for it.
@@ -69,7 +74,11 @@ impl Bulk {
             .runtime
             .as_ref()
             .expect("bulk runtime lives until drop");
+        let waiting = std::time::Instant::now();
         let permit = self.permits.clone().acquire_owned().await.expect("open");
+        crate::metrics::metrics()
+            .bulk_admission_wait
+            .observe(waiting.elapsed().as_secs_f64());
         rt.spawn(async move {
             let _p = permit;
             work.await

@@ -163,6 +163,11 @@ pub struct ServeArgs {
     /// Async worker threads serving requests [default: one per CPU].
     #[arg(long, env = "NOKV_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+    /// Serve Prometheus metrics over plain HTTP at http://ADDR/metrics, e.g. 127.0.0.1:9464
+    /// (bind to loopback or a monitoring network: no TLS, no auth; metrics carry no secrets)
+    /// [default: off].
+    #[arg(long, env = "NOKV_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// Object provider: local | s3 | memory [default: local, under DATA_DIR/objects].
     #[arg(long, env = "NOKV_PROVIDER")]
     pub provider: Option<String>,
@@ -270,6 +275,8 @@ pub struct Settings {
     pub reconcile_interval: Duration,
     pub bulk_parallel: usize,
     pub worker_threads: Option<usize>,
+    /// `--metrics-listen`: where `GET /metrics` is served; `None` = off.
+    pub metrics_listen: Option<String>,
     pub bulk_mib_per_s: Option<f64>,
     /// Bytes of the block-memory budget (see [`crate::memory`]).
     pub block_memory: u64,
@@ -315,6 +322,7 @@ impl ServeArgs {
                 upload_lease,
                 bulk_parallel,
                 worker_threads,
+                metrics_listen,
                 bulk_mib_per_s,
                 block_memory,
                 block_memory_wait,
@@ -435,6 +443,14 @@ impl ServeArgs {
             reconcile_interval,
             bulk_parallel: self.bulk_parallel.unwrap_or(2),
             worker_threads: self.worker_threads,
+            metrics_listen: match self.metrics_listen {
+                Some(a) if a.trim().is_empty() => {
+                    return Err(ConfigError(
+                        "metrics_listen is empty: give HOST:PORT (e.g. 127.0.0.1:9464) or leave it out".into(),
+                    ));
+                }
+                other => other,
+            },
             bulk_mib_per_s: match self.bulk_mib_per_s {
                 Some(r) if r < 0.0 || !r.is_finite() => {
                     return Err(ConfigError("bulk_mib_per_s must be >= 0".into()));
@@ -597,6 +613,28 @@ mod tests {
             cli.serve.resolve().unwrap().shard.retired_grace,
             Duration::from_secs(3600)
         );
+    }
+
+    #[test]
+    fn metrics_are_served_only_when_metrics_listen_is_set_by_flag_or_file_and_never_on_an_empty_address()
+     {
+        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
+        assert_eq!(s.metrics_listen, None);
+        let s = Cli::parse_from(["nokv-server", "--metrics-listen", "127.0.0.1:9464"])
+            .serve
+            .resolve()
+            .unwrap();
+        assert_eq!(s.metrics_listen.as_deref(), Some("127.0.0.1:9464"));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "metrics_listen = \"[::1]:9464\"\n").unwrap();
+        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap()]);
+        assert_eq!(
+            cli.serve.resolve().unwrap().metrics_listen.as_deref(),
+            Some("[::1]:9464")
+        );
+        let cli = Cli::parse_from(["nokv-server", "--metrics-listen", " "]);
+        assert!(cli.serve.resolve().is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use nokv_server::config::{Cli, ClusterCommand, Command, TokenCommand};
 use nokv_server::token::{Claims, Role, parse_duration, token_expiry};
-use nokv_server::{bootstrap, cluster_tls, names, server};
+use nokv_server::{bootstrap, cluster_tls, events, names, server};
 
 fn main() -> ExitCode {
     // One process-wide crypto provider, chosen explicitly before any TLS or store is built.
@@ -152,11 +152,35 @@ fn issue_token(
             .and_then(token_expiry)
             .map_err(|e| e.to_string())?;
         let signer = bootstrap::load_signer(data_dir).map_err(|e| e.to_string())?;
-        Ok(signer.issue(&Claims {
+        let token = signer.issue(&Claims {
             workspaces: workspaces.to_vec(),
             role,
             expires,
-        }))
+        });
+        // The audit event is durable before the token exists anywhere else: a token whose
+        // issue could not be recorded is never printed (see nokv_server::events).
+        let event = events::Event {
+            at_unix_ms: events::now_unix_ms(),
+            token_id: String::new(),
+            role: events::Who::local().role,
+            action: events::Action::TokenIssue.as_str().into(),
+            target: format!(
+                "token {} role={} workspaces={} ttl={}",
+                events::token_id(&token),
+                events::role_name(role),
+                events::clip(&workspaces.join(",")),
+                events::clip(ttl)
+            ),
+            outcome: events::OK.into(),
+            reason: String::new(),
+        };
+        events::append_to_dir(data_dir, &event).map_err(|e| {
+            format!(
+                "recording the audit event in {}: {e}; no token was issued",
+                data_dir.join(events::EVENTS_FILE).display()
+            )
+        })?;
+        Ok(token)
     })();
     match result {
         Ok(t) => {

@@ -94,11 +94,17 @@ impl BlockMemory {
             .min(self.capacity)
             .min(u32::MAX as usize) as u32;
         let acquire = self.permits.clone().acquire_many_owned(n);
+        let waiting = std::time::Instant::now();
+        let m = crate::metrics::metrics();
         match tokio::time::timeout(self.wait, acquire).await {
-            Ok(permit) => Ok(Reservation {
-                permit: permit.expect("the budget's semaphore is never closed"),
-            }),
+            Ok(permit) => {
+                m.block_memory_wait.observe(waiting.elapsed().as_secs_f64());
+                Ok(Reservation {
+                    permit: permit.expect("the budget's semaphore is never closed"),
+                })
+            }
             Err(_) => {
+                m.block_memory_refused.inc();
                 tracing::warn!(
                     bytes,
                     budget = self.capacity,

@@ -13,6 +13,7 @@ use crate::bulk::Bulk;
 use crate::cluster::Cluster;
 use crate::control::etcd::{ClusterView, NodeRecord, OwnerKey, ShardRecord, ShardState, ShardView};
 use crate::error::{Error, Result};
+use crate::events::EventLog;
 use crate::memory::BlockMemory;
 use crate::meta::MetaStore;
 use crate::object::ObjectProvider;
@@ -39,6 +40,8 @@ pub struct Node {
     bulk: Arc<Bulk>,
     /// The cluster runtime, in cluster mode (weak: the runtime holds the node).
     cluster: OnceLock<Weak<Cluster>>,
+    /// The node's audit events (`DATA_DIR/events.jsonl`, see [`crate::events`]).
+    pub events: EventLog,
 }
 
 /// A shard id as this node holds it.
@@ -115,6 +118,12 @@ impl Node {
             cfg: parts.cfg,
             bulk,
             cluster: OnceLock::new(),
+            events: EventLog::open(data_dir).map_err(|e| {
+                Error::Internal(format!(
+                    "{}: {e}",
+                    data_dir.join(crate::events::EVENTS_FILE).display()
+                ))
+            })?,
         })
     }
 

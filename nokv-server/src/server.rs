@@ -194,6 +194,8 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     // Built before the banner: a bad TLS identity is a start-up failure, never a daemon that
     // announced itself and then exits.
     let router = Server::builder()
+        // Per-RPC counts and latencies (see crate::metrics); cheap whether or not scraped.
+        .layer(crate::metrics::RpcMetricsLayer)
         // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
         // round trips. One block per stream and a few blocks per connection bound the memory
         // a connection can make the server buffer (see MAX_STREAMS_PER_CONNECTION).
@@ -219,6 +221,29 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let balancing = cluster
         .clone()
         .map(|c| tokio::spawn(c.run(stop_rx.clone())));
+    let metrics = match &settings.metrics_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Listen {
+                    addr: addr.clone(),
+                    source,
+                })?;
+            let bound = listener.local_addr().map_err(|source| ServeError::Listen {
+                addr: addr.clone(),
+                source,
+            })?;
+            Some((
+                bound,
+                tokio::spawn(crate::metrics::serve(
+                    listener,
+                    node.clone(),
+                    stop_rx.clone(),
+                )),
+            ))
+        }
+        None => None,
+    };
     let maintenance = tokio::spawn(maintain(
         node.clone(),
         settings.reconcile_interval,
@@ -232,6 +257,10 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         block_memory_mib = settings.block_memory / (1024 * 1024),
         "serving"
     );
+    // Before the listening line, which tools wait for: by then this line is out too.
+    if let Some((bound, _)) = &metrics {
+        println!("nokv-server metrics on http://{bound}/metrics");
+    }
     println!("nokv-server listening on {endpoint}");
     println!(
         "  data dir {} · {} shards · provider {}\n  \
@@ -266,6 +295,9 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
 
     let _ = stop_tx.send(true);
     let _ = maintenance.await;
+    if let Some((_, metrics)) = metrics {
+        let _ = metrics.await;
+    }
     if let Some(balancing) = balancing {
         let _ = balancing.await;
     }
@@ -354,7 +386,15 @@ async fn maintain(node: Arc<Node>, interval: Duration, mut stop: watch::Receiver
         }
         for shard in node.shards() {
             let work = async {
-                match shard.reconcile().await {
+                let started = std::time::Instant::now();
+                let outcome = shard.reconcile().await;
+                let m = crate::metrics::metrics();
+                m.reconcile_duration
+                    .observe(started.elapsed().as_secs_f64());
+                m.reconcile_passes
+                    .with_label_values(&[if outcome.is_ok() { "ok" } else { "error" }])
+                    .inc();
+                match outcome {
                     Ok(pass) if pass != Default::default() => {
                         tracing::info!(shard = shard.id, ?pass, "reconciled")
                     }

@@ -246,6 +246,57 @@ pub async fn move_shard(
     Ok(())
 }
 
+/// `nokv admin events`. JSON: `{"events": [{at_unix_ms, token_id, role, action, target,
+/// outcome, reason}]}`, newest first.
+pub async fn events(client: &Client, out: Output, limit: u32) -> Result<(), ClientError> {
+    let r = client.list_events(limit).await?;
+    out.emit(events_json(&r), || events_text(&r));
+    Ok(())
+}
+
+fn events_json(r: &pb::ListEventsResponse) -> Value {
+    let events: Vec<_> = r
+        .events
+        .iter()
+        .map(|e| {
+            json!({"at_unix_ms": e.at_unix_ms, "token_id": e.token_id, "role": e.role,
+                   "action": e.action, "target": e.target, "outcome": e.outcome,
+                   "reason": e.reason})
+        })
+        .collect();
+    json!({ "events": events })
+}
+
+fn events_text(r: &pb::ListEventsResponse) -> String {
+    if r.events.is_empty() {
+        return "no audit events".into();
+    }
+    r.events
+        .iter()
+        .map(|e| {
+            let who = if e.token_id.is_empty() {
+                e.role.clone()
+            } else {
+                format!("{} token {}", e.role, e.token_id)
+            };
+            let outcome = if e.reason.is_empty() {
+                e.outcome.clone()
+            } else {
+                format!("{} ({})", e.outcome, e.reason)
+            };
+            format!(
+                "{} · {} · {} · by {} · {}",
+                super::output::format_ms(i64::try_from(e.at_unix_ms).unwrap_or(i64::MAX)),
+                e.action,
+                e.target,
+                who,
+                outcome
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

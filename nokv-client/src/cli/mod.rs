@@ -161,6 +161,13 @@ enum AdminCommand {
     /// Shard commands.
     #[command(subcommand)]
     Shard(ShardCommand),
+    /// Audit events of the node, newest first: who (token id, role), what (action, target),
+    /// when, outcome. Never shows a token, key or secret.
+    Events {
+        /// How many events (1-1000).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -313,6 +320,7 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         Command::Admin(AdminCommand::Shard(ShardCommand::Move { shard, node })) => {
             admin::move_shard(client, out, shard, &node).await
         }
+        Command::Admin(AdminCommand::Events { limit }) => admin::events(client, out, limit).await,
         Command::Workspace(cmd) => workspaces::run(client, out, cmd).await,
     }
 }

@@ -19,9 +19,10 @@ use nokv_proto::v1 as pb;
 use pb::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
-use crate::auth::authenticate;
+use crate::auth::{authenticate, authenticate_with_id};
 use crate::control::etcd::{ClusterView, ShardState};
 use crate::error::{Error, Result};
+use crate::events::{self, Action, Who};
 use crate::node::Node;
 use crate::token::Role;
 
@@ -48,6 +49,29 @@ impl AdminService {
             ));
         }
         Ok(())
+    }
+
+    /// [`AdminService::admit`], returning who was admitted (for the audit event).
+    fn admit_who<T>(&self, req: &Request<T>) -> Result<Who> {
+        self.admit(req)?;
+        let (claims, token_id) = authenticate_with_id(&self.node.signer, req)?;
+        Ok(Who::caller(&claims, token_id))
+    }
+
+    /// Runs an admitted admin action under audit: one event with its outcome (see
+    /// [`crate::events`]). Every mutating admin RPC goes through here, e.g.
+    /// `self.audited(self.admit_who(&req)?, Action::SetQuota, target, async { .. }).await`.
+    async fn audited<R>(
+        &self,
+        who: Who,
+        action: Action,
+        target: String,
+        work: impl Future<Output = Result<R>>,
+    ) -> Result<Response<R>, Status> {
+        events::audited(&self.node.events, who, action, target, work)
+            .await
+            .map(Response::new)
+            .map_err(Status::from)
     }
 }
 
@@ -140,30 +164,65 @@ impl Admin for AdminService {
         &self,
         req: Request<pb::MoveShardRequest>,
     ) -> Result<Response<pb::MoveShardResponse>, Status> {
-        self.admit(&req)?;
+        let who = self.admit_who(&req)?;
         let pb::MoveShardRequest { shard, node } = req.into_inner();
+        let target = format!("shard {shard} to node {}", events::clip(&node));
+        self.audited(
+            who,
+            Action::MoveShard,
+            target,
+            self.move_shard_to(shard, node),
+        )
+        .await
+    }
+
+    async fn list_events(
+        &self,
+        req: Request<pb::ListEventsRequest>,
+    ) -> Result<Response<pb::ListEventsResponse>, Status> {
+        self.admit(&req)?;
+        let events = self.node.events.page(req.get_ref().limit).await?;
+        Ok(Response::new(pb::ListEventsResponse {
+            events: events
+                .into_iter()
+                .map(|e| pb::AuditEvent {
+                    at_unix_ms: e.at_unix_ms,
+                    token_id: e.token_id,
+                    role: e.role,
+                    action: e.action,
+                    target: e.target,
+                    outcome: e.outcome,
+                    reason: e.reason,
+                })
+                .collect(),
+        }))
+    }
+}
+
+impl AdminService {
+    /// `MoveShard` once admitted.
+    async fn move_shard_to(&self, shard: u32, node: String) -> Result<pb::MoveShardResponse> {
         let count = self.node.shard_count();
         if shard >= count {
             return Err(Error::InvalidArgument(format!(
                 "shard {shard} does not exist (shards are numbered 0 to {})",
                 count.saturating_sub(1)
-            ))
-            .into());
+            )));
         }
         if node.trim().is_empty() {
-            return Err(Error::InvalidArgument("the target node id is empty".into()).into());
+            return Err(Error::InvalidArgument("the target node id is empty".into()));
         }
         let started = Instant::now();
         tracing::info!(shard, to = %node, "admin: moving shard");
         let epoch = self.node.move_shard(shard, &node).await?;
         let elapsed_ms = started.elapsed().as_millis() as i64;
         tracing::info!(shard, to = %node, epoch, elapsed_ms, "admin: shard moved");
-        Ok(Response::new(pb::MoveShardResponse {
+        Ok(pb::MoveShardResponse {
             shard,
             node,
             epoch,
             elapsed_ms,
-        }))
+        })
     }
 }
 

@@ -8,8 +8,9 @@ use nokv_proto::v1 as pb;
 use pb::workspace_server::Workspace;
 use tonic::{Request, Response, Status};
 
-use crate::auth::authenticate;
+use crate::auth::{authenticate, authenticate_with_id};
 use crate::error::Result;
+use crate::events::{self, Action, Who};
 use crate::names;
 use crate::node::Node;
 use crate::service::body_admission::BodyReservation;
@@ -317,9 +318,23 @@ impl Workspace for WorkspaceService {
                 let r = req.get_ref();
                 // Admin tokens pass too: roles are ordered, admin above write.
                 self.admit(&req, &r.workspace, Role::Write)?;
-                names::request_id(&r.request_id)?;
+                // A call for a shard held elsewhere is redirected, not admitted here: only the
+                // owner's attempt is audited (once, not once per hop).
                 let shard = self.node.shard_for(&r.workspace)?;
-                shard.delete_workspace(req.into_inner()).await
+                // Admitted: from here every outcome is an audit event (see crate::events).
+                let (claims, token_id) = authenticate_with_id(&self.node.signer, &req)?;
+                let target = format!("workspace {}", r.workspace);
+                events::audited(
+                    &self.node.events,
+                    Who::caller(&claims, token_id),
+                    Action::DeleteWorkspace,
+                    target,
+                    async {
+                        names::request_id(&req.get_ref().request_id)?;
+                        shard.delete_workspace(req.into_inner()).await
+                    },
+                )
+                .await
             }
             .await,
         )

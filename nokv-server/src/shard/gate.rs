@@ -223,7 +223,11 @@ impl Gate {
     ) -> Result<T> {
         let fence = self.fence.clone();
         let (tx, rx) = oneshot::channel();
+        let enqueued = std::time::Instant::now();
         let job: Job = Box::new(move |store| {
+            crate::metrics::metrics()
+                .gate_queue_wait
+                .observe(enqueued.elapsed().as_secs_f64());
             let Some((meta, commit)) = store else {
                 let answer: Answer = Box::new(move |_| {
                     let _ = tx.send(Err(out_of_service()));
@@ -370,6 +374,9 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
             outage.end(slot, name, true);
         }
         let stats = &slot.stats;
+        crate::metrics::metrics()
+            .gate_batch_sessions
+            .observe(answers.len() as f64);
         stats.batches.fetch_add(1, Ordering::AcqRel);
         stats
             .sessions

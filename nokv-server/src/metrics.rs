@@ -1,0 +1,440 @@
+//! Prometheus metrics: one process-wide set of instruments, and `GET /metrics` on
+//! `--metrics-listen` (off by default).
+//!
+//! **Why the `prometheus` crate** (default features off): its only dependencies (`fnv`,
+//! `lazy_static`, `memchr`, `parking_lot`, `thiserror`, `cfg-if`) were already in the build, so
+//! it adds one crate to compile; `metrics` + `metrics-exporter-prometheus` would add a dozen
+//! (quanta, sketches, an HTTP stack of its own). The endpoint is served with the hyper that
+//! tonic already builds on.
+//!
+//! **Plain HTTP**: metrics carry counts, durations and shard numbers — no workspace names,
+//! keys, tokens or endpoints — so the endpoint has no TLS and no auth. Bind it to loopback
+//! (`127.0.0.1:9464`) or a monitoring network, not to the internet.
+//!
+//! **Instruments** (names are stable; they are what dashboards query):
+//! * `nokv_rpc_requests_total{method,code}` and `nokv_rpc_duration_seconds{method,code}`: every
+//!   gRPC call, by method (`Workspace/Write`, `Admin/Health`, ...) and status code name (`OK`,
+//!   `NotFound`, ...). Measured up to the response headers: the code is the one a handler
+//!   returned (a unary error is a trailers-only response); a streaming call that fails after
+//!   its first message counts as `OK`.
+//! * `nokv_gate_queue_wait_seconds`: a write session's wait from enqueue to the committer
+//!   running it; `nokv_gate_batch_sessions`: sessions per committed batch (its count is the
+//!   number of batches, its sum the number of sessions).
+//! * `nokv_bulk_bytes_total`, `nokv_bulk_admission_wait_seconds` (bandwidth pacing plus the
+//!   wait for a bulk slot), `nokv_block_memory_wait_seconds` and
+//!   `nokv_block_memory_refused_total` (the block-memory budget, see [`crate::memory`]).
+//! * `nokv_reconcile_duration_seconds` and `nokv_reconcile_passes_total{outcome}` (`ok` |
+//!   `error`), one per shard pass.
+//! * Health gauges per shard, refreshed at each scrape from the shards' counters (the same
+//!   ones `nokv admin health` shows): `nokv_shard_entries`, `nokv_shard_unresolved_uploads`,
+//!   `nokv_shard_guards`, `nokv_shard_unknown_guards`, `nokv_shard_collectable`,
+//!   `nokv_shard_dead_letters`, `nokv_shard_serving` (1/0).
+//!
+//! **Hot path**: counters and histograms are atomics; a request costs a label lookup (a hash
+//! of two `&str`s, no allocation once the pair has been seen) and one `Instant::now()`.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder, exponential_buckets,
+};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::node::Node;
+
+/// Every instrument of the process (see the module doc).
+pub struct Metrics {
+    registry: Registry,
+    pub rpc_requests: IntCounterVec,
+    pub rpc_duration: HistogramVec,
+    pub gate_queue_wait: Histogram,
+    pub gate_batch_sessions: Histogram,
+    pub bulk_bytes: IntCounter,
+    pub bulk_admission_wait: Histogram,
+    pub block_memory_wait: Histogram,
+    pub block_memory_refused: IntCounter,
+    pub reconcile_duration: Histogram,
+    pub reconcile_passes: IntCounterVec,
+    shard_entries: IntGaugeVec,
+    shard_unresolved_uploads: IntGaugeVec,
+    shard_guards: IntGaugeVec,
+    shard_unknown_guards: IntGaugeVec,
+    shard_collectable: IntGaugeVec,
+    shard_dead_letters: IntGaugeVec,
+    shard_serving: IntGaugeVec,
+}
+
+/// The process's instruments.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &METRICS
+}
+
+/// Latency buckets from 100 µs to ~52 s (×2 each).
+fn seconds() -> Vec<f64> {
+    exponential_buckets(0.0001, 2.0, 20).expect("valid buckets")
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let registry = Registry::new();
+        fn reg<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
+            r.register(Box::new(c.clone())).expect("unique metric name");
+            c
+        }
+        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
+            reg(
+                &registry,
+                Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+                    .expect("valid histogram"),
+            )
+        };
+        let gauge = |name: &str, help: &str| {
+            reg(
+                &registry,
+                IntGaugeVec::new(Opts::new(name, help), &["shard"]).expect("valid gauge"),
+            )
+        };
+        Metrics {
+            rpc_requests: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "nokv_rpc_requests_total",
+                        "gRPC calls by method and status code",
+                    ),
+                    &["method", "code"],
+                )
+                .expect("valid counter"),
+            ),
+            rpc_duration: reg(
+                &registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "nokv_rpc_duration_seconds",
+                        "gRPC call latency to the response headers, by method and status code",
+                    )
+                    .buckets(seconds()),
+                    &["method", "code"],
+                )
+                .expect("valid histogram"),
+            ),
+            gate_queue_wait: histogram(
+                "nokv_gate_queue_wait_seconds",
+                "Write session wait from enqueue to the committer running it",
+                seconds(),
+            ),
+            gate_batch_sessions: histogram(
+                "nokv_gate_batch_sessions",
+                "Write sessions per committer batch (one fsync)",
+                exponential_buckets(1.0, 2.0, 10).expect("valid buckets"),
+            ),
+            bulk_bytes: reg(
+                &registry,
+                IntCounter::new(
+                    "nokv_bulk_bytes_total",
+                    "Artifact block bytes admitted to bulk work",
+                )
+                .expect("valid counter"),
+            ),
+            bulk_admission_wait: histogram(
+                "nokv_bulk_admission_wait_seconds",
+                "Wait for bulk bandwidth pacing or a bulk slot",
+                seconds(),
+            ),
+            block_memory_wait: histogram(
+                "nokv_block_memory_wait_seconds",
+                "Wait for a share of the block-memory budget (granted requests)",
+                seconds(),
+            ),
+            block_memory_refused: reg(
+                &registry,
+                IntCounter::new(
+                    "nokv_block_memory_refused_total",
+                    "Requests refused because the block-memory budget stayed in use",
+                )
+                .expect("valid counter"),
+            ),
+            reconcile_duration: histogram(
+                "nokv_reconcile_duration_seconds",
+                "Duration of one shard's reconciler pass",
+                seconds(),
+            ),
+            reconcile_passes: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "nokv_reconcile_passes_total",
+                        "Shard reconciler passes by outcome",
+                    ),
+                    &["outcome"],
+                )
+                .expect("valid counter"),
+            ),
+            shard_entries: gauge(
+                "nokv_shard_entries",
+                "Entries (files and artifacts) of the shard",
+            ),
+            shard_unresolved_uploads: gauge(
+                "nokv_shard_unresolved_uploads",
+                "Uploads neither committed nor fully cleaned up",
+            ),
+            shard_guards: gauge("nokv_shard_guards", "Cleanup guards of the shard"),
+            shard_unknown_guards: gauge(
+                "nokv_shard_unknown_guards",
+                "Guards whose writer's outcome is unknown",
+            ),
+            shard_collectable: gauge("nokv_shard_collectable", "Block keys queued for deletion"),
+            shard_dead_letters: gauge(
+                "nokv_shard_dead_letters",
+                "Deletes that failed too often and wait for an operator",
+            ),
+            shard_serving: gauge(
+                "nokv_shard_serving",
+                "1 while the shard's metadata store is in service",
+            ),
+            registry,
+        }
+    }
+
+    /// Counts one finished gRPC call.
+    pub fn rpc(&self, method: &str, code: &str, elapsed: Duration) {
+        let labels = [method, code];
+        self.rpc_requests.with_label_values(&labels).inc();
+        self.rpc_duration
+            .with_label_values(&labels)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Refreshes the health gauges from `node`'s shards (cheap MVCC reads, no write session).
+    pub async fn refresh_health(&self, node: &Node) {
+        let gauges = [
+            &self.shard_entries,
+            &self.shard_unresolved_uploads,
+            &self.shard_guards,
+            &self.shard_unknown_guards,
+            &self.shard_collectable,
+            &self.shard_dead_letters,
+            &self.shard_serving,
+        ];
+        // A shard this node no longer holds disappears from the scrape.
+        for g in gauges {
+            g.reset();
+        }
+        for shard in node.shards() {
+            let id = shard.id.to_string();
+            let label = [id.as_str()];
+            let (serving, c) = match shard.counts().await {
+                Ok(c) => (shard.serving(), c),
+                Err(_) => (false, Default::default()),
+            };
+            let set = |g: &IntGaugeVec, v: u64| {
+                g.with_label_values(&label)
+                    .set(i64::try_from(v).unwrap_or(i64::MAX))
+            };
+            set(&self.shard_entries, c.entries);
+            set(
+                &self.shard_unresolved_uploads,
+                c.uploads + c.deleting_uploads,
+            );
+            set(&self.shard_guards, c.guards);
+            set(&self.shard_unknown_guards, c.unknown_guards);
+            set(&self.shard_collectable, c.collectable);
+            set(&self.shard_dead_letters, 0);
+            set(&self.shard_serving, u64::from(serving));
+        }
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding of gathered metrics");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+/// Serves `GET /metrics` on `listener` (plain HTTP/1.1) until `stop` flips.
+pub async fn serve(listener: TcpListener, node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let stream = tokio::select! {
+            _ = stop.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!(error = %e, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let node = node.clone();
+                async move { Ok::<_, Infallible>(respond(&node, req).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "metrics connection ended");
+            }
+        });
+    }
+}
+
+async fn respond<B>(
+    node: &Node,
+    req: http::Request<B>,
+) -> http::Response<http_body_util::Full<Bytes>> {
+    let reply = |status: u16, content_type: &str, body: String| {
+        http::Response::builder()
+            .status(status)
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(http_body_util::Full::new(Bytes::from(body)))
+            .expect("valid response")
+    };
+    if req.uri().path() != "/metrics" {
+        return reply(404, "text/plain", "not found: try /metrics\n".into());
+    }
+    if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
+        return reply(405, "text/plain", "only GET /metrics\n".into());
+    }
+    let m = metrics();
+    m.refresh_health(node).await;
+    reply(200, "text/plain; version=0.0.4", m.render())
+}
+
+/// The tower layer that counts every gRPC call (installed on the server in `server.rs`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RpcMetricsLayer;
+
+impl<S> tower_layer::Layer<S> for RpcMetricsLayer {
+    type Service = RpcMetrics<S>;
+    fn layer(&self, inner: S) -> RpcMetrics<S> {
+        RpcMetrics { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RpcMetrics<S> {
+    inner: S,
+}
+
+impl<S, B, R> tower_service::Service<http::Request<B>> for RpcMetrics<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = RpcFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // The Uri is reference-counted: cloning it copies no bytes.
+        let uri = req.uri().clone();
+        RpcFuture {
+            inner: self.inner.call(req),
+            uri,
+            started: Instant::now(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call in flight: counts it when the response headers are ready.
+    pub struct RpcFuture<F> {
+        #[pin]
+        inner: F,
+        uri: http::Uri,
+        started: Instant,
+    }
+}
+
+impl<F, R, E> Future for RpcFuture<F>
+where
+    F: Future<Output = Result<http::Response<R>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.inner.poll(cx));
+        let code = match &out {
+            Ok(resp) => resp
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<i32>().ok())
+                .map_or("OK", code_name),
+            Err(_) => "Unavailable",
+        };
+        metrics().rpc(method_label(this.uri.path()), code, this.started.elapsed());
+        Poll::Ready(out)
+    }
+}
+
+/// `/nokv.v1.Workspace/Write` → `Workspace/Write`; other services keep their full path.
+pub fn method_label(path: &str) -> &str {
+    path.strip_prefix("/nokv.v1.").unwrap_or(path)
+}
+
+/// The name of a gRPC status code, as `tonic::Code`'s variants spell it (`OK` for 0, as
+/// the gRPC specification spells it).
+pub fn code_name(code: i32) -> &'static str {
+    match code {
+        0 => "OK",
+        1 => "Cancelled",
+        2 => "Unknown",
+        3 => "InvalidArgument",
+        4 => "DeadlineExceeded",
+        5 => "NotFound",
+        6 => "AlreadyExists",
+        7 => "PermissionDenied",
+        8 => "ResourceExhausted",
+        9 => "FailedPrecondition",
+        10 => "Aborted",
+        11 => "OutOfRange",
+        12 => "Unimplemented",
+        13 => "Internal",
+        14 => "Unavailable",
+        15 => "DataLoss",
+        16 => "Unauthenticated",
+        _ => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_labels_name_the_service_and_method_and_the_status_code() {
+        assert_eq!(method_label("/nokv.v1.Workspace/Write"), "Workspace/Write");
+        assert_eq!(
+            method_label("/grpc.health.v1.Health/Check"),
+            "/grpc.health.v1.Health/Check"
+        );
+        assert_eq!(code_name(0), "OK");
+        for c in 1..=16 {
+            assert_eq!(
+                code_name(c),
+                format!("{:?}", tonic::Code::from_i32(c)),
+                "code {c}"
+            );
+        }
+    }
+}
