@@ -39,6 +39,8 @@ pub struct Node {
     bulk: Arc<Bulk>,
     /// The cluster runtime, in cluster mode (weak: the runtime holds the node).
     cluster: OnceLock<Weak<Cluster>>,
+    /// Wakes the inventory driver when `admin inventory start` started scans.
+    pub inventory_wake: tokio::sync::Notify,
 }
 
 /// A shard id as this node holds it.
@@ -115,6 +117,7 @@ impl Node {
             cfg: parts.cfg,
             bulk,
             cluster: OnceLock::new(),
+            inventory_wake: tokio::sync::Notify::new(),
         })
     }
 

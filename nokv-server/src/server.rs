@@ -224,6 +224,11 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         settings.reconcile_interval,
         stop_rx.clone(),
     ));
+    let inventory = tokio::spawn(crate::inventory::run(
+        node.clone(),
+        settings.inventory.clone(),
+        stop_rx.clone(),
+    ));
 
     tracing::info!(
         %endpoint,
@@ -266,6 +271,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
 
     let _ = stop_tx.send(true);
     let _ = maintenance.await;
+    let _ = inventory.await;
     if let Some(balancing) = balancing {
         let _ = balancing.await;
     }

@@ -161,6 +161,26 @@ enum AdminCommand {
     /// Shard commands.
     #[command(subcommand)]
     Shard(ShardCommand),
+    /// The inventory: a durable, paged scan of the provider prefix that quarantines objects no
+    /// record accounts for (it never deletes anything).
+    #[command(subcommand)]
+    Inventory(InventoryCommand),
+    /// List quarantine observations: objects the inventory found that no record accounts for
+    /// (key, size, first and last seen, shard). They are kept, never deleted.
+    Quarantine {
+        /// Observations to list, 1 to 1000 [default: 100].
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum InventoryCommand {
+    /// Start a scan now on every shard that is not scanning (idempotent).
+    Start,
+    /// Per shard and overall: running or idle, pages done, objects seen, last completed scan,
+    /// cursor position (an opaque token), quarantined count.
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -312,6 +332,15 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         Command::Admin(AdminCommand::Cluster) => admin::cluster(client, out).await,
         Command::Admin(AdminCommand::Shard(ShardCommand::Move { shard, node })) => {
             admin::move_shard(client, out, shard, &node).await
+        }
+        Command::Admin(AdminCommand::Inventory(InventoryCommand::Start)) => {
+            admin::inventory_start(client, out).await
+        }
+        Command::Admin(AdminCommand::Inventory(InventoryCommand::Status)) => {
+            admin::inventory_status(client, out).await
+        }
+        Command::Admin(AdminCommand::Quarantine { limit }) => {
+            admin::quarantine(client, out, limit.unwrap_or(0)).await
         }
         Command::Workspace(cmd) => workspaces::run(client, out, cmd).await,
     }
