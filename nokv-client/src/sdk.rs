@@ -464,6 +464,41 @@ impl Client {
         Ok(r.into_inner())
     }
 
+    /// Starts an inventory scan on every shard of the answering node that is not scanning
+    /// (idempotent; admin token scoped to `*`).
+    pub async fn inventory_start(&self) -> Result<pb::InventoryStartResponse> {
+        let r = self
+            .retrying("inventory_start", |conn| {
+                let mut c = conn.admin;
+                async move { c.inventory_start(pb::InventoryStartRequest {}).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    /// The inventory's progress per shard and overall (admin token scoped to `*`).
+    pub async fn inventory_status(&self) -> Result<pb::InventoryStatusResponse> {
+        let r = self
+            .retrying("inventory_status", |conn| {
+                let mut c = conn.admin;
+                async move { c.inventory_status(pb::InventoryStatusRequest {}).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    /// Up to `limit` quarantine observations (0: the server's default; admin token scoped to
+    /// `*`).
+    pub async fn quarantine(&self, limit: u32) -> Result<pb::QuarantineResponse> {
+        let r = self
+            .retrying("quarantine", |conn| {
+                let mut c = conn.admin;
+                async move { c.quarantine(pb::QuarantineRequest { limit }).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
             .retrying("health", |conn| {

@@ -215,6 +215,18 @@ pub struct ServeArgs {
     /// Log filter, e.g. info or nokv_server=debug [default: info].
     #[arg(long, env = "NOKV_LOG")]
     pub log: Option<String>,
+    /// Time between inventory scans of each shard (a paged listing of the provider prefix
+    /// that quarantines objects no record accounts for, never deleting them); `off` or `0`
+    /// disables periodic scans (`nokv admin inventory start` still runs one) [default: 1h].
+    #[arg(long, env = "NOKV_INVENTORY_INTERVAL")]
+    pub inventory_interval: Option<String>,
+    /// Objects listed per inventory page (tests set it small) [default: 1000].
+    #[arg(long, env = "NOKV_INVENTORY_PAGE_SIZE", hide = true)]
+    pub inventory_page_size: Option<usize>,
+    /// How long history is kept: quarantine observations not seen for this long are pruned
+    /// [default: 30d].
+    #[arg(long, env = "NOKV_HISTORY_RETENTION")]
+    pub history_retention: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -237,6 +249,12 @@ pub const MAX_INLINE_MAX: usize = crate::server::MAX_MESSAGE - 64 * 1024;
 
 /// Default time between reconciler passes.
 pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(20);
+
+/// Default time between inventory scans of a shard.
+pub const DEFAULT_INVENTORY_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Default retention of history (stale quarantine observations).
+pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(30 * 86400);
 
 /// Default TTL of a cluster node's etcd lease.
 pub const DEFAULT_NODE_TTL: Duration = Duration::from_secs(10);
@@ -291,6 +309,8 @@ pub struct Settings {
     pub node_id: Option<String>,
     /// Cluster mode; `None` without `--etcd`.
     pub cluster: Option<ClusterSettings>,
+    /// Inventory cadence, page size and observation retention.
+    pub inventory: crate::inventory::InventorySettings,
 }
 
 macro_rules! layer {
@@ -339,7 +359,10 @@ impl ServeArgs {
                 cluster,
                 node_id,
                 node_ttl,
-                log
+                log,
+                inventory_interval,
+                inventory_page_size,
+                history_retention
             );
         }
         let data_dir = self
@@ -378,6 +401,29 @@ impl ServeArgs {
         if shard.upload_lease < Duration::from_secs(1) {
             return Err(ConfigError("upload lease must be at least 1s".into()));
         }
+        let inventory = crate::inventory::InventorySettings {
+            interval: match self.inventory_interval.as_deref().map(str::trim) {
+                None => Some(DEFAULT_INVENTORY_INTERVAL),
+                Some("off") => None,
+                Some(s) => Some(
+                    parse_duration(s)
+                        .map_err(|e| ConfigError(format!("inventory_interval: {e}")))?,
+                )
+                .filter(|d| !d.is_zero()),
+            },
+            page: match self.inventory_page_size {
+                None => crate::inventory::DEFAULT_PAGE,
+                Some(0) => {
+                    return Err(ConfigError("inventory_page_size must be at least 1".into()));
+                }
+                Some(n) => n,
+            },
+            retention: match self.history_retention.take() {
+                None => DEFAULT_HISTORY_RETENTION,
+                Some(s) => parse_duration(&s)
+                    .map_err(|e| ConfigError(format!("history_retention: {e}")))?,
+            },
+        };
         let shards = self.shards.unwrap_or(16);
         if !(1..=4096).contains(&shards) {
             return Err(ConfigError("shards must be 1..=4096".into()));
@@ -466,6 +512,7 @@ impl ServeArgs {
             tls_dir: self.tls_dir,
             node_id: self.node_id,
             cluster,
+            inventory,
         })
     }
 }
@@ -718,6 +765,55 @@ mod tests {
         assert_eq!(s.reconcile_interval, Duration::from_secs(2));
         assert_eq!(s.shard.scan_budget, Duration::from_millis(500));
         for bad in [["--reconcile-interval", "0s"], ["--scan-budget", "0s"]] {
+            let cli = Cli::parse_from(["nokv-server", bad[0], bad[1]]);
+            assert!(cli.serve.resolve().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_inventory_scans_hourly_by_default_and_off_or_zero_disables_periodic_scans() {
+        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
+        assert_eq!(s.inventory.interval, Some(Duration::from_secs(3600)));
+        assert_eq!(s.inventory.retention, Duration::from_secs(30 * 86400));
+        assert_eq!(s.inventory.page, crate::inventory::DEFAULT_PAGE);
+        for off in ["off", "0", "0s"] {
+            let cli = Cli::parse_from(["nokv-server", "--inventory-interval", off]);
+            assert_eq!(
+                cli.serve.resolve().unwrap().inventory.interval,
+                None,
+                "{off}"
+            );
+        }
+        let s = Cli::parse_from([
+            "nokv-server",
+            "--inventory-interval",
+            "10m",
+            "--history-retention",
+            "7d",
+            "--inventory-page-size",
+            "3",
+        ])
+        .serve
+        .resolve()
+        .unwrap();
+        assert_eq!(s.inventory.interval, Some(Duration::from_secs(600)));
+        assert_eq!(s.inventory.retention, Duration::from_secs(7 * 86400));
+        assert_eq!(s.inventory.page, 3);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nokv.toml");
+        std::fs::write(
+            &file,
+            "inventory_interval = \"off\"\nhistory_retention = \"1d\"\n",
+        )
+        .unwrap();
+        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap()]);
+        let s = cli.serve.resolve().unwrap();
+        assert_eq!(s.inventory.interval, None);
+        assert_eq!(s.inventory.retention, Duration::from_secs(86400));
+        for bad in [
+            ["--inventory-interval", "soon"],
+            ["--inventory-page-size", "0"],
+        ] {
             let cli = Cli::parse_from(["nokv-server", bad[0], bad[1]]);
             assert!(cli.serve.resolve().is_err(), "{bad:?}");
         }

@@ -17,6 +17,7 @@ pub mod dir_lock;
 pub mod error;
 pub mod events;
 pub mod ids;
+pub mod inventory;
 pub mod memory;
 pub mod meta;
 pub mod metrics;

@@ -42,6 +42,8 @@ pub struct Node {
     cluster: OnceLock<Weak<Cluster>>,
     /// The node's audit events (`DATA_DIR/events.jsonl`, see [`crate::events`]).
     pub events: EventLog,
+    /// Wakes the inventory driver when `admin inventory start` started scans.
+    pub inventory_wake: tokio::sync::Notify,
 }
 
 /// A shard id as this node holds it.
@@ -124,6 +126,7 @@ impl Node {
                     data_dir.join(crate::events::EVENTS_FILE).display()
                 ))
             })?,
+            inventory_wake: tokio::sync::Notify::new(),
         })
     }
 

@@ -313,6 +313,62 @@ impl ObjectProvider {
     }
 }
 
+/// One page of a provider listing (see [`ObjectProvider::list_page`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// (key, size) in key order.
+    pub objects: Vec<(String, u64)>,
+    /// True when nothing follows the last object: the listing is complete.
+    pub last: bool,
+}
+
+impl ObjectProvider {
+    /// The provider's key prefix (no leading or trailing `/`; may be empty).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Up to `limit` objects under `<prefix>/<within>` (the whole prefix when `within` is
+    /// empty), in key order, strictly after `after`: one page of a resumable scan. S3 lists
+    /// in key order from its start-after key, so a page reads about `limit` keys; the other
+    /// providers list in no particular order, so they are listed whole and sorted (the
+    /// local provider is for one machine's data).
+    pub async fn list_page(
+        &self,
+        within: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<ListPage, ObjectError> {
+        let joined = [self.prefix.as_str(), within]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join("/");
+        let prefix = (!joined.is_empty()).then(|| Path::from(joined.as_str()));
+        let mut stream = match after {
+            Some(a) => self
+                .reader
+                .list_with_offset(prefix.as_ref(), &Path::from(a)),
+            None => self.reader.list(prefix.as_ref()),
+        };
+        let ordered = self.kind == "s3";
+        let mut objects = Vec::new();
+        while let Some(item) = stream.next().await {
+            let meta = item.map_err(|e| ObjectError::Provider(flatten(&e)))?;
+            objects.push((meta.location.to_string(), meta.size));
+            if ordered && objects.len() > limit {
+                break;
+            }
+        }
+        if !ordered {
+            objects.sort();
+        }
+        let last = objects.len() <= limit;
+        objects.truncate(limit);
+        Ok(ListPage { objects, last })
+    }
+}
+
 /// Removes `<path>#<n>` staging files beside `path` (exactly that name, then `#`, then
 /// digits); an absent directory means there is nothing to remove.
 fn remove_staging_leftovers(path: &std::path::Path) -> std::io::Result<()> {

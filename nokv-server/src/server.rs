@@ -249,6 +249,11 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         settings.reconcile_interval,
         stop_rx.clone(),
     ));
+    let inventory = tokio::spawn(crate::inventory::run(
+        node.clone(),
+        settings.inventory.clone(),
+        stop_rx.clone(),
+    ));
 
     tracing::info!(
         %endpoint,
@@ -298,6 +303,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     if let Some((_, metrics)) = metrics {
         let _ = metrics.await;
     }
+    let _ = inventory.await;
     if let Some(balancing) = balancing {
         let _ = balancing.await;
     }

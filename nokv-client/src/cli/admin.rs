@@ -18,7 +18,8 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
                    "unknown_guards": s.unknown_guards, "guards_unknown": s.unknown_guards,
                    "guards_finished": s.guards_finished, "collectable": s.collectable,
                    "unresolved_uploads": s.unresolved_uploads,
-                   "dead_letters": s.dead_letters, "serving": s.serving})
+                   "dead_letters": s.dead_letters, "serving": s.serving,
+                   "quarantined": s.quarantined})
         })
         .collect();
     out.emit(
@@ -28,6 +29,7 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
                "guards_unknown": h.unknown_guards, "guards_finished": h.guards_finished,
                "collectable": h.collectable, "unresolved_uploads": h.unresolved_uploads,
                "dead_letters": h.dead_letters,
+               "quarantined": h.quarantined,
                "shards": shards}),
         || {
             let entries: u64 = h.shards.iter().map(|s| s.entries).sum();
@@ -48,6 +50,7 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
                 h.dead_letters,
                 h.uptime_ms / 1000
             );
+            text.push_str(&format!(" · {} quarantined", h.quarantined));
             for s in h.shards.iter().filter(|s| !s.serving) {
                 text.push_str(&format!("\nshard {} is NOT SERVING (metadata store out of service; requests answer Unavailable)", s.shard));
             }
@@ -295,6 +298,148 @@ fn events_text(r: &pb::ListEventsResponse) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+fn inventory_shard_json(s: &pb::InventoryShard) -> Value {
+    json!({"shard": s.shard, "state": if s.running { "running" } else { "idle" },
+           "running": s.running, "pages": s.pages, "objects_seen": s.objects_seen,
+           "last_completed_ms": (s.last_completed_ms != 0).then_some(s.last_completed_ms),
+           "cursor": non_empty(&s.cursor), "quarantined": s.quarantined,
+           "scans_completed": s.scans_completed})
+}
+
+fn inventory_rows(shards: &[pb::InventoryShard]) -> String {
+    let mut rows = vec![
+        [
+            "SHARD",
+            "STATE",
+            "PAGES",
+            "OBJECTS",
+            "QUARANTINED",
+            "LAST COMPLETED",
+            "CURSOR",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for s in shards {
+        rows.push(vec![
+            s.shard.to_string(),
+            if s.running { "running" } else { "idle" }.to_string(),
+            s.pages.to_string(),
+            s.objects_seen.to_string(),
+            s.quarantined.to_string(),
+            completed_at(s.last_completed_ms),
+            if s.cursor.is_empty() {
+                "-".to_string()
+            } else {
+                s.cursor.clone()
+            },
+        ]);
+    }
+    table(&rows)
+}
+
+/// How long ago a unix-ms time was, or `never` for 0.
+fn completed_at(ms: i64) -> String {
+    if ms == 0 {
+        return "never".into();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    format!("{} ago", human_age(now.saturating_sub(ms).max(0) as u64))
+}
+
+/// `nokv admin inventory start`. JSON: `{"started", "shards": [...]}` (each shard as in
+/// `status`, plus `started`).
+pub async fn inventory_start(client: &Client, out: Output) -> Result<(), ClientError> {
+    let r = client.inventory_start().await?;
+    let shards: Vec<_> = r
+        .shards
+        .iter()
+        .map(|s| {
+            let mut v = inventory_shard_json(s);
+            v["started"] = json!(s.started);
+            v
+        })
+        .collect();
+    out.emit(json!({"started": r.started, "shards": shards}), || {
+        format!(
+            "inventory started on {} of {} shards (the others were already scanning)\n\n{}",
+            r.started,
+            r.shards.len(),
+            inventory_rows(&r.shards)
+        )
+    });
+    Ok(())
+}
+
+/// `nokv admin inventory status`. JSON: overall `state` (`running` while any shard scans),
+/// `pages`, `objects_seen`, `last_completed_ms` (the oldest shard's; null until every shard
+/// completed one), `quarantined`, and `shards` with the same fields plus `cursor` (an opaque
+/// token, null at the start) and `scans_completed`.
+pub async fn inventory_status(client: &Client, out: Output) -> Result<(), ClientError> {
+    let r = client.inventory_status().await?;
+    let shards: Vec<_> = r.shards.iter().map(inventory_shard_json).collect();
+    out.emit(
+        json!({"state": if r.running { "running" } else { "idle" }, "running": r.running,
+               "pages": r.pages, "objects_seen": r.objects_seen,
+               "last_completed_ms": (r.last_completed_ms != 0).then_some(r.last_completed_ms),
+               "quarantined": r.quarantined, "shards": shards}),
+        || {
+            format!(
+                "inventory {} · {} pages · {} objects seen · {} quarantined · oldest completed scan {}\n\n{}",
+                if r.running { "running" } else { "idle" },
+                r.pages,
+                r.objects_seen,
+                r.quarantined,
+                completed_at(r.last_completed_ms),
+                inventory_rows(&r.shards)
+            )
+        },
+    );
+    Ok(())
+}
+
+/// `nokv admin quarantine [--limit N]`. JSON: `{"total", "observations": [{"key", "size",
+/// "first_seen_ms", "last_seen_ms", "shard"}]}`. Naming keys is this command's purpose.
+pub async fn quarantine(client: &Client, out: Output, limit: u32) -> Result<(), ClientError> {
+    let r = client.quarantine(limit).await?;
+    let observations: Vec<_> = r
+        .observations
+        .iter()
+        .map(|o| {
+            json!({"key": o.key, "size": o.size, "first_seen_ms": o.first_seen_ms,
+                   "last_seen_ms": o.last_seen_ms, "shard": o.shard})
+        })
+        .collect();
+    out.emit(
+        json!({"total": r.total, "observations": observations}),
+        || {
+            let mut rows = vec![
+                ["SHARD", "SIZE", "FIRST SEEN", "LAST SEEN", "KEY"]
+                    .map(String::from)
+                    .to_vec(),
+            ];
+            for o in &r.observations {
+                rows.push(vec![
+                    o.shard.to_string(),
+                    human_bytes(o.size),
+                    completed_at(o.first_seen_ms),
+                    completed_at(o.last_seen_ms),
+                    o.key.clone(),
+                ]);
+            }
+            format!(
+                "{} quarantined (showing {}; the inventory never deletes them)\n\n{}",
+                r.total,
+                r.observations.len(),
+                table(&rows)
+            )
+        },
+    );
+    Ok(())
 }
 
 #[cfg(test)]

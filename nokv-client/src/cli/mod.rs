@@ -168,6 +168,26 @@ enum AdminCommand {
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
     },
+    /// The inventory: a durable, paged scan of the provider prefix that quarantines objects no
+    /// record accounts for (it never deletes anything).
+    #[command(subcommand)]
+    Inventory(InventoryCommand),
+    /// List quarantine observations: objects the inventory found that no record accounts for
+    /// (key, size, first and last seen, shard). They are kept, never deleted.
+    Quarantine {
+        /// Observations to list, 1 to 1000 [default: 100].
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum InventoryCommand {
+    /// Start a scan now on every shard that is not scanning (idempotent).
+    Start,
+    /// Per shard and overall: running or idle, pages done, objects seen, last completed scan,
+    /// cursor position (an opaque token), quarantined count.
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -321,6 +341,15 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
             admin::move_shard(client, out, shard, &node).await
         }
         Command::Admin(AdminCommand::Events { limit }) => admin::events(client, out, limit).await,
+        Command::Admin(AdminCommand::Inventory(InventoryCommand::Start)) => {
+            admin::inventory_start(client, out).await
+        }
+        Command::Admin(AdminCommand::Inventory(InventoryCommand::Status)) => {
+            admin::inventory_status(client, out).await
+        }
+        Command::Admin(AdminCommand::Quarantine { limit }) => {
+            admin::quarantine(client, out, limit.unwrap_or(0)).await
+        }
         Command::Workspace(cmd) => workspaces::run(client, out, cmd).await,
     }
 }

@@ -8,6 +8,8 @@
 //! closure cannot await provider I/O while the gate is held.
 
 pub mod fault;
+/// The inventory's scan record and quarantine observations.
+mod inventory;
 mod open;
 pub mod records;
 mod snapshot;

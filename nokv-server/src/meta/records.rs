@@ -271,3 +271,54 @@ pub struct WorkspaceRecord {
     #[prost(bool, tag = "5")]
     pub retired_cursor_set: bool,
 }
+
+/// The inventory scan of one shard (one record per shard store; see
+/// [`crate::shard::inventory`]). Its cursor and counters change only in the session that
+/// commits a page's observations, so a restart resumes exactly after the last committed page.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InventoryRecord {
+    /// Number of the running scan, or of the last one when idle (0: never scanned).
+    #[prost(uint64, tag = "1")]
+    pub scan: u64,
+    #[prost(bool, tag = "2")]
+    pub running: bool,
+    /// The last key of the last committed page (the listing resumes strictly after it), or
+    /// a jump target past a key range the scan skips; empty at the start of a scan.
+    #[prost(string, tag = "3")]
+    pub cursor: String,
+    #[prost(uint64, tag = "4")]
+    pub pages: u64,
+    #[prost(uint64, tag = "5")]
+    pub objects: u64,
+    /// Shard clock when the running (or last) scan started.
+    #[prost(int64, tag = "6")]
+    pub started_ms: i64,
+    /// Shard clock when the last scan committed its final page (0: none completed).
+    #[prost(int64, tag = "7")]
+    pub last_completed_ms: i64,
+    #[prost(uint64, tag = "8")]
+    pub completed: u64,
+    /// A completed scan whose absent observations are still being removed (0: none): every
+    /// observation last seen by an earlier scan was absent from that complete scan.
+    #[prost(uint64, tag = "9")]
+    pub sweep_scan: u64,
+    /// The last observation key the absence sweep examined.
+    #[prost(string, tag = "10")]
+    pub sweep_cursor: String,
+}
+
+/// An object the inventory found under the shard's key space that no record accounts for.
+/// An observation only: nothing ever deletes the object because of it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct QuarantineRecord {
+    #[prost(uint64, tag = "1")]
+    pub size: u64,
+    /// Shard clock.
+    #[prost(int64, tag = "2")]
+    pub first_seen_ms: i64,
+    #[prost(int64, tag = "3")]
+    pub last_seen_ms: i64,
+    /// The scan that saw it last.
+    #[prost(uint64, tag = "4")]
+    pub seen_scan: u64,
+}

@@ -90,6 +90,11 @@ impl Admin for AdminService {
                 Err(Error::Unavailable(_)) => (false, Default::default()),
                 Err(e) => return Err(e.into()),
             };
+            let quarantined = match s.inventory_status().await {
+                Ok(st) => st.quarantined,
+                Err(Error::Unavailable(_)) => 0,
+                Err(e) => return Err(e.into()),
+            };
             shards.push(pb::ShardHealth {
                 shard: s.id,
                 owned: true,
@@ -102,6 +107,7 @@ impl Admin for AdminService {
                 guards_finished: c.guards - c.unknown_guards,
                 collectable: c.collectable,
                 dead_letters: 0,
+                quarantined,
             });
         }
         let all_serving = shards.iter().all(|s| s.serving);
@@ -110,6 +116,7 @@ impl Admin for AdminService {
         let unresolved_uploads = sum(|s| s.unresolved_uploads);
         let guards_finished = sum(|s| s.guards_finished);
         let collectable = sum(|s| s.collectable);
+        let quarantined = sum(|s| s.quarantined);
         Ok(Response::new(pb::HealthResponse {
             status: if all_serving {
                 "SERVING"
@@ -128,6 +135,7 @@ impl Admin for AdminService {
             guards_finished,
             collectable,
             dead_letters: 0,
+            quarantined,
         }))
     }
 
@@ -197,6 +205,36 @@ impl Admin for AdminService {
                 .collect(),
         }))
     }
+
+    async fn inventory_start(
+        &self,
+        req: Request<pb::InventoryStartRequest>,
+    ) -> Result<Response<pb::InventoryStartResponse>, Status> {
+        let who = self.admit_who(&req)?;
+        self.audited(
+            who,
+            Action::StartInventory,
+            "inventory".into(),
+            self.do_inventory_start(),
+        )
+        .await
+    }
+
+    async fn inventory_status(
+        &self,
+        req: Request<pb::InventoryStatusRequest>,
+    ) -> Result<Response<pb::InventoryStatusResponse>, Status> {
+        self.admit(&req)?;
+        Ok(Response::new(self.do_inventory_status().await?))
+    }
+
+    async fn quarantine(
+        &self,
+        req: Request<pb::QuarantineRequest>,
+    ) -> Result<Response<pb::QuarantineResponse>, Status> {
+        self.admit(&req)?;
+        Ok(Response::new(self.do_quarantine(req.into_inner()).await?))
+    }
 }
 
 impl AdminService {
@@ -223,6 +261,97 @@ impl AdminService {
             epoch,
             elapsed_ms,
         })
+    }
+}
+
+/// Observations `nokv admin quarantine` lists by default, and at most.
+const QUARANTINE_DEFAULT: u32 = 100;
+const QUARANTINE_MAX: u32 = 1000;
+
+/// Inventory RPCs (`nokv admin inventory start|status`, `nokv admin quarantine`). Listing
+/// quarantined keys is the purpose of the quarantine call; the status names none (its cursor
+/// is an opaque token).
+impl AdminService {
+    async fn do_inventory_start(&self) -> Result<pb::InventoryStartResponse> {
+        let shards = self.node.inventory_start().await?;
+        let started = shards.iter().filter(|s| s.started).count() as u32;
+        tracing::info!(started, "admin: inventory start");
+        Ok(pb::InventoryStartResponse {
+            started,
+            shards: shards.iter().map(inventory_shard).collect(),
+        })
+    }
+
+    async fn do_inventory_status(&self) -> Result<pb::InventoryStatusResponse> {
+        let shards: Vec<_> = self
+            .node
+            .inventory_status()
+            .await?
+            .iter()
+            .map(inventory_shard)
+            .collect();
+        let sum = |f: fn(&pb::InventoryShard) -> u64| shards.iter().map(f).sum::<u64>();
+        Ok(pb::InventoryStatusResponse {
+            running: shards.iter().any(|s| s.running),
+            pages: sum(|s| s.pages),
+            objects_seen: sum(|s| s.objects_seen),
+            last_completed_ms: shards
+                .iter()
+                .map(|s| s.last_completed_ms)
+                .min()
+                .unwrap_or(0),
+            quarantined: sum(|s| s.quarantined),
+            shards,
+        })
+    }
+
+    async fn do_quarantine(&self, req: pb::QuarantineRequest) -> Result<pb::QuarantineResponse> {
+        let limit = match req.limit {
+            0 => QUARANTINE_DEFAULT,
+            n @ 1..=QUARANTINE_MAX => n,
+            n => {
+                return Err(Error::InvalidArgument(format!(
+                    "limit {n} is out of range: 1 to {QUARANTINE_MAX} (default {QUARANTINE_DEFAULT})"
+                )));
+            }
+        };
+        let (observations, total) = self.node.quarantine(limit as usize).await?;
+        Ok(pb::QuarantineResponse {
+            observations: observations
+                .into_iter()
+                .map(|(shard, key, o)| pb::QuarantineObservation {
+                    key,
+                    size: o.size,
+                    first_seen_ms: o.first_seen_ms,
+                    last_seen_ms: o.last_seen_ms,
+                    shard,
+                })
+                .collect(),
+            total,
+        })
+    }
+}
+
+/// The wire form of one shard's inventory. The cursor (an object key) is shown only as a
+/// short digest: it tells an operator the scan moved, and names no key.
+fn inventory_shard(s: &crate::inventory::ShardInventory) -> pb::InventoryShard {
+    use sha2::{Digest, Sha256};
+    let r = &s.status.record;
+    let cursor = if r.cursor.is_empty() {
+        String::new()
+    } else {
+        hex::encode(&Sha256::digest(format!("{}:{}", r.scan, r.cursor))[..8])
+    };
+    pb::InventoryShard {
+        shard: s.shard,
+        running: r.running,
+        pages: r.pages,
+        objects_seen: r.objects,
+        last_completed_ms: r.last_completed_ms,
+        cursor,
+        quarantined: s.status.quarantined,
+        scans_completed: r.completed,
+        started: s.started,
     }
 }
 

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod fence;
 pub mod files;
 pub mod gate;
+pub mod inventory;
 pub mod receipts;
 pub mod reconciler;
 pub mod replay;
