@@ -453,6 +453,38 @@ impl Client {
         Ok(r.into_inner())
     }
 
+    /// Sets (`Some`) or removes (`None`) workspace `ws`'s byte quota and answers its usage
+    /// (admin token scoped to `*`; sent to the workspace's owner).
+    pub async fn set_quota(&self, ws: &str, quota: Option<u64>) -> Result<pb::QuotaResponse> {
+        let req = pb::SetQuotaRequest {
+            workspace: ws.into(),
+            quota,
+        };
+        let r = self
+            .retrying_for("set_quota", Some(ws), |conn| {
+                let mut c = conn.admin;
+                let req = req.clone();
+                async move { c.set_quota(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    /// Workspace `ws`'s byte quota, used and reserved bytes (admin token scoped to `*`).
+    pub async fn get_quota(&self, ws: &str) -> Result<pb::QuotaResponse> {
+        let req = pb::GetQuotaRequest {
+            workspace: ws.into(),
+        };
+        let r = self
+            .retrying_for("get_quota", Some(ws), |conn| {
+                let mut c = conn.admin;
+                let req = req.clone();
+                async move { c.get_quota(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
             .retrying("health", |conn| {

@@ -208,6 +208,15 @@ pub struct ServeArgs {
     /// Log filter, e.g. info or nokv_server=debug [default: info].
     #[arg(long, env = "NOKV_LOG")]
     pub log: Option<String>,
+    /// Admission cap: unresolved uploads (open, or claimed after expiry and not yet settled)
+    /// of all shards this node holds; a BeginUpload past it is refused with
+    /// AdmissionCapReached (gRPC RESOURCE_EXHAUSTED) [default: 8000].
+    #[arg(long, env = "NOKV_MAX_UNRESOLVED_UPLOADS")]
+    pub max_unresolved_uploads: Option<u64>,
+    /// Admission cap: unresolved uploads of one workspace; a BeginUpload past it is refused
+    /// with AdmissionCapReached (gRPC RESOURCE_EXHAUSTED) [default: 800].
+    #[arg(long, env = "NOKV_MAX_UNRESOLVED_UPLOADS_PER_WORKSPACE")]
+    pub max_unresolved_uploads_per_workspace: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -331,6 +340,12 @@ impl ServeArgs {
                 node_ttl,
                 log
             );
+            layer!(
+                self,
+                file,
+                max_unresolved_uploads,
+                max_unresolved_uploads_per_workspace
+            );
         }
         let data_dir = self
             .data_dir
@@ -349,6 +364,15 @@ impl ServeArgs {
             replay_ttl: duration(self.replay_ttl, defaults.replay_ttl)?,
             retired_grace: duration(self.retired_grace, defaults.retired_grace)?,
             scan_budget: duration(self.scan_budget, defaults.scan_budget)?,
+            admission: crate::shard::admission::Caps {
+                max_unresolved_uploads: self
+                    .max_unresolved_uploads
+                    .unwrap_or(defaults.admission.max_unresolved_uploads),
+                max_unresolved_uploads_per_workspace: self
+                    .max_unresolved_uploads_per_workspace
+                    .unwrap_or(defaults.admission.max_unresolved_uploads_per_workspace),
+                census: defaults.admission.census.clone(),
+            },
         };
         let reconcile_interval = duration(self.reconcile_interval, DEFAULT_RECONCILE_INTERVAL)?;
         if reconcile_interval.is_zero() || shard.scan_budget.is_zero() {
@@ -364,6 +388,15 @@ impl ServeArgs {
                 shard.inline_max,
                 crate::server::MAX_MESSAGE
             )));
+        }
+        if shard.admission.max_unresolved_uploads == 0
+            || shard.admission.max_unresolved_uploads_per_workspace == 0
+        {
+            return Err(ConfigError(
+                "max_unresolved_uploads and max_unresolved_uploads_per_workspace must be at \
+                 least 1 (a cap of 0 would refuse every upload)"
+                    .into(),
+            ));
         }
         if shard.upload_lease < Duration::from_secs(1) {
             return Err(ConfigError("upload lease must be at least 1s".into()));

@@ -161,6 +161,9 @@ enum AdminCommand {
     /// Shard commands.
     #[command(subcommand)]
     Shard(ShardCommand),
+    /// Per-workspace byte quotas.
+    #[command(subcommand)]
+    Quota(admin::QuotaCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -313,6 +316,7 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         Command::Admin(AdminCommand::Shard(ShardCommand::Move { shard, node })) => {
             admin::move_shard(client, out, shard, &node).await
         }
+        Command::Admin(AdminCommand::Quota(cmd)) => admin::quota(client, out, cmd).await,
         Command::Workspace(cmd) => workspaces::run(client, out, cmd).await,
     }
 }

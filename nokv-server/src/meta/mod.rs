@@ -11,6 +11,7 @@ pub mod fault;
 mod open;
 pub mod records;
 mod snapshot;
+mod usage;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 
 pub use fault::StoreFaults;
 pub use records::*;
+pub use usage::{UsageDelta, UsageRecount, UsageTotals};
 
 /// Errors of the metadata layer. They are never the caller's fault, so they surface as
 /// `Internal`, `Unavailable` (the store failed and is being reopened) or `DataCorrupted`.

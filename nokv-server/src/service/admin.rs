@@ -78,14 +78,35 @@ impl Admin for AdminService {
                 guards_finished: c.guards - c.unknown_guards,
                 collectable: c.collectable,
                 dead_letters: 0,
+                ..Default::default()
             });
+            // Quota accounting: a shard out of service reads 0 like its other counts.
+            let t = match s.usage_totals().await {
+                Ok(t) => t,
+                Err(Error::Unavailable(_)) => Default::default(),
+                Err(e) => return Err(e.into()),
+            };
+            let h = shards.last_mut().expect("just pushed");
+            h.reserved_bytes = t.reserved_bytes;
+            h.reservations = t.reservations;
+            h.reservations_match = h.reservations == h.unresolved_uploads;
         }
         let all_serving = shards.iter().all(|s| s.serving);
+        for s in shards.iter().filter(|s| !s.reservations_match) {
+            tracing::error!(
+                shard = s.shard,
+                reservations = s.reservations,
+                unresolved_uploads = s.unresolved_uploads,
+                "MISMATCH: reservations differ from unresolved uploads"
+            );
+        }
         let sum = |f: fn(&pb::ShardHealth) -> u64| shards.iter().map(f).sum::<u64>();
         let unknown_guards = sum(|s| s.unknown_guards);
         let unresolved_uploads = sum(|s| s.unresolved_uploads);
         let guards_finished = sum(|s| s.guards_finished);
         let collectable = sum(|s| s.collectable);
+        let (reserved_bytes, reservations) = (sum(|s| s.reserved_bytes), sum(|s| s.reservations));
+        let reservations_match = shards.iter().all(|s| s.reservations_match);
         Ok(Response::new(pb::HealthResponse {
             status: if all_serving {
                 "SERVING"
@@ -104,6 +125,9 @@ impl Admin for AdminService {
             guards_finished,
             collectable,
             dead_letters: 0,
+            reserved_bytes,
+            reservations,
+            reservations_match,
         }))
     }
 
@@ -164,6 +188,40 @@ impl Admin for AdminService {
             epoch,
             elapsed_ms,
         }))
+    }
+
+    async fn set_quota(
+        &self,
+        req: Request<pb::SetQuotaRequest>,
+    ) -> Result<Response<pb::QuotaResponse>, Status> {
+        self.admit(&req)?;
+        let pb::SetQuotaRequest { workspace, quota } = req.into_inner();
+        crate::names::workspace(&workspace)?;
+        let shard = self.node.shard_for(&workspace)?;
+        let usage = shard.set_quota(&workspace, quota).await?;
+        tracing::info!(workspace = %workspace, ?quota, "admin: quota set");
+        Ok(Response::new(quota_response(workspace, &usage)))
+    }
+
+    async fn get_quota(
+        &self,
+        req: Request<pb::GetQuotaRequest>,
+    ) -> Result<Response<pb::QuotaResponse>, Status> {
+        self.admit(&req)?;
+        let pb::GetQuotaRequest { workspace } = req.into_inner();
+        crate::names::workspace(&workspace)?;
+        let usage = self.node.shard_for(&workspace)?.usage(&workspace).await?;
+        Ok(Response::new(quota_response(workspace, &usage)))
+    }
+}
+
+fn quota_response(workspace: String, u: &crate::meta::UsageRecord) -> pb::QuotaResponse {
+    pb::QuotaResponse {
+        workspace,
+        quota: u.quota,
+        used_bytes: u.used_bytes,
+        reserved_bytes: u.reserved_bytes,
+        reservations: u.reservations,
     }
 }
 
