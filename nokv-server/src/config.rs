@@ -716,6 +716,51 @@ mod tests {
         }
     }
 
+    /// Mutation: drop the second `layer!` (TOML ignored) or the zero check.
+    #[test]
+    fn admission_caps_default_to_8000_and_800_come_from_flags_or_toml_and_zero_is_refused() {
+        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
+        let caps = &s.shard.admission;
+        assert_eq!(
+            (
+                caps.max_unresolved_uploads,
+                caps.max_unresolved_uploads_per_workspace
+            ),
+            (8000, 800)
+        );
+        let s = Cli::parse_from([
+            "nokv-server",
+            "--max-unresolved-uploads",
+            "50",
+            "--max-unresolved-uploads-per-workspace",
+            "5",
+        ])
+        .serve
+        .resolve()
+        .unwrap();
+        let caps = &s.shard.admission;
+        assert_eq!(
+            (
+                caps.max_unresolved_uploads,
+                caps.max_unresolved_uploads_per_workspace
+            ),
+            (50, 5)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nokv.toml");
+        std::fs::write(&file, "max_unresolved_uploads_per_workspace = 7\n").unwrap();
+        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap()]);
+        let s = cli.serve.resolve().unwrap();
+        assert_eq!(s.shard.admission.max_unresolved_uploads_per_workspace, 7);
+        for bad in [
+            ["--max-unresolved-uploads", "0"],
+            ["--max-unresolved-uploads-per-workspace", "0"],
+        ] {
+            let cli = Cli::parse_from(["nokv-server", bad[0], bad[1]]);
+            assert!(cli.serve.resolve().is_err(), "{bad:?}");
+        }
+    }
+
     #[test]
     fn the_bulk_budget_defaults_per_cpu_and_zero_turns_it_off() {
         let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();

@@ -79,10 +79,20 @@ fn next_id() -> String {
 }
 
 async fn begin(f: &Fixture, ws: &str, size: u64) -> crate::error::Result<pb::BeginUploadResponse> {
+    begin_at(f, ws, &format!("art-{}", next_id()), size).await
+}
+
+/// An upload that will publish at `path` (replacing whatever is there).
+async fn begin_at(
+    f: &Fixture,
+    ws: &str,
+    path: &str,
+    size: u64,
+) -> crate::error::Result<pb::BeginUploadResponse> {
     f.shard
         .begin_upload(pb::BeginUploadRequest {
             workspace: ws.into(),
-            path: format!("art-{}", next_id()),
+            path: path.into(),
             size,
             request_id: next_id(),
             ..Default::default()
@@ -435,7 +445,13 @@ async fn every_counter_equals_a_full_recount_after_a_seeded_random_mix_of_operat
             match rng.below(9) {
                 0 | 1 => {
                     let size = 1 + rng.below(12);
-                    match begin(&f, ws, size).await {
+                    // Half of them publish over the small files' paths (a commit then
+                    // replaces a file or an earlier artifact).
+                    let path = match rng.below(2) {
+                        0 => format!("f{}", rng.below(4)),
+                        _ => format!("art-{}", next_id()),
+                    };
+                    match begin_at(&f, ws, &path, size).await {
                         Ok(up) => open.push(up),
                         Err(_) => saw_refusal = true,
                     }
@@ -502,4 +518,32 @@ async fn every_counter_equals_a_full_recount_after_a_seeded_random_mix_of_operat
         "the mix must reach claimed-but-unsettled uploads"
     );
     assert!(saw_refusal, "the mix must reach quota refusals");
+}
+
+/// Mutations: drop `accounts.reserve(w, &mut rec)?` in `begin_receipt_upload` (nothing
+/// reserved), or reserve in its resume branch too (reserved twice).
+#[tokio::test]
+async fn a_receipt_upload_reserves_once_and_resuming_it_reserves_nothing_more() {
+    let f = fixture();
+    f.shard.set_quota("ws", Some(10)).await.unwrap();
+    let req = |rid: &str| pb::BeginUploadRequest {
+        workspace: "ws".into(),
+        path: "art".into(),
+        size: 8,
+        sha256: Sha256::digest(b"abcdefgh").to_vec(),
+        receipt: "r1".into(),
+        request_id: rid.into(),
+    };
+    let first = f.shard.begin_upload(req("b1")).await.unwrap();
+    assert_eq!(usage(&f, "ws").await, (0, 8, 1));
+    let resumed = f.shard.begin_upload(req("b2")).await.unwrap();
+    assert_eq!(resumed.upload_id, first.upload_id);
+    assert_eq!(
+        usage(&f, "ws").await,
+        (0, 8, 1),
+        "resuming reserves nothing more"
+    );
+    publish(&f, &first, b"abcdefgh").await;
+    assert_eq!(usage(&f, "ws").await, (8, 0, 0));
+    assert_counters_match_recount(&f, "receipt").await;
 }
