@@ -464,6 +464,23 @@ impl Client {
         Ok(r.into_inner())
     }
 
+    /// Sets (`Some`) or removes (`None`) workspace `ws`'s byte quota and answers its usage
+    /// (admin token scoped to `*`; sent to the workspace's owner).
+    pub async fn set_quota(&self, ws: &str, quota: Option<u64>) -> Result<pb::QuotaResponse> {
+        let req = pb::SetQuotaRequest {
+            workspace: ws.into(),
+            quota,
+        };
+        let r = self
+            .retrying_for("set_quota", Some(ws), |conn| {
+                let mut c = conn.admin;
+                let req = req.clone();
+                async move { c.set_quota(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
     /// Starts an inventory scan on every shard of the answering node that is not scanning
     /// (idempotent; admin token scoped to `*`).
     pub async fn inventory_start(&self) -> Result<pb::InventoryStartResponse> {
@@ -494,6 +511,21 @@ impl Client {
             .retrying("quarantine", |conn| {
                 let mut c = conn.admin;
                 async move { c.quarantine(pb::QuarantineRequest { limit }).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    /// Workspace `ws`'s byte quota, used and reserved bytes (admin token scoped to `*`).
+    pub async fn get_quota(&self, ws: &str) -> Result<pb::QuotaResponse> {
+        let req = pb::GetQuotaRequest {
+            workspace: ws.into(),
+        };
+        let r = self
+            .retrying_for("get_quota", Some(ws), |conn| {
+                let mut c = conn.admin;
+                let req = req.clone();
+                async move { c.get_quota(req).await }
             })
             .await?;
         Ok(r.into_inner())

@@ -227,6 +227,15 @@ pub struct ServeArgs {
     /// [default: 30d].
     #[arg(long, env = "NOKV_HISTORY_RETENTION")]
     pub history_retention: Option<String>,
+    /// Admission cap: unresolved uploads (open, or claimed after expiry and not yet settled)
+    /// of all shards this node holds; a BeginUpload past it is refused with
+    /// AdmissionCapReached (gRPC RESOURCE_EXHAUSTED) [default: 8000].
+    #[arg(long, env = "NOKV_MAX_UNRESOLVED_UPLOADS")]
+    pub max_unresolved_uploads: Option<u64>,
+    /// Admission cap: unresolved uploads of one workspace; a BeginUpload past it is refused
+    /// with AdmissionCapReached (gRPC RESOURCE_EXHAUSTED) [default: 800].
+    #[arg(long, env = "NOKV_MAX_UNRESOLVED_UPLOADS_PER_WORKSPACE")]
+    pub max_unresolved_uploads_per_workspace: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -364,6 +373,12 @@ impl ServeArgs {
                 inventory_page_size,
                 history_retention
             );
+            layer!(
+                self,
+                file,
+                max_unresolved_uploads,
+                max_unresolved_uploads_per_workspace
+            );
         }
         let data_dir = self
             .data_dir
@@ -382,6 +397,15 @@ impl ServeArgs {
             replay_ttl: duration(self.replay_ttl, defaults.replay_ttl)?,
             retired_grace: duration(self.retired_grace, defaults.retired_grace)?,
             scan_budget: duration(self.scan_budget, defaults.scan_budget)?,
+            admission: crate::shard::admission::Caps {
+                max_unresolved_uploads: self
+                    .max_unresolved_uploads
+                    .unwrap_or(defaults.admission.max_unresolved_uploads),
+                max_unresolved_uploads_per_workspace: self
+                    .max_unresolved_uploads_per_workspace
+                    .unwrap_or(defaults.admission.max_unresolved_uploads_per_workspace),
+                census: defaults.admission.census.clone(),
+            },
         };
         let reconcile_interval = duration(self.reconcile_interval, DEFAULT_RECONCILE_INTERVAL)?;
         if reconcile_interval.is_zero() || shard.scan_budget.is_zero() {
@@ -397,6 +421,15 @@ impl ServeArgs {
                 shard.inline_max,
                 crate::server::MAX_MESSAGE
             )));
+        }
+        if shard.admission.max_unresolved_uploads == 0
+            || shard.admission.max_unresolved_uploads_per_workspace == 0
+        {
+            return Err(ConfigError(
+                "max_unresolved_uploads and max_unresolved_uploads_per_workspace must be at \
+                 least 1 (a cap of 0 would refuse every upload)"
+                    .into(),
+            ));
         }
         if shard.upload_lease < Duration::from_secs(1) {
             return Err(ConfigError("upload lease must be at least 1s".into()));
@@ -765,6 +798,51 @@ mod tests {
         assert_eq!(s.reconcile_interval, Duration::from_secs(2));
         assert_eq!(s.shard.scan_budget, Duration::from_millis(500));
         for bad in [["--reconcile-interval", "0s"], ["--scan-budget", "0s"]] {
+            let cli = Cli::parse_from(["nokv-server", bad[0], bad[1]]);
+            assert!(cli.serve.resolve().is_err(), "{bad:?}");
+        }
+    }
+
+    /// Mutation: drop the second `layer!` (TOML ignored) or the zero check.
+    #[test]
+    fn admission_caps_default_to_8000_and_800_come_from_flags_or_toml_and_zero_is_refused() {
+        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
+        let caps = &s.shard.admission;
+        assert_eq!(
+            (
+                caps.max_unresolved_uploads,
+                caps.max_unresolved_uploads_per_workspace
+            ),
+            (8000, 800)
+        );
+        let s = Cli::parse_from([
+            "nokv-server",
+            "--max-unresolved-uploads",
+            "50",
+            "--max-unresolved-uploads-per-workspace",
+            "5",
+        ])
+        .serve
+        .resolve()
+        .unwrap();
+        let caps = &s.shard.admission;
+        assert_eq!(
+            (
+                caps.max_unresolved_uploads,
+                caps.max_unresolved_uploads_per_workspace
+            ),
+            (50, 5)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nokv.toml");
+        std::fs::write(&file, "max_unresolved_uploads_per_workspace = 7\n").unwrap();
+        let cli = Cli::parse_from(["nokv-server", "--config", file.to_str().unwrap()]);
+        let s = cli.serve.resolve().unwrap();
+        assert_eq!(s.shard.admission.max_unresolved_uploads_per_workspace, 7);
+        for bad in [
+            ["--max-unresolved-uploads", "0"],
+            ["--max-unresolved-uploads-per-workspace", "0"],
+        ] {
             let cli = Cli::parse_from(["nokv-server", bad[0], bad[1]]);
             assert!(cli.serve.resolve().is_err(), "{bad:?}");
         }

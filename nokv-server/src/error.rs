@@ -64,6 +64,11 @@ pub enum Error {
     ResourceExhausted(String),
     #[error("{0}")]
     Internal(String),
+    /// An admission cap on unresolved uploads (per workspace or per node) is reached: the
+    /// BeginUpload was refused and changed nothing. Not retried automatically by clients
+    /// (unlike `ResourceExhausted`): it clears only when uploads are committed or aborted.
+    #[error("{0}")]
+    AdmissionCapReached(String),
 }
 
 impl Error {
@@ -85,6 +90,7 @@ impl Error {
             Error::Unavailable(_) => "Unavailable",
             Error::ResourceExhausted(_) => "ResourceExhausted",
             Error::Internal(_) => "Internal",
+            Error::AdmissionCapReached(_) => "AdmissionCapReached",
         }
     }
 
@@ -106,6 +112,7 @@ impl Error {
             Error::Unavailable(_) => Code::Unavailable,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Internal(_) => Code::Internal,
+            Error::AdmissionCapReached(_) => Code::ResourceExhausted,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! Operator commands (`nokv admin ...`): node health, the accounting audit, the cluster view
-//! and shard moves. All need an admin token scoped to every workspace.
+//! Operator commands (`nokv admin ...`): node health, the accounting audit, the cluster view,
+//! shard moves and workspace quotas. All need an admin token scoped to every workspace.
 
 use nokv_client::{Client, ClientError};
 use nokv_proto::v1 as pb;
@@ -22,15 +22,17 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
                    "quarantined": s.quarantined})
         })
         .collect();
-    out.emit(
-        json!({"status": h.status, "version": h.version, "node": h.node,
+    let mut doc = json!({"status": h.status, "version": h.version, "node": h.node,
                "provider": h.provider, "shard_count": h.shard_count,
                "uptime_ms": h.uptime_ms, "unknown_guards": h.unknown_guards,
                "guards_unknown": h.unknown_guards, "guards_finished": h.guards_finished,
                "collectable": h.collectable, "unresolved_uploads": h.unresolved_uploads,
                "dead_letters": h.dead_letters,
                "quarantined": h.quarantined,
-               "shards": shards}),
+               "shards": shards});
+    add_reservations(&mut doc, &h);
+    out.emit(
+        doc,
         || {
             let entries: u64 = h.shards.iter().map(|s| s.entries).sum();
             let mut text = format!(
@@ -54,6 +56,7 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
             for s in h.shards.iter().filter(|s| !s.serving) {
                 text.push_str(&format!("\nshard {} is NOT SERVING (metadata store out of service; requests answer Unavailable)", s.shard));
             }
+            text.push_str(&reservations_text(&h));
             text
         },
     );
@@ -506,5 +509,151 @@ mod tests {
         assert_eq!(human_age(61_000), "1m01s");
         assert_eq!(human_age(7_260_000), "2h01m");
         assert_eq!(human_age(90_000_000), "1d01h");
+    }
+}
+
+/// Adds the quota accounting to the health document: `reserved_bytes`, `reservations` and
+/// `reservations_match` in total and per shard (same order as `h.shards`).
+fn add_reservations(doc: &mut Value, h: &pb::HealthResponse) {
+    let fields = |reserved: u64, reservations: u64, matched: bool| {
+        [
+            ("reserved_bytes", json!(reserved)),
+            ("reservations", json!(reservations)),
+            ("reservations_match", json!(matched)),
+        ]
+    };
+    if let Some(top) = doc.as_object_mut() {
+        top.extend(
+            fields(h.reserved_bytes, h.reservations, h.reservations_match)
+                .map(|(k, v)| (k.to_string(), v)),
+        );
+    }
+    if let Some(shards) = doc.get_mut("shards").and_then(Value::as_array_mut) {
+        for (j, s) in shards.iter_mut().zip(&h.shards) {
+            if let Some(o) = j.as_object_mut() {
+                o.extend(
+                    fields(s.reserved_bytes, s.reservations, s.reservations_match)
+                        .map(|(k, v)| (k.to_string(), v)),
+                );
+            }
+        }
+    }
+}
+
+/// The health text's reservation line, then one line starting `MISMATCH` per shard whose
+/// reservations differ from its unresolved uploads (they must be equal).
+fn reservations_text(h: &pb::HealthResponse) -> String {
+    let mut text = format!(
+        "\nreserved {} by {} reservations ({} unresolved uploads)",
+        human_bytes(h.reserved_bytes),
+        h.reservations,
+        h.unresolved_uploads
+    );
+    for s in h.shards.iter().filter(|s| !s.reservations_match) {
+        text.push_str(&format!(
+            "\nMISMATCH shard {}: {} reservations but {} unresolved uploads; investigate, do not \
+             fix by hand",
+            s.shard, s.reservations, s.unresolved_uploads
+        ));
+    }
+    text
+}
+
+/// `nokv admin quota ...`.
+#[derive(Debug, clap::Subcommand)]
+pub enum QuotaCommand {
+    /// Set workspace WS's byte quota, or remove it with `none`. BeginUpload reserves an
+    /// artifact's bytes against it and small-file writes count against it; past it they are
+    /// refused with QuotaExceeded. A quota below current usage removes nothing.
+    Set {
+        workspace: String,
+        /// Bytes (a plain integer), or `none` for no quota.
+        #[arg(value_parser = parse_quota)]
+        bytes: QuotaValue,
+    },
+    /// Show workspace WS's quota, used bytes and reserved bytes.
+    Get { workspace: String },
+}
+
+/// A quota argument: bytes, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaValue(pub Option<u64>);
+
+fn parse_quota(s: &str) -> Result<QuotaValue, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(QuotaValue(None));
+    }
+    s.parse::<u64>()
+        .map(|b| QuotaValue(Some(b)))
+        .map_err(|_| format!("{s:?} is neither a number of bytes nor `none`"))
+}
+
+/// `nokv admin quota set|get`: JSON `{"workspace","quota" (null = none),"used_bytes",
+/// "reserved_bytes","reservations"}`.
+pub async fn quota(client: &Client, out: Output, cmd: QuotaCommand) -> Result<(), ClientError> {
+    let q = match cmd {
+        QuotaCommand::Set { workspace, bytes } => client.set_quota(&workspace, bytes.0).await?,
+        QuotaCommand::Get { workspace } => client.get_quota(&workspace).await?,
+    };
+    out.emit(quota_json(&q), || quota_text(&q));
+    Ok(())
+}
+
+fn quota_json(q: &pb::QuotaResponse) -> Value {
+    json!({"workspace": q.workspace, "quota": q.quota, "used_bytes": q.used_bytes,
+           "reserved_bytes": q.reserved_bytes, "reservations": q.reservations})
+}
+
+fn quota_text(q: &pb::QuotaResponse) -> String {
+    let quota = q.quota.map_or("none".to_string(), |b| {
+        format!("{} ({b} bytes)", human_bytes(b))
+    });
+    format!(
+        "workspace {} · quota {quota} · used {} · reserved {} by {} uploads",
+        q.workspace,
+        human_bytes(q.used_bytes),
+        human_bytes(q.reserved_bytes),
+        q.reservations
+    )
+}
+
+#[cfg(test)]
+mod quota_tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_argument_is_a_byte_count_or_none_and_anything_else_is_refused() {
+        assert_eq!(parse_quota("1048576"), Ok(QuotaValue(Some(1048576))));
+        assert_eq!(parse_quota("none"), Ok(QuotaValue(None)));
+        assert!(parse_quota("10MiB").is_err());
+        assert!(parse_quota("-1").is_err());
+    }
+
+    #[test]
+    fn health_shows_a_reservation_mismatch_loudly_in_text_and_json() {
+        let shard = |id, reservations, unresolved| pb::ShardHealth {
+            shard: id,
+            reservations,
+            unresolved_uploads: unresolved,
+            reservations_match: reservations == unresolved,
+            ..Default::default()
+        };
+        let h = pb::HealthResponse {
+            shards: vec![shard(0, 2, 2), shard(1, 1, 3)],
+            reservations: 3,
+            unresolved_uploads: 5,
+            reservations_match: false,
+            ..Default::default()
+        };
+        let text = reservations_text(&h);
+        let mismatches: Vec<_> = text.lines().filter(|l| l.starts_with("MISMATCH")).collect();
+        assert_eq!(mismatches.len(), 1, "{text}");
+        assert!(mismatches[0].contains("shard 1"), "{text}");
+        let mut doc = json!({"shards": [{}, {}]});
+        add_reservations(&mut doc, &h);
+        assert_eq!(doc["reservations_match"], json!(false));
+        assert_eq!(doc["shards"][0]["reservations_match"], json!(true));
+        assert_eq!(doc["shards"][1]["reservations_match"], json!(false));
+        assert_eq!(doc["shards"][1]["reservations"], json!(1));
     }
 }

@@ -179,6 +179,9 @@ enum AdminCommand {
         #[arg(long)]
         limit: Option<u32>,
     },
+    /// Per-workspace byte quotas.
+    #[command(subcommand)]
+    Quota(admin::QuotaCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -350,6 +353,7 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         Command::Admin(AdminCommand::Quarantine { limit }) => {
             admin::quarantine(client, out, limit.unwrap_or(0)).await
         }
+        Command::Admin(AdminCommand::Quota(cmd)) => admin::quota(client, out, cmd).await,
         Command::Workspace(cmd) => workspaces::run(client, out, cmd).await,
     }
 }

@@ -13,6 +13,7 @@ mod inventory;
 mod open;
 pub mod records;
 mod snapshot;
+mod usage;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 
 pub use fault::StoreFaults;
 pub use records::*;
+pub use usage::{UsageDelta, UsageRecount, UsageTotals};
 
 /// Errors of the metadata layer. They are never the caller's fault, so they surface as
 /// `Internal`, `Unavailable` (the store failed and is being reopened) or `DataCorrupted`.

@@ -96,6 +96,12 @@ pub struct UploadRecord {
     /// The receipt this upload was begun under, or empty (see [`ReceiptRecord`]).
     #[prost(string, tag = "10")]
     pub receipt: String,
+    /// True while the upload holds a byte reservation of `size` in its workspace's usage
+    /// (see [`UsageRecord`]): set by the BeginUpload session that created it, cleared by the
+    /// session that consumes (commit) or releases (abort, reclaim, workspace deletion) it.
+    /// Uploads begun before quotas existed hold none.
+    #[prost(bool, tag = "20")]
+    pub reserved: bool,
 }
 
 impl UploadRecord {
@@ -120,6 +126,7 @@ impl UploadRecord {
             revision: 0,
             ended_ms: 0,
             receipt: receipt.to_string(),
+            reserved: false,
         }
     }
 
@@ -321,4 +328,33 @@ pub struct QuarantineRecord {
     /// The scan that saw it last.
     #[prost(uint64, tag = "4")]
     pub seen_scan: u64,
+}
+
+/// The byte accounting of one workspace in its shard (see [`crate::shard::quota`]). Every
+/// field changes only inside the write session that changes the state it counts.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct UsageRecord {
+    /// The workspace's byte quota; `None`: unlimited.
+    #[prost(uint64, optional, tag = "1")]
+    pub quota: Option<u64>,
+    /// Sum of the sizes of the workspace's live entries (small files and artifacts).
+    #[prost(uint64, tag = "2")]
+    pub used_bytes: u64,
+    /// Sum of the declared sizes of the uploads holding a reservation.
+    #[prost(uint64, tag = "3")]
+    pub reserved_bytes: u64,
+    /// Uploads holding a reservation: the workspace's unresolved uploads (open, or claimed
+    /// after expiry with an attempt still unsettled).
+    #[prost(uint64, tag = "4")]
+    pub reservations: u64,
+}
+
+impl UsageRecord {
+    /// Nothing counted and no quota set: the record may be dropped (absent reads as this).
+    pub fn is_empty(&self) -> bool {
+        self.quota.is_none()
+            && self.used_bytes == 0
+            && self.reserved_bytes == 0
+            && self.reservations == 0
+    }
 }

@@ -108,15 +108,36 @@ impl Admin for AdminService {
                 collectable: c.collectable,
                 dead_letters: 0,
                 quarantined,
+                ..Default::default()
             });
+            // Quota accounting: a shard out of service reads 0 like its other counts.
+            let t = match s.usage_totals().await {
+                Ok(t) => t,
+                Err(Error::Unavailable(_)) => Default::default(),
+                Err(e) => return Err(e.into()),
+            };
+            let h = shards.last_mut().expect("just pushed");
+            h.reserved_bytes = t.reserved_bytes;
+            h.reservations = t.reservations;
+            h.reservations_match = h.reservations == h.unresolved_uploads;
         }
         let all_serving = shards.iter().all(|s| s.serving);
+        for s in shards.iter().filter(|s| !s.reservations_match) {
+            tracing::error!(
+                shard = s.shard,
+                reservations = s.reservations,
+                unresolved_uploads = s.unresolved_uploads,
+                "MISMATCH: reservations differ from unresolved uploads"
+            );
+        }
         let sum = |f: fn(&pb::ShardHealth) -> u64| shards.iter().map(f).sum::<u64>();
         let unknown_guards = sum(|s| s.unknown_guards);
         let unresolved_uploads = sum(|s| s.unresolved_uploads);
         let guards_finished = sum(|s| s.guards_finished);
         let collectable = sum(|s| s.collectable);
         let quarantined = sum(|s| s.quarantined);
+        let (reserved_bytes, reservations) = (sum(|s| s.reserved_bytes), sum(|s| s.reservations));
+        let reservations_match = shards.iter().all(|s| s.reservations_match);
         Ok(Response::new(pb::HealthResponse {
             status: if all_serving {
                 "SERVING"
@@ -136,6 +157,9 @@ impl Admin for AdminService {
             collectable,
             dead_letters: 0,
             quarantined,
+            reserved_bytes,
+            reservations,
+            reservations_match,
         }))
     }
 
@@ -234,6 +258,38 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::QuarantineResponse>, Status> {
         self.admit(&req)?;
         Ok(Response::new(self.do_quarantine(req.into_inner()).await?))
+    }
+
+    async fn set_quota(
+        &self,
+        req: Request<pb::SetQuotaRequest>,
+    ) -> Result<Response<pb::QuotaResponse>, Status> {
+        let who = self.admit_who(&req)?;
+        let pb::SetQuotaRequest { workspace, quota } = req.into_inner();
+        let target = format!(
+            "workspace {} quota {}",
+            events::clip(&workspace),
+            quota.map_or("none".to_string(), |q| q.to_string())
+        );
+        self.audited(who, Action::SetQuota, target, async move {
+            crate::names::workspace(&workspace)?;
+            let shard = self.node.shard_for(&workspace)?;
+            let usage = shard.set_quota(&workspace, quota).await?;
+            tracing::info!(workspace = %workspace, ?quota, "admin: quota set");
+            Ok(quota_response(workspace, &usage))
+        })
+        .await
+    }
+
+    async fn get_quota(
+        &self,
+        req: Request<pb::GetQuotaRequest>,
+    ) -> Result<Response<pb::QuotaResponse>, Status> {
+        self.admit(&req)?;
+        let pb::GetQuotaRequest { workspace } = req.into_inner();
+        crate::names::workspace(&workspace)?;
+        let usage = self.node.shard_for(&workspace)?.usage(&workspace).await?;
+        Ok(Response::new(quota_response(workspace, &usage)))
     }
 }
 
@@ -352,6 +408,16 @@ fn inventory_shard(s: &crate::inventory::ShardInventory) -> pb::InventoryShard {
         quarantined: s.status.quarantined,
         scans_completed: r.completed,
         started: s.started,
+    }
+}
+
+fn quota_response(workspace: String, u: &crate::meta::UsageRecord) -> pb::QuotaResponse {
+    pb::QuotaResponse {
+        workspace,
+        quota: u.quota,
+        used_bytes: u.used_bytes,
+        reserved_bytes: u.reserved_bytes,
+        reservations: u.reservations,
     }
 }
 

@@ -103,6 +103,7 @@ impl Shard {
         let key = RequestKey::new(&req.workspace, &request_id, "Write", &req);
         let sha256 = Sha256::digest(&req.data).to_vec();
         let clock = self.clock.clone();
+        let accounts = self.accounts.clone();
         self.gate
             .write(move |w| {
                 let (ws, path) = (req.workspace.as_str(), req.path.as_str());
@@ -127,6 +128,9 @@ impl Shard {
                     }
                 };
                 let apply = |w: &mut WriteView, current: Option<EntryRecord>, now| {
+                    // Refused past the quota: the session aborts and changes nothing.
+                    let old_size = current.as_ref().map_or(0, |c| c.size);
+                    accounts.charge_write(w, ws, old_size, req.data.len() as u64)?;
                     if let Some(old) = &current {
                         retire(w, old, now)?;
                     }
@@ -153,6 +157,7 @@ impl Shard {
         let request_id = std::mem::take(&mut req.request_id);
         let key = RequestKey::new(&req.workspace, &request_id, "Delete", &req);
         let clock = self.clock.clone();
+        let accounts = self.accounts.clone();
         self.gate
             .write(move |w| {
                 let (ws, path) = (req.workspace.as_str(), req.path.as_str());
@@ -170,6 +175,7 @@ impl Shard {
                 let apply = |w: &mut WriteView, current: EntryRecord, now| {
                     retire(w, &current, now)?;
                     w.remove_entry(ws, path)?;
+                    accounts.release_entry(w, ws, current.size)?;
                     Ok(pb::DeleteResponse {
                         generation: current.generation,
                     })

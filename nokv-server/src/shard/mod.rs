@@ -5,6 +5,7 @@
 //! operation that spans two sessions with provider I/O between them.
 
 pub mod accounting;
+pub mod admission;
 pub mod checkpoint;
 pub mod claims;
 pub mod clock;
@@ -12,6 +13,7 @@ pub mod fence;
 pub mod files;
 pub mod gate;
 pub mod inventory;
+pub mod quota;
 pub mod receipts;
 pub mod reconciler;
 pub mod replay;
@@ -44,6 +46,9 @@ pub struct ShardConfig {
     pub retired_grace: Duration,
     /// Time budget of each kind of reconciler scan within one pass (`--scan-budget`).
     pub scan_budget: Duration,
+    /// Admission caps on unresolved uploads and the node-wide census they are checked
+    /// against (shared by every shard cloned from one configuration).
+    pub admission: admission::Caps,
 }
 
 impl Default for ShardConfig {
@@ -55,6 +60,7 @@ impl Default for ShardConfig {
             replay_ttl: Duration::from_secs(24 * 3600),
             retired_grace: Duration::from_secs(600),
             scan_budget: Duration::from_secs(5),
+            admission: admission::Caps::default(),
         }
     }
 }
@@ -69,6 +75,15 @@ pub struct Shard {
     claims: claims::BlockClaims,
     /// Every lease, replay window and grace period of this shard is judged by this clock.
     clock: Clock,
+    /// Byte quota and admission accounting (see [`quota`]).
+    accounts: quota::Accounts,
+}
+
+impl Drop for Shard {
+    /// A shard the node no longer holds stops counting toward the node's admission cap.
+    fn drop(&mut self) {
+        self.accounts.caps().census.forget(self.id);
+    }
 }
 
 impl Shard {
@@ -121,8 +136,14 @@ impl Shard {
         clock: Clock,
         fence: Fence,
     ) -> Arc<Shard> {
+        // The node's census counts this shard's unresolved uploads from its first session on.
+        let accounts = quota::Accounts::new(id, cfg.admission.clone());
+        if let Ok(t) = meta.read(|r| r.usage_totals()) {
+            cfg.admission.census.publish(id, t.reservations);
+        }
         Arc::new(Shard {
             id,
+            accounts,
             gate: Gate::new(meta, format!("nokv-shard-{id}"), fence),
             object,
             bulk,

@@ -50,6 +50,7 @@ impl Shard {
         let fresh_id = format!("{}.{}", self.id, random_hex(16));
         let signer = self.signer.clone();
         let clock = self.clock.clone();
+        let accounts = self.accounts.clone();
         self.gate
             .write(move |w| {
                 if let Some(done) = key.recorded(w)? {
@@ -109,7 +110,7 @@ impl Shard {
                         }
                     }
                     (previous, _) => {
-                        let rec = UploadRecord::open(
+                        let mut rec = UploadRecord::open(
                             &req.workspace,
                             &req.path,
                             req.size,
@@ -118,6 +119,8 @@ impl Shard {
                             lease_ms,
                             &req.receipt,
                         );
+                        // Before any provider I/O: a refusal here changes nothing.
+                        accounts.reserve(w, &mut rec)?;
                         w.put_upload(&fresh_id, &rec)?;
                         w.put_receipt(
                             ws,

@@ -25,6 +25,7 @@
 use std::time::{Duration, Instant};
 
 use super::Shard;
+use super::quota::Accounts;
 use crate::error::Result;
 use crate::meta::{GuardRecord, ReadView, UploadState, WriteView, WriterState};
 
@@ -51,6 +52,8 @@ impl Shard {
         }
         // Deletions cut short (crash, shutdown) finish first, so their bytes go this pass.
         self.resume_workspace_deletions().await?;
+        // Repairs the node census after a session whose commit failed (see `admission`).
+        self.publish_census().await?;
         let mut pass = Pass {
             expired_uploads: self.claim_expired_uploads().await?,
             ..Pass::default()
@@ -95,6 +98,7 @@ impl Shard {
         let mut claimed = 0;
         for id in candidates {
             let clock = self.clock.clone();
+            let accounts = self.accounts.clone();
             claimed += self
                 .gate
                 .write(move |w| {
@@ -114,8 +118,10 @@ impl Shard {
                     }
                     w.remove_blocks(&id)?;
                     u.state = if guards_name(w, &id)? {
+                        // An attempt may still land: the reservation stays until settled.
                         UploadState::Deleting
                     } else {
+                        accounts.release(w, &mut u)?;
                         UploadState::Reclaimed
                     } as i32;
                     u.ended_ms = now;
@@ -221,12 +227,13 @@ impl Shard {
             }
             pass.deleted_keys += 1;
             let deleted_at = self.clock.now_ms();
+            let accounts = self.accounts.clone();
             let settled = self
                 .gate
                 .write(move |w| match w.guard(&key)? {
                     Some(g) if g.writer == WriterState::Finished as i32 => {
                         w.remove_guard(&key)?;
-                        resolve_if_reclaimed(w, &g.upload_id)?;
+                        resolve_if_reclaimed(w, &accounts, &g.upload_id)?;
                         Ok(true)
                     }
                     // An unknown writer's guard stays, but its first successful delete
@@ -234,7 +241,7 @@ impl Shard {
                     Some(mut g) if g.deleted_ms == 0 => {
                         g.deleted_ms = deleted_at;
                         w.put_guard(&key, &g)?;
-                        resolve_if_reclaimed(w, &g.upload_id)?;
+                        resolve_if_reclaimed(w, &accounts, &g.upload_id)?;
                         Ok(false)
                     }
                     _ => Ok(false),
@@ -258,12 +265,14 @@ fn guards_name(w: &WriteView, upload_id: &str) -> Result<bool> {
 }
 
 /// A claimed upload whose last pending cleanup just completed is resolved: `Deleting` →
-/// `Reclaimed`, so `unresolved_uploads` in health reaches 0 once reconciliation has settled.
-fn resolve_if_reclaimed(w: &mut WriteView, upload_id: &str) -> Result<()> {
+/// `Reclaimed`, so `unresolved_uploads` in health reaches 0 once reconciliation has settled;
+/// its byte reservation is released in the same session.
+fn resolve_if_reclaimed(w: &mut WriteView, accounts: &Accounts, upload_id: &str) -> Result<()> {
     if let Some(mut u) = w.upload(upload_id)?
         && u.state == UploadState::Deleting as i32
         && !guards_name(w, upload_id)?
     {
+        accounts.release(w, &mut u)?;
         u.state = UploadState::Reclaimed as i32;
         w.put_upload(upload_id, &u)?;
     }

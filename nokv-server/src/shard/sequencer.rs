@@ -93,6 +93,7 @@ impl Shard {
         let upload_id = format!("{}.{}", self.id, random_hex(16));
         let upload_token = self.signer.upload_capability(&upload_id);
         let clock = self.clock.clone();
+        let accounts = self.accounts.clone();
         self.gate
             .write(move |w| {
                 if let Some(done) = key.recorded(w)? {
@@ -100,7 +101,7 @@ impl Shard {
                 }
                 require_not_deleting(w, &req.workspace)?;
                 let now = clock.now_ms();
-                let rec = UploadRecord::open(
+                let mut rec = UploadRecord::open(
                     &req.workspace,
                     &req.path,
                     req.size,
@@ -109,6 +110,8 @@ impl Shard {
                     lease_ms,
                     "",
                 );
+                // Before any provider I/O: a refusal here changes nothing.
+                accounts.reserve(w, &mut rec)?;
                 w.put_upload(&upload_id, &rec)?;
                 let resp = pb::BeginUploadResponse {
                     upload_id,
@@ -432,6 +435,7 @@ impl Shard {
         let verified = self.verify_declared_digest(&claims, &key, &req).await?;
         let block_size = self.cfg.block_size;
         let clock = self.clock.clone();
+        let accounts = self.accounts.clone();
         self.gate
             .write(move |w| {
                 let mut upload = load_upload(w, &req.upload_id)?;
@@ -493,6 +497,7 @@ impl Shard {
                 if let Some(old) = w.entry(&ws, &path)? {
                     retire(w, &old, now)?;
                     w.remove_inline(&ws, &path)?;
+                    accounts.release_entry(w, &ws, old.size)?;
                 }
                 let entry = EntryRecord {
                     kind: KIND_ARTIFACT,
@@ -506,6 +511,7 @@ impl Shard {
                 };
                 w.put_entry(&ws, &path, &entry)?;
                 super::receipts::on_commit(w, &req.upload_id, &upload, &req.sha256, &entry)?;
+                accounts.consume(w, &mut upload)?;
                 upload.state = UploadState::Committed as i32;
                 upload.ended_ms = now;
                 upload.revision = revision;
@@ -533,6 +539,7 @@ impl Shard {
         req.upload_token.clear();
         let mut key = RequestKey::new("", &request_id, "AbortUpload", &req);
         let clock = self.clock.clone();
+        let accounts = self.accounts.clone();
         self.gate
             .write(move |w| {
                 let mut upload = load_upload(w, &req.upload_id)?;
@@ -555,6 +562,7 @@ impl Shard {
                             }
                         }
                         w.remove_blocks(&req.upload_id)?;
+                        accounts.release(w, &mut upload)?;
                         upload.state = UploadState::Aborted as i32;
                         upload.ended_ms = now;
                         w.put_upload(&req.upload_id, &upload)?;

@@ -38,6 +38,7 @@
 use nokv_proto::v1 as pb;
 
 use super::Shard;
+use super::quota::Accounts;
 use super::replay::RequestKey;
 use crate::error::{Error, Result};
 use crate::meta::{
@@ -109,6 +110,7 @@ impl Shard {
         let first = {
             let ws = ws.clone();
             let clock = self.clock.clone();
+            let accounts = self.accounts.clone();
             self.gate
                 .write(move |w| {
                     if let Some(done) = key.recorded::<pb::DeleteWorkspaceResponse>(w)? {
@@ -120,7 +122,7 @@ impl Shard {
                     let now = clock.now_ms();
                     fence(w, &ws, now)?;
                     key.record(w, &pb::DeleteWorkspaceResponse::default(), now)?;
-                    release_page(w, &ws, now)
+                    release_page(w, &accounts, &ws, now)
                 })
                 .await?
         };
@@ -156,6 +158,7 @@ impl Shard {
         loop {
             let ws = ws.to_string();
             let clock = self.clock.clone();
+            let accounts = self.accounts.clone();
             let page = self
                 .gate
                 .write(move |w| {
@@ -166,7 +169,7 @@ impl Shard {
                             ..Page::default()
                         });
                     }
-                    release_page(w, &ws, now)
+                    release_page(w, &accounts, &ws, now)
                 })
                 .await?;
             total.add(page);
@@ -180,7 +183,7 @@ impl Shard {
 /// One page of a fenced workspace's deletion, inside one session: up to [`PAGE`] items, open
 /// uploads first, then entries, then retired revisions. Removes the record when every kind
 /// came back short (nothing is left). `now` is the shard clock read inside the session.
-fn release_page(w: &mut WriteView, ws: &str, now: i64) -> Result<Page> {
+fn release_page(w: &mut WriteView, accounts: &Accounts, ws: &str, now: i64) -> Result<Page> {
     let mut left = PAGE;
     let mut page = Page::default();
 
@@ -202,6 +205,7 @@ fn release_page(w: &mut WriteView, ws: &str, now: i64) -> Result<Page> {
             }
         }
         w.remove_blocks(&id)?;
+        accounts.release(w, &mut upload)?;
         upload.state = UploadState::Aborted as i32;
         upload.ended_ms = now;
         w.put_upload(&id, &upload)?;
@@ -216,6 +220,7 @@ fn release_page(w: &mut WriteView, ws: &str, now: i64) -> Result<Page> {
                 release_revision(w, entry.revision)?;
             }
             w.remove_entry(ws, &path)?;
+            accounts.release_entry(w, ws, entry.size)?;
             page.entries += 1;
             left -= 1;
         }
@@ -253,6 +258,9 @@ fn release_page(w: &mut WriteView, ws: &str, now: i64) -> Result<Page> {
     // Every kind came back short of what was asked: nothing of the workspace is left.
     if left > 0 {
         w.remove_workspace(ws)?;
+        // The fresh workspace of the same name starts without a quota. Reservations of
+        // claimed uploads still settling stay counted until they are reclaimed.
+        w.set_quota(ws, None)?;
         page.done = true;
         tracing::info!(workspace = %ws, "workspace deletion completed");
     }

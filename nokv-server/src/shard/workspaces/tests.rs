@@ -404,11 +404,12 @@ async fn a_deletion_cut_short_after_its_fence_is_finished_by_the_next_reconciler
         write(&f, "ws", &format!("f{i:04}"), b"x").await.unwrap();
     }
     // The fence and one page committed, then the process stopped.
+    let accounts = f.shard.accounts.clone();
     f.shard
         .gate
-        .write(|w| {
+        .write(move |w| {
             fence(w, "ws", 1_000)?;
-            super::release_page(w, "ws", 1_000)
+            super::release_page(w, &accounts, "ws", 1_000)
         })
         .await
         .unwrap();
