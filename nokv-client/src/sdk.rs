@@ -453,6 +453,43 @@ impl Client {
         Ok(r.into_inner())
     }
 
+    /// A page of the node's operations ledger (admin token). `limit` absent = the server's
+    /// default (50); `after` = the previous page's `next`.
+    pub async fn list_operations(
+        &self,
+        states: &[String],
+        limit: Option<u32>,
+        after: &str,
+    ) -> Result<pb::ListOperationsResponse> {
+        let r = self
+            .retrying("list_operations", |conn| {
+                let mut c = conn.admin;
+                let req = pb::ListOperationsRequest {
+                    states: states.to_vec(),
+                    limit,
+                    after: after.to_string(),
+                };
+                async move { c.list_operations(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    /// Retries a delete operation's cleanup now (admin token). Idempotent: a retry after a
+    /// lost answer reads the settled state.
+    pub async fn retry_cleanup(&self, operation_id: &str) -> Result<pb::RetryCleanupResponse> {
+        let r = self
+            .retrying("retry_cleanup", |conn| {
+                let mut c = conn.admin;
+                let req = pb::RetryCleanupRequest {
+                    operation_id: operation_id.to_string(),
+                };
+                async move { c.retry_cleanup(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
             .retrying("health", |conn| {

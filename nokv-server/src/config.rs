@@ -139,6 +139,15 @@ pub struct ServeArgs {
     /// [default: 5s].
     #[arg(long, env = "NOKV_SCAN_BUDGET")]
     pub scan_budget: Option<String>,
+    /// Failed provider deletes after which a delete operation becomes a dead letter: it leaves
+    /// the automatic queue (record and accounting stay) until `nokv admin retry` [default: 8].
+    #[arg(long, env = "NOKV_DELETE_ATTEMPTS")]
+    pub delete_attempts: Option<u32>,
+    /// How long terminal operations (committed uploads, finished deletes) stay in the
+    /// operations ledger before the reconciler prunes them; never less than --replay-ttl
+    /// [default: 30d].
+    #[arg(long, env = "NOKV_HISTORY_RETENTION")]
+    pub history_retention: Option<String>,
     /// An upload's lease; clients renew at a third of it [default: 60s].
     #[arg(long, env = "NOKV_UPLOAD_LEASE")]
     pub upload_lease: Option<String>,
@@ -310,6 +319,8 @@ impl ServeArgs {
                 retired_grace,
                 reconcile_interval,
                 scan_budget,
+                delete_attempts,
+                history_retention,
                 upload_lease,
                 bulk_parallel,
                 worker_threads,
@@ -349,7 +360,14 @@ impl ServeArgs {
             replay_ttl: duration(self.replay_ttl, defaults.replay_ttl)?,
             retired_grace: duration(self.retired_grace, defaults.retired_grace)?,
             scan_budget: duration(self.scan_budget, defaults.scan_budget)?,
+            delete_attempts: self.delete_attempts.unwrap_or(defaults.delete_attempts),
+            history_retention: duration(self.history_retention, defaults.history_retention)?,
         };
+        if shard.delete_attempts == 0 {
+            return Err(ConfigError(
+                "delete_attempts must be at least 1 (a delete is tried before it can fail)".into(),
+            ));
+        }
         let reconcile_interval = duration(self.reconcile_interval, DEFAULT_RECONCILE_INTERVAL)?;
         if reconcile_interval.is_zero() || shard.scan_budget.is_zero() {
             return Err(ConfigError(

@@ -22,7 +22,9 @@ use tonic::{Request, Response, Status};
 use crate::auth::authenticate;
 use crate::control::etcd::{ClusterView, ShardState};
 use crate::error::{Error, Result};
+use crate::meta::{Counts, LedgerRow, OpState};
 use crate::node::Node;
+use crate::shard::operations;
 use crate::token::Role;
 
 pub struct AdminService {
@@ -66,7 +68,10 @@ impl Admin for AdminService {
                 Err(Error::Unavailable(_)) => (false, Default::default()),
                 Err(e) => return Err(e.into()),
             };
+            let (operations, oldest_unresolved_age_ms) = ledger_health(&c, s.now_ms());
             shards.push(pb::ShardHealth {
+                operations,
+                oldest_unresolved_age_ms,
                 shard: s.id,
                 owned: true,
                 entries: c.entries,
@@ -77,7 +82,7 @@ impl Admin for AdminService {
                 unresolved_uploads: c.uploads + c.deleting_uploads,
                 guards_finished: c.guards - c.unknown_guards,
                 collectable: c.collectable,
-                dead_letters: 0,
+                dead_letters: c.operations[OpState::DeadLetter as usize],
             });
         }
         let all_serving = shards.iter().all(|s| s.serving);
@@ -86,7 +91,20 @@ impl Admin for AdminService {
         let unresolved_uploads = sum(|s| s.unresolved_uploads);
         let guards_finished = sum(|s| s.guards_finished);
         let collectable = sum(|s| s.collectable);
+        let dead_letters = sum(|s| s.dead_letters);
+        let mut operations = std::collections::HashMap::new();
+        for st in OpState::ALL {
+            let n = shards.iter().map(|s| s.operations[st.name()]).sum::<u64>();
+            operations.insert(st.name().to_string(), n);
+        }
+        let oldest_unresolved_age_ms = shards
+            .iter()
+            .map(|s| s.oldest_unresolved_age_ms)
+            .max()
+            .unwrap_or(0);
         Ok(Response::new(pb::HealthResponse {
+            operations,
+            oldest_unresolved_age_ms,
             status: if all_serving {
                 "SERVING"
             } else {
@@ -103,7 +121,7 @@ impl Admin for AdminService {
             unresolved_uploads,
             guards_finished,
             collectable,
-            dead_letters: 0,
+            dead_letters,
         }))
     }
 
@@ -165,6 +183,84 @@ impl Admin for AdminService {
             elapsed_ms,
         }))
     }
+
+    async fn list_operations(
+        &self,
+        req: Request<pb::ListOperationsRequest>,
+    ) -> Result<Response<pb::ListOperationsResponse>, Status> {
+        self.admit(&req)?;
+        let r = req.into_inner();
+        let q = operations::PageQuery::parse(&r.states, r.limit, &r.after)?;
+        let page = operations::list(&self.node.shards(), &q).await?;
+        Ok(Response::new(pb::ListOperationsResponse {
+            operations: page
+                .rows
+                .iter()
+                .map(|(shard, row)| summary(*shard, row))
+                .collect(),
+            next: page.next.map(|c| c.encode()).unwrap_or_default(),
+        }))
+    }
+
+    async fn retry_cleanup(
+        &self,
+        req: Request<pb::RetryCleanupRequest>,
+    ) -> Result<Response<pb::RetryCleanupResponse>, Status> {
+        self.admit(&req)?;
+        let id = req.into_inner().operation_id;
+        let (shard_id, op) = operations::parse_id(id.trim())?;
+        let shard = self
+            .node
+            .shards()
+            .into_iter()
+            .find(|s| s.id == shard_id)
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "operation {id}: shard {shard_id} is not served by this node"
+                ))
+            })?;
+        let result = shard.retry_cleanup(op).await?;
+        tracing::info!(operation = %id, result = result.name(), "admin: retry cleanup");
+        let row = shard.ledger_row(op).await?;
+        Ok(Response::new(pb::RetryCleanupResponse {
+            operation_id: id.trim().to_string(),
+            result: result.name().into(),
+            state: row.as_ref().map(|r| r.state.name()).unwrap_or("").into(),
+            attempts: row.as_ref().map_or(0, |r| r.attempts),
+            last_error: row.map(|r| r.last_error).unwrap_or_default(),
+        }))
+    }
+}
+
+/// The wire summary of one ledger row: no key, token, capability, endpoint or credential
+/// exists in a row to begin with (see [`LedgerRow`]).
+fn summary(shard: u32, row: &LedgerRow) -> pb::OperationSummary {
+    pb::OperationSummary {
+        id: operations::format_id(shard, row.id),
+        kind: row.kind.into(),
+        state: row.state.name().into(),
+        workspace: row.workspace.clone(),
+        bytes: row.bytes,
+        attempts: row.attempts,
+        last_error: row.last_error.clone(),
+        created_ms: row.created_ms,
+        updated_ms: row.updated_ms,
+        shard,
+    }
+}
+
+/// The ledger part of one shard's health: operations per state (every state, zeros
+/// included) and the oldest unresolved operation's age at `now_ms` (shard clock).
+fn ledger_health(c: &Counts, now_ms: i64) -> (std::collections::HashMap<String, u64>, i64) {
+    let operations = OpState::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, st)| (st.name().to_string(), c.operations[i]))
+        .collect();
+    let age = c
+        .oldest_unresolved_ms
+        .map_or(0, |created| (now_ms - created).max(0));
+    (operations, age)
 }
 
 fn now_unix_ms() -> u64 {

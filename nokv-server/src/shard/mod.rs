@@ -11,6 +11,7 @@ pub mod clock;
 pub mod fence;
 pub mod files;
 pub mod gate;
+pub mod operations;
 pub mod receipts;
 pub mod reconciler;
 pub mod replay;
@@ -43,6 +44,11 @@ pub struct ShardConfig {
     pub retired_grace: Duration,
     /// Time budget of each kind of reconciler scan within one pass (`--scan-budget`).
     pub scan_budget: Duration,
+    /// Failed deletes after which a delete operation is dead-lettered (`--delete-attempts`).
+    pub delete_attempts: u32,
+    /// How long terminal operations stay in the ledger (`--history-retention`; never less
+    /// than `replay_ttl`, see [`operations`]).
+    pub history_retention: Duration,
 }
 
 impl Default for ShardConfig {
@@ -54,6 +60,8 @@ impl Default for ShardConfig {
             replay_ttl: Duration::from_secs(24 * 3600),
             retired_grace: Duration::from_secs(600),
             scan_budget: Duration::from_secs(5),
+            delete_attempts: 8,
+            history_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -68,6 +76,8 @@ pub struct Shard {
     claims: claims::BlockClaims,
     /// Every lease, replay window and grace period of this shard is judged by this clock.
     clock: Clock,
+    /// Admin retries in flight (see [`operations`]).
+    retries: operations::RetriesInFlight,
 }
 
 impl Shard {
@@ -129,6 +139,7 @@ impl Shard {
             cfg,
             claims: Default::default(),
             clock,
+            retries: Default::default(),
         })
     }
 
@@ -181,14 +192,19 @@ impl Shard {
     }
 
     /// Removes terminal upload records (committed, aborted, claimed) that ended more than
-    /// the replay TTL ago: no replay record can reference them any more, so history does not
+    /// the history retention (at least the replay TTL) ago: no replay record can reference them any more, so history does not
     /// accumulate. One bounded page per write session; a record still named by a cleanup
     /// guard is kept (the guard's sweep reads it to decide whether the key is live).
     pub async fn prune_uploads(&self) -> crate::error::Result<usize> {
         const PAGE: usize = 500;
-        let ttl_ms = self.cfg.replay_ttl.as_millis() as i64;
+        // One rule for ledger history (see `operations`): max(history retention, replay TTL).
+        let ttl_ms = self
+            .cfg
+            .history_retention
+            .max(self.cfg.replay_ttl)
+            .as_millis() as i64;
         let mut total = 0;
-        let cutoff = self.clock.now_ms() - ttl_ms;
+        let cutoff = self.history_cutoff();
         if self
             .gate
             .read(move |r| Ok(r.ended_uploads(cutoff, 1)?))
