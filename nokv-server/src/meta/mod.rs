@@ -1462,4 +1462,40 @@ mod tests {
         assert_eq!(s.read(|r| r.expired_uploads(10, 10)).unwrap(), ["open"]);
         assert_eq!(s.read(|r| r.ended_uploads(5, 10)).unwrap(), ["done"]);
     }
+
+    /// Existing data dirs open: upload records and collectable keys written before the
+    /// ledger existed get their ledger rows once, with per-state counters to match.
+    /// Mutation: skip the COLLECTABLE loop of `backfill_operations` (the old key would have
+    /// no operation and the reconciler would read its revision number as an operation id).
+    #[test]
+    fn uploads_and_collectable_keys_from_before_the_ledger_are_backfilled_once() {
+        let (_d, s) = store();
+        s.write(|w| {
+            // The layout of a data dir from before the ledger: no marker, raw rows.
+            w.txn.open_table(SEQUENCES)?.remove(OPERATIONS_MARKER)?;
+            let u = UploadRecord::open("ws", "p", 4, 1, 5, 10, "");
+            w.txn
+                .open_table(UPLOADS)?
+                .insert("u1", u.encode_to_vec().as_slice())?;
+            w.txn.open_table(COLLECTABLE)?.insert("old-key", 7u64)?;
+            Ok::<_, MetaError>(())
+        })
+        .unwrap();
+        assert_eq!(s.write(|w| w.backfill_operations(100)).unwrap(), 2);
+        assert_eq!(s.write(|w| w.backfill_operations(100)).unwrap(), 0, "once");
+        let c = s.read(|r| r.counts()).unwrap();
+        assert_eq!(
+            (c.operations[0], c.operations[4]),
+            (1, 1),
+            "open and deleting"
+        );
+        let queued = s.read(|r| r.collectable_ops(10)).unwrap();
+        assert_eq!(queued.len(), 1);
+        let op = s.read(|r| r.operation(queued[0].1)).unwrap().unwrap();
+        assert_eq!(
+            (op.key.as_str(), op.op_state()),
+            ("old-key", OpState::Deleting)
+        );
+        assert_ne!(s.read(|r| r.upload("u1")).unwrap().unwrap().operation, 0);
+    }
 }
