@@ -464,6 +464,28 @@ impl Client {
         Ok(r.into_inner())
     }
 
+    /// A page of the node's operations ledger (admin token). `limit` absent = the server's
+    /// default (50); `after` = the previous page's `next`.
+    pub async fn list_operations(
+        &self,
+        states: &[String],
+        limit: Option<u32>,
+        after: &str,
+    ) -> Result<pb::ListOperationsResponse> {
+        let r = self
+            .retrying("list_operations", |conn| {
+                let mut c = conn.admin;
+                let req = pb::ListOperationsRequest {
+                    states: states.to_vec(),
+                    limit,
+                    after: after.to_string(),
+                };
+                async move { c.list_operations(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
     /// Sets (`Some`) or removes (`None`) workspace `ws`'s byte quota and answers its usage
     /// (admin token scoped to `*`; sent to the workspace's owner).
     pub async fn set_quota(&self, ws: &str, quota: Option<u64>) -> Result<pb::QuotaResponse> {
@@ -526,6 +548,21 @@ impl Client {
                 let mut c = conn.admin;
                 let req = req.clone();
                 async move { c.get_quota(req).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    /// Retries a delete operation's cleanup now (admin token). Idempotent: a retry after a
+    /// lost answer reads the settled state.
+    pub async fn retry_cleanup(&self, operation_id: &str) -> Result<pb::RetryCleanupResponse> {
+        let r = self
+            .retrying("retry_cleanup", |conn| {
+                let mut c = conn.admin;
+                let req = pb::RetryCleanupRequest {
+                    operation_id: operation_id.to_string(),
+                };
+                async move { c.retry_cleanup(req).await }
             })
             .await?;
         Ok(r.into_inner())

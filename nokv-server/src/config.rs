@@ -141,6 +141,15 @@ pub struct ServeArgs {
     /// [default: 5s].
     #[arg(long, env = "NOKV_SCAN_BUDGET")]
     pub scan_budget: Option<String>,
+    /// Failed provider deletes after which a delete operation becomes a dead letter: it leaves
+    /// the automatic queue (record and accounting stay) until `nokv admin retry` [default: 8].
+    #[arg(long, env = "NOKV_DELETE_ATTEMPTS")]
+    pub delete_attempts: Option<u32>,
+    /// How long history is kept: terminal operations (committed uploads, finished deletes)
+    /// stay in the operations ledger this long (never less than --replay-ttl), and quarantine
+    /// observations not seen for this long are pruned [default: 30d].
+    #[arg(long, env = "NOKV_HISTORY_RETENTION")]
+    pub history_retention: Option<String>,
     /// An upload's lease; clients renew at a third of it [default: 60s].
     #[arg(long, env = "NOKV_UPLOAD_LEASE")]
     pub upload_lease: Option<String>,
@@ -223,10 +232,6 @@ pub struct ServeArgs {
     /// Objects listed per inventory page (tests set it small) [default: 1000].
     #[arg(long, env = "NOKV_INVENTORY_PAGE_SIZE", hide = true)]
     pub inventory_page_size: Option<usize>,
-    /// How long history is kept: quarantine observations not seen for this long are pruned
-    /// [default: 30d].
-    #[arg(long, env = "NOKV_HISTORY_RETENTION")]
-    pub history_retention: Option<String>,
     /// Admission cap: unresolved uploads (open, or claimed after expiry and not yet settled)
     /// of all shards this node holds; a BeginUpload past it is refused with
     /// AdmissionCapReached (gRPC RESOURCE_EXHAUSTED) [default: 8000].
@@ -261,9 +266,6 @@ pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(20);
 
 /// Default time between inventory scans of a shard.
 pub const DEFAULT_INVENTORY_INTERVAL: Duration = Duration::from_secs(3600);
-
-/// Default retention of history (stale quarantine observations).
-pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(30 * 86400);
 
 /// Default TTL of a cluster node's etcd lease.
 pub const DEFAULT_NODE_TTL: Duration = Duration::from_secs(10);
@@ -348,6 +350,8 @@ impl ServeArgs {
                 retired_grace,
                 reconcile_interval,
                 scan_budget,
+                delete_attempts,
+                history_retention,
                 upload_lease,
                 bulk_parallel,
                 worker_threads,
@@ -370,8 +374,7 @@ impl ServeArgs {
                 node_ttl,
                 log,
                 inventory_interval,
-                inventory_page_size,
-                history_retention
+                inventory_page_size
             );
             layer!(
                 self,
@@ -406,7 +409,14 @@ impl ServeArgs {
                     .unwrap_or(defaults.admission.max_unresolved_uploads_per_workspace),
                 census: defaults.admission.census.clone(),
             },
+            delete_attempts: self.delete_attempts.unwrap_or(defaults.delete_attempts),
+            history_retention: duration(self.history_retention, defaults.history_retention)?,
         };
+        if shard.delete_attempts == 0 {
+            return Err(ConfigError(
+                "delete_attempts must be at least 1 (a delete is tried before it can fail)".into(),
+            ));
+        }
         let reconcile_interval = duration(self.reconcile_interval, DEFAULT_RECONCILE_INTERVAL)?;
         if reconcile_interval.is_zero() || shard.scan_budget.is_zero() {
             return Err(ConfigError(
@@ -451,11 +461,7 @@ impl ServeArgs {
                 }
                 Some(n) => n,
             },
-            retention: match self.history_retention.take() {
-                None => DEFAULT_HISTORY_RETENTION,
-                Some(s) => parse_duration(&s)
-                    .map_err(|e| ConfigError(format!("history_retention: {e}")))?,
-            },
+            retention: shard.history_retention,
         };
         let shards = self.shards.unwrap_or(16);
         if !(1..=4096).contains(&shards) {

@@ -247,7 +247,10 @@ impl Metrics {
             set(&self.shard_guards, c.guards);
             set(&self.shard_unknown_guards, c.unknown_guards);
             set(&self.shard_collectable, c.collectable);
-            set(&self.shard_dead_letters, 0);
+            set(
+                &self.shard_dead_letters,
+                c.operations[crate::meta::OpState::DeadLetter as usize],
+            );
             set(&self.shard_serving, u64::from(serving));
         }
     }

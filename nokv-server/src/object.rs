@@ -282,6 +282,15 @@ impl ObjectProvider {
         }
     }
 
+    /// True if `key` exists (a HEAD): the existence check after a retried delete.
+    pub async fn exists(&self, key: &str) -> Result<bool, ObjectError> {
+        match self.reader.head(&Path::from(key)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(ObjectError::Provider(flatten(&e))),
+        }
+    }
+
     /// Deletes what one write attempt may have left under `key`: the object and, on the
     /// local provider, its staging files (`<key>#<n>`: object_store writes there first and
     /// links the result into place, so a writer killed mid-write leaves one behind that no

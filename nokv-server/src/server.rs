@@ -415,6 +415,9 @@ async fn maintain(node: Arc<Node>, interval: Duration, mut stop: watch::Receiver
                 if let Err(e) = shard.prune_uploads().await {
                     tracing::warn!(shard = shard.id, error = %e, "upload pruning failed; will retry");
                 }
+                if let Err(e) = shard.prune_operations().await {
+                    tracing::warn!(shard = shard.id, error = %e, "operation pruning failed; will retry");
+                }
             };
             // Shutdown never waits for more than the shard being worked on.
             tokio::select! {

@@ -19,7 +19,9 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
                    "guards_finished": s.guards_finished, "collectable": s.collectable,
                    "unresolved_uploads": s.unresolved_uploads,
                    "dead_letters": s.dead_letters, "serving": s.serving,
-                   "quarantined": s.quarantined})
+                   "quarantined": s.quarantined,
+                   "operations": operations_json(&s.operations),
+                   "oldest_unresolved_age_ms": s.oldest_unresolved_age_ms})
         })
         .collect();
     let mut doc = json!({"status": h.status, "version": h.version, "node": h.node,
@@ -29,6 +31,8 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
                "collectable": h.collectable, "unresolved_uploads": h.unresolved_uploads,
                "dead_letters": h.dead_letters,
                "quarantined": h.quarantined,
+               "operations": operations_json(&h.operations),
+               "oldest_unresolved_age_ms": h.oldest_unresolved_age_ms,
                "shards": shards});
     add_reservations(&mut doc, &h);
     out.emit(
@@ -53,6 +57,20 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
                 h.uptime_ms / 1000
             );
             text.push_str(&format!(" · {} quarantined", h.quarantined));
+            let mut states: Vec<_> = h.operations.iter().collect();
+            states.sort();
+            let states: Vec<_> = states.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            text.push_str(&format!(
+                "\noperations: {} · oldest unresolved {}",
+                states.join(" · "),
+                human_age(h.oldest_unresolved_age_ms.max(0) as u64)
+            ));
+            if h.dead_letters > 0 {
+                text.push_str(&format!(
+                    "\n{} DEAD LETTERS: see `nokv admin ops --state dead_letter`, then `nokv admin retry OP_ID`",
+                    h.dead_letters
+                ));
+            }
             for s in h.shards.iter().filter(|s| !s.serving) {
                 text.push_str(&format!("\nshard {} is NOT SERVING (metadata store out of service; requests answer Unavailable)", s.shard));
             }
@@ -61,6 +79,12 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
         },
     );
     Ok(())
+}
+
+/// Operations per state as a JSON object with sorted keys.
+fn operations_json(ops: &std::collections::HashMap<String, u64>) -> Value {
+    let sorted: std::collections::BTreeMap<_, _> = ops.iter().collect();
+    json!(sorted)
 }
 
 pub async fn audit(client: &Client, out: Output) -> Result<(), ClientError> {
@@ -440,6 +464,87 @@ pub async fn quarantine(client: &Client, out: Output, limit: u32) -> Result<(), 
                 r.observations.len(),
                 table(&rows)
             )
+        },
+    );
+    Ok(())
+}
+
+/// `nokv admin ops`: JSON `{"operations": [{id, kind, state, workspace, bytes, attempts,
+/// last_error, created_ms, updated_ms, shard}], "next": cursor|null}`.
+pub async fn ops(
+    client: &Client,
+    out: Output,
+    states: &[String],
+    limit: Option<u32>,
+    after: &str,
+) -> Result<(), ClientError> {
+    let page = client.list_operations(states, limit, after).await?;
+    let ops: Vec<_> = page
+        .operations
+        .iter()
+        .map(|o| {
+            json!({"id": o.id, "kind": o.kind, "state": o.state, "workspace": o.workspace,
+                   "bytes": o.bytes, "attempts": o.attempts, "last_error": o.last_error,
+                   "created_ms": o.created_ms, "updated_ms": o.updated_ms, "shard": o.shard})
+        })
+        .collect();
+    out.emit(
+        json!({"operations": ops, "next": non_empty(&page.next)}),
+        || {
+            let mut rows = vec![
+                [
+                    "ID",
+                    "KIND",
+                    "STATE",
+                    "WORKSPACE",
+                    "BYTES",
+                    "ATTEMPTS",
+                    "LAST ERROR",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ];
+            for o in &page.operations {
+                rows.push(vec![
+                    o.id.clone(),
+                    o.kind.clone(),
+                    o.state.clone(),
+                    if o.workspace.is_empty() {
+                        "-".into()
+                    } else {
+                        o.workspace.clone()
+                    },
+                    human_bytes(o.bytes),
+                    o.attempts.to_string(),
+                    o.last_error.clone(),
+                ]);
+            }
+            let mut text = table(&rows);
+            if !page.next.is_empty() {
+                text.push_str(&format!("\nmore: --after {}", page.next));
+            }
+            text
+        },
+    );
+    Ok(())
+}
+
+/// `nokv admin retry OP_ID`: JSON `{"operation_id", "result", "state", "attempts",
+/// "last_error"}`.
+pub async fn retry(client: &Client, out: Output, operation_id: &str) -> Result<(), ClientError> {
+    let r = client.retry_cleanup(operation_id).await?;
+    out.emit(
+        json!({"operation_id": r.operation_id, "result": r.result, "state": r.state,
+               "attempts": r.attempts, "last_error": r.last_error}),
+        || {
+            let mut text = format!(
+                "{}: {} (state {}, {} attempts)",
+                r.operation_id, r.result, r.state, r.attempts
+            );
+            if !r.last_error.is_empty() {
+                text.push_str(&format!("; last error: {}", r.last_error));
+            }
+            text
         },
     );
     Ok(())

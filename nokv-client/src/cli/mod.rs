@@ -182,6 +182,26 @@ enum AdminCommand {
     /// Per-workspace byte quotas.
     #[command(subcommand)]
     Quota(admin::QuotaCommand),
+    /// The operations ledger: uploads and deletes with state, attempts and last error,
+    /// ordered by shard then id. Summaries never show object keys or secrets.
+    Ops {
+        /// Only operations in this state (repeatable, up to 8): open, committed, aborted,
+        /// reclaimed, deleting, deleted, dead_letter.
+        #[arg(long = "state")]
+        states: Vec<String>,
+        /// Operations per page, 1-100 [server default: 50].
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Continue after this cursor (the `next` of the previous page).
+        #[arg(long, default_value = "")]
+        after: String,
+    },
+    /// Retry a delete operation's cleanup now (e.g. a dead letter after a provider outage):
+    /// completed | pending | already_in_progress | provider_error.
+    Retry {
+        /// Operation id, as `nokv admin ops` shows it.
+        operation_id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -340,6 +360,14 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         Command::Admin(AdminCommand::Health) => admin::health(client, out).await,
         Command::Admin(AdminCommand::Audit) => admin::audit(client, out).await,
         Command::Admin(AdminCommand::Cluster) => admin::cluster(client, out).await,
+        Command::Admin(AdminCommand::Ops {
+            states,
+            limit,
+            after,
+        }) => admin::ops(client, out, &states, limit, &after).await,
+        Command::Admin(AdminCommand::Retry { operation_id }) => {
+            admin::retry(client, out, &operation_id).await
+        }
         Command::Admin(AdminCommand::Shard(ShardCommand::Move { shard, node })) => {
             admin::move_shard(client, out, shard, &node).await
         }

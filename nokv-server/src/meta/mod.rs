@@ -142,6 +142,26 @@ const WORKSPACES: TableDefinition<&str, Bytes> = TableDefinition::new("workspace
 /// [`crate::shard::fence`]), so a store that a deposed owner still holds rejects its sessions.
 const OWNERSHIP: TableDefinition<&str, u64> = TableDefinition::new("ownership");
 const EPOCH_KEY: &str = "epoch";
+/// operation id -> OperationRecord: the shard's operations ledger (see
+/// [`crate::shard::operations`]). Upload operations' rows only name their upload record.
+const OPERATIONS: TableDefinition<u64, Bytes> = TableDefinition::new("operations");
+/// ledger state name -> operations in that state. Changed by the same `put_*`/`remove_*`
+/// that changes an operation's state, so health never scans the ledger.
+const OP_STATES: TableDefinition<&str, u64> = TableDefinition::new("op_states");
+/// (created ms, operation id) -> () for every unresolved operation (open, deleting, dead
+/// letter): the oldest unresolved age is its first entry.
+const UNRESOLVED_OPS: TableDefinition<(i64, u64), ()> = TableDefinition::new("unresolved_ops");
+/// (deleted ms, operation id) -> () for every deleted delete operation: the pruning order of
+/// delete history (upload history is pruned through ENDED_UPLOADS).
+const DELETED_OPS: TableDefinition<(i64, u64), ()> = TableDefinition::new("deleted_ops");
+/// object key -> operation id of every dead-lettered delete: out of the automatic queue,
+/// still accounted for.
+const DEAD_LETTERS: TableDefinition<&str, u64> = TableDefinition::new("dead_letters");
+/// Sequence of operation ids (shared by uploads and deletes; never reused).
+const OPERATION_SEQ: &str = "operation";
+/// Marker in SEQUENCES: every upload record and collectable key has its ledger row (data dirs
+/// from before the ledger are backfilled once at open, by [`WriteView::backfill_operations`]).
+const OPERATIONS_MARKER: &str = "operations-v1";
 
 fn decode<R: Message + Default>(bytes: &[u8]) -> MetaResult<R> {
     Ok(R::decode(bytes)?)
@@ -170,6 +190,10 @@ pub struct Counts {
     pub unknown_guards: u64,
     /// Uploads claimed after expiry whose attempts are not all settled yet.
     pub deleting_uploads: u64,
+    /// Ledger operations per state, in [`OpState::ALL`] order.
+    pub operations: [u64; 7],
+    /// Creation time (shard clock) of the oldest unresolved operation, if any.
+    pub oldest_unresolved_ms: Option<i64>,
 }
 
 /// A table added after data directories existed may be absent from a read snapshot until
@@ -239,6 +263,15 @@ impl MetaStore {
             txn.open_table(COLLECTABLE)?;
             txn.open_table(SEQUENCES)?;
             txn.open_table(RECEIPTS)?;
+            txn.open_table(OPERATIONS)?;
+            txn.open_table(OP_STATES)?;
+            txn.open_table(UNRESOLVED_OPS)?;
+            txn.open_table(DELETED_OPS)?;
+            txn.open_table(DEAD_LETTERS)?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            w.backfill_operations(now)?;
             Ok::<_, MetaError>(())
         })?;
         Ok(store)
@@ -599,7 +632,21 @@ macro_rules! readable {
                         deleting_uploads += u64::from(u.state == UploadState::Deleting as i32);
                     }
                 }
+                let mut operations = [0u64; 7];
+                let mut oldest_unresolved_ms = None;
+                if let Some(t) = optional(self.txn.open_table(OP_STATES))? {
+                    for (i, st) in OpState::ALL.iter().enumerate() {
+                        operations[i] = t.get(st.name())?.map_or(0, |v| v.value());
+                    }
+                }
+                if let Some(t) = optional(self.txn.open_table(UNRESOLVED_OPS))?
+                    && let Some(first) = t.first()?
+                {
+                    oldest_unresolved_ms = Some(first.0.value().0);
+                }
                 Ok(Counts {
+                    operations,
+                    oldest_unresolved_ms,
                     unknown_guards,
                     deleting_uploads,
                     entries: self.txn.open_table(ENTRIES)?.len()?,
@@ -672,6 +719,346 @@ macro_rules! workspace_reads {
 
 workspace_reads!(ReadView);
 workspace_reads!(WriteView);
+
+/// Reads of the operations ledger, shared by both views.
+macro_rules! ledger_reads {
+    ($view:ty) => {
+        impl $view {
+            pub fn operation(&self, id: u64) -> MetaResult<Option<OperationRecord>> {
+                let Some(t) = optional(self.txn.open_table(OPERATIONS))? else {
+                    return Ok(None);
+                };
+                t.get(id)?.map(|v| decode(v.value())).transpose()
+            }
+
+            /// The ledger row of operation `id` (an upload's row is read from its record).
+            pub fn ledger_row(&self, id: u64) -> MetaResult<Option<LedgerRow>> {
+                let Some(op) = self.operation(id)? else {
+                    return Ok(None);
+                };
+                if op.is_upload() {
+                    return Ok(self
+                        .upload(&op.upload_id)?
+                        .map(|u| LedgerRow::of_upload(id, &u)));
+                }
+                Ok(Some(LedgerRow::of_delete(id, &op)))
+            }
+
+            /// Up to `limit` ledger rows with an id above `after` whose state `keep`
+            /// accepts, in id order, reading at most `scan` rows (a filtered page over a
+            /// large history stops early; the caller resumes after the returned position).
+            /// Returns the rows and the id of the last row read.
+            pub fn ledger_page(
+                &self,
+                after: u64,
+                keep: &dyn Fn(OpState) -> bool,
+                limit: usize,
+                scan: usize,
+            ) -> MetaResult<(Vec<LedgerRow>, Option<u64>)> {
+                let mut out = Vec::new();
+                let mut last = None;
+                let Some(t) = optional(self.txn.open_table(OPERATIONS))? else {
+                    return Ok((out, last));
+                };
+                for (read, item) in t
+                    .range::<u64>((Bound::Excluded(after), Bound::Unbounded))?
+                    .enumerate()
+                {
+                    if out.len() == limit || read == scan {
+                        break;
+                    }
+                    let (k, v) = item?;
+                    let id = k.value();
+                    last = Some(id);
+                    let op: OperationRecord = decode(v.value())?;
+                    let row = if op.is_upload() {
+                        match self.upload(&op.upload_id)? {
+                            Some(u) => LedgerRow::of_upload(id, &u),
+                            None => continue,
+                        }
+                    } else {
+                        LedgerRow::of_delete(id, &op)
+                    };
+                    if keep(row.state) {
+                        out.push(row);
+                    }
+                }
+                Ok((out, last))
+            }
+
+            /// Up to `limit` queued deletes (collectable key, operation id), in key order.
+            pub fn collectable_ops(&self, limit: usize) -> MetaResult<Vec<(String, u64)>> {
+                let t = self.txn.open_table(COLLECTABLE)?;
+                let mut out = Vec::new();
+                for item in t.iter()?.take(limit) {
+                    let (k, v) = item?;
+                    out.push((k.value().to_string(), v.value()));
+                }
+                Ok(out)
+            }
+
+            /// The keys of every dead-lettered delete (accounting: still delete intents).
+            pub fn dead_letter_keys(&self) -> MetaResult<Vec<String>> {
+                let mut out = Vec::new();
+                let Some(t) = optional(self.txn.open_table(DEAD_LETTERS))? else {
+                    return Ok(out);
+                };
+                for item in t.iter()? {
+                    out.push(item?.0.value().to_string());
+                }
+                Ok(out)
+            }
+
+            /// Up to `limit` deleted delete operations that ended at or before `cutoff_ms`,
+            /// oldest first.
+            pub fn deleted_ops_before(&self, cutoff_ms: i64, limit: usize) -> MetaResult<Vec<u64>> {
+                let mut out = Vec::new();
+                let Some(t) = optional(self.txn.open_table(DELETED_OPS))? else {
+                    return Ok(out);
+                };
+                for item in t.iter()? {
+                    let (ms, id) = item?.0.value();
+                    if ms > cutoff_ms || out.len() == limit {
+                        break;
+                    }
+                    out.push(id);
+                }
+                Ok(out)
+            }
+        }
+    };
+}
+
+ledger_reads!(ReadView);
+ledger_reads!(WriteView);
+
+/// How an operation shows in the counters and indexes: its state, creation and end time.
+#[derive(Clone, Copy)]
+struct Tracked {
+    state: OpState,
+    created_ms: i64,
+    ended_ms: i64,
+}
+
+impl Tracked {
+    fn upload(u: &UploadRecord) -> Tracked {
+        Tracked {
+            state: OpState::of_upload(u),
+            created_ms: u.created_ms,
+            ended_ms: ended_at(u),
+        }
+    }
+
+    fn delete(d: &OperationRecord) -> Tracked {
+        Tracked {
+            state: d.op_state(),
+            created_ms: d.created_ms,
+            ended_ms: d.updated_ms,
+        }
+    }
+}
+
+/// Writes of the operations ledger. Every change of an operation's state goes through
+/// `put_upload`/`remove_upload` or `put_operation`/`remove_operation`, which keep the per-state
+/// counters, the unresolved index, the deleted index and the queues in the same session.
+impl WriteView {
+    /// Moves operation `id` from `old` to `new` in the counters and indexes.
+    fn track(
+        &mut self,
+        id: u64,
+        old: Option<Tracked>,
+        new: Option<Tracked>,
+        delete: bool,
+    ) -> MetaResult<()> {
+        let mut states = self.txn.open_table(OP_STATES)?;
+        if let Some(o) = old {
+            let n = states.get(o.state.name())?.map_or(0, |v| v.value());
+            states.insert(o.state.name(), n.saturating_sub(1))?;
+        }
+        if let Some(n) = new {
+            let c = states.get(n.state.name())?.map_or(0, |v| v.value());
+            states.insert(n.state.name(), c + 1)?;
+        }
+        drop(states);
+        let mut unresolved = self.txn.open_table(UNRESOLVED_OPS)?;
+        if let Some(o) = old.filter(|o| o.state.unresolved()) {
+            unresolved.remove((o.created_ms, id))?;
+        }
+        if let Some(n) = new.filter(|n| n.state.unresolved()) {
+            unresolved.insert((n.created_ms, id), ())?;
+        }
+        drop(unresolved);
+        if delete {
+            let mut deleted = self.txn.open_table(DELETED_OPS)?;
+            if let Some(o) = old.filter(|o| o.state == OpState::Deleted) {
+                deleted.remove((o.ended_ms, id))?;
+            }
+            if let Some(n) = new.filter(|n| n.state == OpState::Deleted) {
+                deleted.insert((n.ended_ms, id), ())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Assigns a fresh operation id to upload `upload_id`.
+    fn new_upload_operation(&mut self, upload_id: &str) -> MetaResult<u64> {
+        let id = self.next_sequence(OPERATION_SEQ)?;
+        let rec = OperationRecord {
+            upload_id: upload_id.to_string(),
+            ..Default::default()
+        };
+        self.txn
+            .open_table(OPERATIONS)?
+            .insert(id, rec.encode_to_vec().as_slice())?;
+        Ok(id)
+    }
+
+    /// Stores a delete operation and keeps counters, indexes and queues in step: a block
+    /// delete is in the collectable queue exactly while `deleting`; any delete is in the
+    /// dead-letter set exactly while `dead_letter`.
+    pub fn put_operation(&mut self, id: u64, rec: &OperationRecord) -> MetaResult<()> {
+        let old = self.operation(id)?;
+        self.txn
+            .open_table(OPERATIONS)?
+            .insert(id, rec.encode_to_vec().as_slice())?;
+        self.track(
+            id,
+            old.as_ref().map(Tracked::delete),
+            Some(Tracked::delete(rec)),
+            true,
+        )?;
+        let state = rec.op_state();
+        let key = rec.key.as_str();
+        if rec.kind == DeleteKind::Block as i32 {
+            let mut q = self.txn.open_table(COLLECTABLE)?;
+            if state == OpState::Deleting {
+                q.insert(key, id)?;
+            } else if q.get(key)?.is_some_and(|v| v.value() == id) {
+                q.remove(key)?;
+            }
+        }
+        let mut dead = self.txn.open_table(DEAD_LETTERS)?;
+        if state == OpState::DeadLetter {
+            dead.insert(key, id)?;
+        } else if dead.get(key)?.is_some_and(|v| v.value() == id) {
+            dead.remove(key)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets a delete operation's row (pruning of history). Callers prune only `deleted`
+    /// rows whose key no guard names.
+    pub fn remove_operation(&mut self, id: u64) -> MetaResult<()> {
+        if let Some(old) = self.operation(id)? {
+            self.track(id, Some(Tracked::delete(&old)), None, !old.is_upload())?;
+            self.txn.open_table(OPERATIONS)?.remove(id)?;
+        }
+        Ok(())
+    }
+
+    /// Queues `key` for deletion as a new `deleting` block-delete operation (or returns the
+    /// operation already queued for it).
+    pub fn queue_delete(
+        &mut self,
+        key: &str,
+        workspace: &str,
+        bytes: u64,
+        now_ms: i64,
+    ) -> MetaResult<u64> {
+        if let Some(v) = self.txn.open_table(COLLECTABLE)?.get(key)? {
+            return Ok(v.value());
+        }
+        let id = self.next_sequence(OPERATION_SEQ)?;
+        let rec = OperationRecord {
+            kind: DeleteKind::Block as i32,
+            key: key.to_string(),
+            workspace: workspace.to_string(),
+            bytes,
+            state: DeleteState::Deleting as i32,
+            created_ms: now_ms,
+            updated_ms: now_ms,
+            ..Default::default()
+        };
+        self.put_operation(id, &rec)?;
+        Ok(id)
+    }
+
+    /// The delete operation of the guard on `key`, created (`deleting`, with the guard's
+    /// workspace and bytes) the first time the guard is about to be deleted. `None` if no
+    /// guard names the key.
+    pub fn guard_operation(&mut self, key: &str, now_ms: i64) -> MetaResult<Option<u64>> {
+        let Some(mut g) = self.guard(key)? else {
+            return Ok(None);
+        };
+        if g.operation != 0 {
+            return Ok(Some(g.operation));
+        }
+        let workspace = self
+            .upload(&g.upload_id)?
+            .map(|u| u.workspace)
+            .unwrap_or_default();
+        let id = self.next_sequence(OPERATION_SEQ)?;
+        let rec = OperationRecord {
+            kind: DeleteKind::Attempt as i32,
+            key: key.to_string(),
+            workspace,
+            bytes: g.bytes,
+            state: DeleteState::Deleting as i32,
+            created_ms: now_ms,
+            updated_ms: now_ms,
+            ..Default::default()
+        };
+        self.put_operation(id, &rec)?;
+        g.operation = id;
+        self.put_guard(key, &g)?;
+        Ok(Some(id))
+    }
+
+    /// Gives every upload record and collectable key of a data dir written before the ledger
+    /// existed its ledger row, once; a no-op afterwards (and on a new store). Returns how
+    /// many rows it created.
+    pub fn backfill_operations(&mut self, now_ms: i64) -> MetaResult<u64> {
+        let mut seq = self.txn.open_table(SEQUENCES)?;
+        if seq.get(OPERATIONS_MARKER)?.is_some() {
+            return Ok(0);
+        }
+        seq.insert(OPERATIONS_MARKER, 1)?;
+        drop(seq);
+        let mut uploads = Vec::new();
+        for item in self.txn.open_table(UPLOADS)?.iter()? {
+            let (k, v) = item?;
+            uploads.push((k.value().to_string(), decode::<UploadRecord>(v.value())?));
+        }
+        let mut collectable = Vec::new();
+        for item in self.txn.open_table(COLLECTABLE)?.iter()? {
+            let (k, v) = item?;
+            collectable.push((k.value().to_string(), v.value()));
+        }
+        let mut created = 0;
+        for (id, rec) in uploads.iter().filter(|(_, r)| r.operation == 0) {
+            self.put_upload(id, rec)?;
+            created += 1;
+        }
+        // Values were the releasing revision (or 0) before; they become operation ids.
+        for (key, rev) in &collectable {
+            let (workspace, bytes) = match self.revision(*rev)? {
+                Some(r) => {
+                    let len = r
+                        .blocks
+                        .iter()
+                        .find(|b| &b.key == key)
+                        .map_or(0, |b| b.length);
+                    (r.workspace, len)
+                }
+                None => (String::new(), 0),
+            };
+            self.txn.open_table(COLLECTABLE)?.remove(key.as_str())?;
+            self.queue_delete(key, &workspace, bytes, now_ms)?;
+            created += 1;
+        }
+        Ok(created)
+    }
+}
 
 impl WriteView {
     pub fn put_entry(&mut self, ws: &str, path: &str, rec: &EntryRecord) -> MetaResult<()> {
@@ -760,10 +1147,28 @@ impl WriteView {
         if let Some(old) = &old {
             self.unindex_upload(id, old)?;
         }
+        // The upload's ledger operation: kept from the stored record, else a new one.
+        let mut rec = rec.clone();
+        let tracked_old = old
+            .as_ref()
+            .filter(|o| o.operation != 0)
+            .map(|o| (o.operation, Tracked::upload(o)));
+        if rec.operation == 0 {
+            rec.operation = match tracked_old {
+                Some((op, _)) => op,
+                None => self.new_upload_operation(id)?,
+            };
+        }
+        self.track(
+            rec.operation,
+            tracked_old.map(|(_, t)| t),
+            Some(Tracked::upload(&rec)),
+            false,
+        )?;
         let mut t = self.txn.open_table(UPLOADS)?;
         t.insert(id, rec.encode_to_vec().as_slice())?;
         drop(t);
-        self.index_upload(id, rec)
+        self.index_upload(id, &rec)
     }
 
     /// Forgets a terminal upload record (pruning), and the receipt record that names it: a
@@ -771,6 +1176,10 @@ impl WriteView {
     pub fn remove_upload(&mut self, id: &str) -> MetaResult<()> {
         if let Some(old) = self.upload(id)? {
             self.unindex_upload(id, &old)?;
+            if old.operation != 0 {
+                self.track(old.operation, Some(Tracked::upload(&old)), None, false)?;
+                self.txn.open_table(OPERATIONS)?.remove(old.operation)?;
+            }
             self.txn.open_table(UPLOADS)?.remove(id)?;
             if !old.receipt.is_empty()
                 && self
@@ -901,13 +1310,32 @@ impl WriteView {
     }
 
     /// Marks an object key as no longer referenced, so the reconciler may delete it.
-    pub fn add_collectable(&mut self, key: &str, revision: u64) -> MetaResult<()> {
-        self.txn.open_table(COLLECTABLE)?.insert(key, revision)?;
+    /// Without workspace, size or time: prefer [`WriteView::queue_delete`].
+    pub fn add_collectable(&mut self, key: &str, _revision: u64) -> MetaResult<()> {
+        self.queue_delete(key, "", 0, 0)?;
         Ok(())
     }
 
+    /// Settles the queued delete of `key` as deleted (its operation keeps its last update
+    /// time): prefer recording the attempt through [`crate::shard::operations`].
     pub fn remove_collectable(&mut self, key: &str) -> MetaResult<()> {
-        self.txn.open_table(COLLECTABLE)?.remove(key)?;
+        let Some(id) = self
+            .txn
+            .open_table(COLLECTABLE)?
+            .get(key)?
+            .map(|v| v.value())
+        else {
+            return Ok(());
+        };
+        match self.operation(id)? {
+            Some(mut op) if !op.is_upload() => {
+                op.state = DeleteState::Deleted as i32;
+                self.put_operation(id, &op)?;
+            }
+            _ => {
+                self.txn.open_table(COLLECTABLE)?.remove(key)?;
+            }
+        }
         Ok(())
     }
 
@@ -1037,5 +1465,41 @@ mod tests {
         assert_eq!(s.read(|r| r.counts()).unwrap().uploads, 1);
         assert_eq!(s.read(|r| r.expired_uploads(10, 10)).unwrap(), ["open"]);
         assert_eq!(s.read(|r| r.ended_uploads(5, 10)).unwrap(), ["done"]);
+    }
+
+    /// Existing data dirs open: upload records and collectable keys written before the
+    /// ledger existed get their ledger rows once, with per-state counters to match.
+    /// Mutation: skip the COLLECTABLE loop of `backfill_operations` (the old key would have
+    /// no operation and the reconciler would read its revision number as an operation id).
+    #[test]
+    fn uploads_and_collectable_keys_from_before_the_ledger_are_backfilled_once() {
+        let (_d, s) = store();
+        s.write(|w| {
+            // The layout of a data dir from before the ledger: no marker, raw rows.
+            w.txn.open_table(SEQUENCES)?.remove(OPERATIONS_MARKER)?;
+            let u = UploadRecord::open("ws", "p", 4, 1, 5, 10, "");
+            w.txn
+                .open_table(UPLOADS)?
+                .insert("u1", u.encode_to_vec().as_slice())?;
+            w.txn.open_table(COLLECTABLE)?.insert("old-key", 7u64)?;
+            Ok::<_, MetaError>(())
+        })
+        .unwrap();
+        assert_eq!(s.write(|w| w.backfill_operations(100)).unwrap(), 2);
+        assert_eq!(s.write(|w| w.backfill_operations(100)).unwrap(), 0, "once");
+        let c = s.read(|r| r.counts()).unwrap();
+        assert_eq!(
+            (c.operations[0], c.operations[4]),
+            (1, 1),
+            "open and deleting"
+        );
+        let queued = s.read(|r| r.collectable_ops(10)).unwrap();
+        assert_eq!(queued.len(), 1);
+        let op = s.read(|r| r.operation(queued[0].1)).unwrap().unwrap();
+        assert_eq!(
+            (op.key.as_str(), op.op_state()),
+            ("old-key", OpState::Deleting)
+        );
+        assert_ne!(s.read(|r| r.upload("u1")).unwrap().unwrap().operation, 0);
     }
 }

@@ -102,6 +102,10 @@ pub struct UploadRecord {
     /// Uploads begun before quotas existed hold none.
     #[prost(bool, tag = "20")]
     pub reserved: bool,
+    /// The upload's id in the shard's operations ledger (see [`crate::shard::operations`]);
+    /// assigned by the first `put_upload`, never reused.
+    #[prost(uint64, tag = "11")]
+    pub operation: u64,
 }
 
 impl UploadRecord {
@@ -127,6 +131,7 @@ impl UploadRecord {
             ended_ms: 0,
             receipt: receipt.to_string(),
             reserved: false,
+            operation: 0,
         }
     }
 
@@ -228,6 +233,13 @@ pub struct GuardRecord {
     /// late and must keep being deleted), but it no longer holds its upload unresolved.
     #[prost(int64, tag = "6")]
     pub deleted_ms: i64,
+    /// Length of the block the attempt writes (the bytes its delete operation releases).
+    #[prost(uint64, tag = "7")]
+    pub bytes: u64,
+    /// The delete operation of this guard in the operations ledger, once the guard became a
+    /// delete intent (its upload no longer live); 0 before.
+    #[prost(uint64, tag = "8")]
+    pub operation: u64,
 }
 
 /// One logical publication named by a client's stable receipt, keyed by (workspace,
@@ -356,5 +368,185 @@ impl UsageRecord {
             && self.used_bytes == 0
             && self.reserved_bytes == 0
             && self.reservations == 0
+    }
+}
+
+/// The ledger state of an operation, upload or delete (transition table:
+/// [`crate::shard::operations`]). Names are the operator-facing contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpState {
+    Open,
+    Committed,
+    Aborted,
+    Reclaimed,
+    Deleting,
+    Deleted,
+    DeadLetter,
+}
+
+impl OpState {
+    pub const ALL: [OpState; 7] = [
+        OpState::Open,
+        OpState::Committed,
+        OpState::Aborted,
+        OpState::Reclaimed,
+        OpState::Deleting,
+        OpState::Deleted,
+        OpState::DeadLetter,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OpState::Open => "open",
+            OpState::Committed => "committed",
+            OpState::Aborted => "aborted",
+            OpState::Reclaimed => "reclaimed",
+            OpState::Deleting => "deleting",
+            OpState::Deleted => "deleted",
+            OpState::DeadLetter => "dead_letter",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<OpState> {
+        OpState::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// Still owns provider bytes or accounting that nobody has settled: counted by the
+    /// oldest-unresolved age, never pruned.
+    pub fn unresolved(self) -> bool {
+        matches!(
+            self,
+            OpState::Open | OpState::Deleting | OpState::DeadLetter
+        )
+    }
+
+    /// The ledger state of an upload record.
+    pub fn of_upload(rec: &UploadRecord) -> OpState {
+        match UploadState::try_from(rec.state) {
+            Ok(UploadState::Committed) => OpState::Committed,
+            Ok(UploadState::Aborted) => OpState::Aborted,
+            Ok(UploadState::Deleting) => OpState::Deleting,
+            Ok(UploadState::Reclaimed) => OpState::Reclaimed,
+            _ => OpState::Open,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum DeleteState {
+    Unspecified = 0,
+    /// In the reconciler's automatic queue.
+    Deleting = 1,
+    /// The provider confirmed the key absent; the row is history until pruned.
+    Deleted = 2,
+    /// Failed `--delete-attempts` times: out of the automatic queue, record and accounting
+    /// kept until an operator retries it.
+    DeadLetter = 3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum DeleteKind {
+    Unspecified = 0,
+    /// A key no longer referenced (an aborted or reclaimed upload's block, a released
+    /// revision's block): queued in the collectable set.
+    Block = 1,
+    /// A write attempt's key, guarded by its cleanup guard.
+    Attempt = 2,
+}
+
+/// One row of the operations ledger, keyed by operation id. An upload operation's row only
+/// names its upload (`upload_id`): the [`UploadRecord`] is its truth. A delete operation's
+/// row is the delete intent itself.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct OperationRecord {
+    #[prost(string, tag = "1")]
+    pub upload_id: String,
+    #[prost(enumeration = "DeleteKind", tag = "2")]
+    pub kind: i32,
+    /// The object key to delete. Never leaves the shard in a summary.
+    #[prost(string, tag = "3")]
+    pub key: String,
+    #[prost(string, tag = "4")]
+    pub workspace: String,
+    #[prost(uint64, tag = "5")]
+    pub bytes: u64,
+    #[prost(enumeration = "DeleteState", tag = "6")]
+    pub state: i32,
+    /// Delete attempts made (failed ones, plus the one that succeeded).
+    #[prost(uint32, tag = "7")]
+    pub attempts: u32,
+    /// The last failure, secret-free (no key, endpoint or credential).
+    #[prost(string, tag = "8")]
+    pub last_error: String,
+    #[prost(int64, tag = "9")]
+    pub created_ms: i64,
+    #[prost(int64, tag = "10")]
+    pub updated_ms: i64,
+}
+
+impl OperationRecord {
+    pub fn is_upload(&self) -> bool {
+        !self.upload_id.is_empty()
+    }
+
+    /// The ledger state of a delete operation.
+    pub fn op_state(&self) -> OpState {
+        match DeleteState::try_from(self.state) {
+            Ok(DeleteState::Deleted) => OpState::Deleted,
+            Ok(DeleteState::DeadLetter) => OpState::DeadLetter,
+            _ => OpState::Deleting,
+        }
+    }
+}
+
+/// One operation as the ledger shows it, whatever its kind: what summaries are built from.
+/// It carries no object key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerRow {
+    pub id: u64,
+    /// `upload`, `delete` (a block key) or `attempt_delete` (a guarded attempt key).
+    pub kind: &'static str,
+    pub state: OpState,
+    pub workspace: String,
+    pub bytes: u64,
+    pub attempts: u32,
+    pub last_error: String,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+impl LedgerRow {
+    pub fn of_upload(id: u64, u: &UploadRecord) -> LedgerRow {
+        LedgerRow {
+            id,
+            kind: "upload",
+            state: OpState::of_upload(u),
+            workspace: u.workspace.clone(),
+            bytes: u.size,
+            attempts: 0,
+            last_error: String::new(),
+            created_ms: u.created_ms,
+            updated_ms: u.ended_ms.max(u.created_ms),
+        }
+    }
+
+    pub fn of_delete(id: u64, d: &OperationRecord) -> LedgerRow {
+        LedgerRow {
+            id,
+            kind: if d.kind == DeleteKind::Attempt as i32 {
+                "attempt_delete"
+            } else {
+                "delete"
+            },
+            state: d.op_state(),
+            workspace: d.workspace.clone(),
+            bytes: d.bytes,
+            attempts: d.attempts,
+            last_error: d.last_error.clone(),
+            created_ms: d.created_ms,
+            updated_ms: d.updated_ms,
+        }
     }
 }

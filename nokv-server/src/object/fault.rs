@@ -63,7 +63,9 @@ pub const SCHEDULE_ENV: &str = "NOKV_TEST_FAULTS";
 /// * `hold=P:D` — a create waits `D` before it is sent, then lands (a PUT held past the
 ///   upload lease lands late);
 /// * `delete_outage=D` — every delete fails for `D` after the store is built;
-/// * `slow_get=P:D` — a read waits `D` first.
+/// * `slow_get=P:D` — a read waits `D` first;
+/// * `delete_fail=N` — the first `N` deletes fail (nothing deleted): a count, not a time, so
+///   a test can fail exactly `--delete-attempts` deletes of one key.
 ///
 /// Invariant: the same seed and the same sequence of calls draw the same faults (a splitmix64
 /// generator behind a lock; concurrent calls may interleave differently from run to run).
@@ -75,6 +77,7 @@ pub struct Schedule {
     pub hold: Option<(u8, Duration)>,
     pub delete_outage: Duration,
     pub slow_get: Option<(u8, Duration)>,
+    pub delete_fail: usize,
 }
 
 /// A schedule that cannot be understood; the daemon refuses to start rather than run with
@@ -112,6 +115,11 @@ impl Schedule {
                 "hold" => s.hold = Some(percent_and_duration(value)?),
                 "delete_outage" => s.delete_outage = duration(value)?,
                 "slow_get" => s.slow_get = Some(percent_and_duration(value)?),
+                "delete_fail" => {
+                    s.delete_fail = value.parse().map_err(|_| {
+                        ScheduleError(format!("delete_fail `{value}` is not a count"))
+                    })?
+                }
                 other => return Err(ScheduleError(format!("unknown fault `{other}`"))),
             }
         }
@@ -195,6 +203,7 @@ impl Faults {
         let rng = Mutex::new(schedule.seed);
         Faults {
             inner: Arc::new(FaultState {
+                failing_deletes: AtomicUsize::new(schedule.delete_fail),
                 schedule: Some(Scheduled {
                     schedule,
                     rng,
@@ -461,7 +470,12 @@ mod tests {
                 hold: Some((3, Duration::from_secs(2))),
                 delete_outage: Duration::from_secs(4),
                 slow_get: Some((20, Duration::from_millis(150))),
+                delete_fail: 0,
             }
+        );
+        assert_eq!(
+            Schedule::parse("seed=1,delete_fail=8").unwrap().delete_fail,
+            8
         );
         for bad in [
             "",

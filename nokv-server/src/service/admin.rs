@@ -23,7 +23,9 @@ use crate::auth::{authenticate, authenticate_with_id};
 use crate::control::etcd::{ClusterView, ShardState};
 use crate::error::{Error, Result};
 use crate::events::{self, Action, Who};
+use crate::meta::{Counts, LedgerRow, OpState};
 use crate::node::Node;
+use crate::shard::operations;
 use crate::token::Role;
 
 pub struct AdminService {
@@ -95,7 +97,10 @@ impl Admin for AdminService {
                 Err(Error::Unavailable(_)) => 0,
                 Err(e) => return Err(e.into()),
             };
+            let (operations, oldest_unresolved_age_ms) = ledger_health(&c, s.now_ms());
             shards.push(pb::ShardHealth {
+                operations,
+                oldest_unresolved_age_ms,
                 shard: s.id,
                 owned: true,
                 entries: c.entries,
@@ -106,8 +111,8 @@ impl Admin for AdminService {
                 unresolved_uploads: c.uploads + c.deleting_uploads,
                 guards_finished: c.guards - c.unknown_guards,
                 collectable: c.collectable,
-                dead_letters: 0,
                 quarantined,
+                dead_letters: c.operations[OpState::DeadLetter as usize],
                 ..Default::default()
             });
             // Quota accounting: a shard out of service reads 0 like its other counts.
@@ -138,7 +143,20 @@ impl Admin for AdminService {
         let quarantined = sum(|s| s.quarantined);
         let (reserved_bytes, reservations) = (sum(|s| s.reserved_bytes), sum(|s| s.reservations));
         let reservations_match = shards.iter().all(|s| s.reservations_match);
+        let dead_letters = sum(|s| s.dead_letters);
+        let mut operations = std::collections::HashMap::new();
+        for st in OpState::ALL {
+            let n = shards.iter().map(|s| s.operations[st.name()]).sum::<u64>();
+            operations.insert(st.name().to_string(), n);
+        }
+        let oldest_unresolved_age_ms = shards
+            .iter()
+            .map(|s| s.oldest_unresolved_age_ms)
+            .max()
+            .unwrap_or(0);
         Ok(Response::new(pb::HealthResponse {
+            operations,
+            oldest_unresolved_age_ms,
             status: if all_serving {
                 "SERVING"
             } else {
@@ -155,11 +173,11 @@ impl Admin for AdminService {
             unresolved_uploads,
             guards_finished,
             collectable,
-            dead_letters: 0,
             quarantined,
             reserved_bytes,
             reservations,
             reservations_match,
+            dead_letters,
         }))
     }
 
@@ -291,6 +309,53 @@ impl Admin for AdminService {
         let usage = self.node.shard_for(&workspace)?.usage(&workspace).await?;
         Ok(Response::new(quota_response(workspace, &usage)))
     }
+
+    async fn list_operations(
+        &self,
+        req: Request<pb::ListOperationsRequest>,
+    ) -> Result<Response<pb::ListOperationsResponse>, Status> {
+        self.admit(&req)?;
+        let r = req.into_inner();
+        let q = operations::PageQuery::parse(&r.states, r.limit, &r.after)?;
+        let page = operations::list(&self.node.shards(), &q).await?;
+        Ok(Response::new(pb::ListOperationsResponse {
+            operations: page
+                .rows
+                .iter()
+                .map(|(shard, row)| summary(*shard, row))
+                .collect(),
+            next: page.next.map(|c| c.encode()).unwrap_or_default(),
+        }))
+    }
+
+    async fn retry_cleanup(
+        &self,
+        req: Request<pb::RetryCleanupRequest>,
+    ) -> Result<Response<pb::RetryCleanupResponse>, Status> {
+        let who = self.admit_who(&req)?;
+        let id = req.into_inner().operation_id;
+        let target = format!("operation {}", events::clip(id.trim()));
+        self.audited(who, Action::RetryCleanup, target, self.retry(id))
+            .await
+    }
+}
+
+impl AdminService {
+    /// `RetryCleanup` once admitted: on the shard's owner (`NotOwner` with a hint otherwise).
+    async fn retry(&self, id: String) -> Result<pb::RetryCleanupResponse> {
+        let (shard_id, op) = operations::parse_id(id.trim())?;
+        let shard = self.node.shard(shard_id)?;
+        let result = shard.retry_cleanup(op).await?;
+        tracing::info!(operation = %id, result = result.name(), "admin: retry cleanup");
+        let row = shard.ledger_row(op).await?;
+        Ok(pb::RetryCleanupResponse {
+            operation_id: id.trim().to_string(),
+            result: result.name().into(),
+            state: row.as_ref().map(|r| r.state.name()).unwrap_or("").into(),
+            attempts: row.as_ref().map_or(0, |r| r.attempts),
+            last_error: row.map(|r| r.last_error).unwrap_or_default(),
+        })
+    }
 }
 
 impl AdminService {
@@ -419,6 +484,37 @@ fn quota_response(workspace: String, u: &crate::meta::UsageRecord) -> pb::QuotaR
         reserved_bytes: u.reserved_bytes,
         reservations: u.reservations,
     }
+}
+
+/// The wire summary of one ledger row: no key, token, capability, endpoint or credential
+/// exists in a row to begin with (see [`LedgerRow`]).
+fn summary(shard: u32, row: &LedgerRow) -> pb::OperationSummary {
+    pb::OperationSummary {
+        id: operations::format_id(shard, row.id),
+        kind: row.kind.into(),
+        state: row.state.name().into(),
+        workspace: row.workspace.clone(),
+        bytes: row.bytes,
+        attempts: row.attempts,
+        last_error: row.last_error.clone(),
+        created_ms: row.created_ms,
+        updated_ms: row.updated_ms,
+        shard,
+    }
+}
+
+/// The ledger part of one shard's health: operations per state (every state, zeros
+/// included) and the oldest unresolved operation's age at `now_ms` (shard clock).
+fn ledger_health(c: &Counts, now_ms: i64) -> (std::collections::HashMap<String, u64>, i64) {
+    let operations = OpState::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, st)| (st.name().to_string(), c.operations[i]))
+        .collect();
+    let age = c
+        .oldest_unresolved_ms
+        .map_or(0, |created| (now_ms - created).max(0));
+    (operations, age)
 }
 
 fn now_unix_ms() -> u64 {

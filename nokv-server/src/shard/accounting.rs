@@ -1,7 +1,8 @@
 //! Accounting of provider keys: the one place that says what the shard's metadata makes of
 //! a key the provider holds. The store's invariant is that every such key is **referenced**
 //! (named by a block record of an open upload or by a revision, live or retired),
-//! **guarded** (a cleanup guard of a write attempt) or **collectable** (queued for deletion);
+//! **guarded** (a cleanup guard of a write attempt) or **collectable** (queued for deletion,
+//! or a dead-lettered delete waiting for an operator's retry);
 //! anything else leaked. A key that is both referenced and collectable is worse: the
 //! reconciler would delete live bytes.
 //!
@@ -46,10 +47,13 @@ impl Ledger {
     pub fn read(r: &ReadView) -> Result<Ledger> {
         let mut referenced: HashSet<String> = r.block_keys()?.into_iter().collect();
         referenced.extend(r.revision_keys()?);
+        // Dead-lettered deletes left the automatic queue but are still delete intents.
+        let mut collectable: HashSet<String> = r.collectable_keys()?.into_iter().collect();
+        collectable.extend(r.dead_letter_keys()?);
         Ok(Ledger {
             referenced,
             guarded: r.guards()?.into_iter().map(|(k, _)| k).collect(),
-            collectable: r.collectable_keys()?.into_iter().collect(),
+            collectable,
         })
     }
 

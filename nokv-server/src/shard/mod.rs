@@ -13,6 +13,7 @@ pub mod fence;
 pub mod files;
 pub mod gate;
 pub mod inventory;
+pub mod operations;
 pub mod quota;
 pub mod receipts;
 pub mod reconciler;
@@ -49,6 +50,11 @@ pub struct ShardConfig {
     /// Admission caps on unresolved uploads and the node-wide census they are checked
     /// against (shared by every shard cloned from one configuration).
     pub admission: admission::Caps,
+    /// Failed deletes after which a delete operation is dead-lettered (`--delete-attempts`).
+    pub delete_attempts: u32,
+    /// How long terminal operations stay in the ledger (`--history-retention`; never less
+    /// than `replay_ttl`, see [`operations`]).
+    pub history_retention: Duration,
 }
 
 impl Default for ShardConfig {
@@ -61,6 +67,8 @@ impl Default for ShardConfig {
             retired_grace: Duration::from_secs(600),
             scan_budget: Duration::from_secs(5),
             admission: admission::Caps::default(),
+            delete_attempts: 8,
+            history_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -77,6 +85,8 @@ pub struct Shard {
     clock: Clock,
     /// Byte quota and admission accounting (see [`quota`]).
     accounts: quota::Accounts,
+    /// Admin retries in flight (see [`operations`]).
+    retries: operations::RetriesInFlight,
 }
 
 impl Drop for Shard {
@@ -151,6 +161,7 @@ impl Shard {
             cfg,
             claims: Default::default(),
             clock,
+            retries: Default::default(),
         })
     }
 
@@ -203,14 +214,19 @@ impl Shard {
     }
 
     /// Removes terminal upload records (committed, aborted, claimed) that ended more than
-    /// the replay TTL ago: no replay record can reference them any more, so history does not
+    /// the history retention (at least the replay TTL) ago: no replay record can reference them any more, so history does not
     /// accumulate. One bounded page per write session; a record still named by a cleanup
     /// guard is kept (the guard's sweep reads it to decide whether the key is live).
     pub async fn prune_uploads(&self) -> crate::error::Result<usize> {
         const PAGE: usize = 500;
-        let ttl_ms = self.cfg.replay_ttl.as_millis() as i64;
+        // One rule for ledger history (see `operations`): max(history retention, replay TTL).
+        let ttl_ms = self
+            .cfg
+            .history_retention
+            .max(self.cfg.replay_ttl)
+            .as_millis() as i64;
         let mut total = 0;
-        let cutoff = self.clock.now_ms() - ttl_ms;
+        let cutoff = self.history_cutoff();
         if self
             .gate
             .read(move |r| Ok(r.ended_uploads(cutoff, 1)?))

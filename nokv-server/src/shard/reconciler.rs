@@ -20,14 +20,17 @@
 //!   bytes again later, with an exponential back-off (1 min doubling to 1 h) rather than
 //!   every pass. A guard's delete also removes the key's local staging leftovers. A key the upload's revision references is never deleted.
 //!
-//! Failed deletions keep their record and are retried on the next pass.
+//! Failed deletions keep their record and are retried on the next pass, until
+//! `--delete-attempts` failures dead-letter the operation (see [`super::operations`]): it
+//! leaves the automatic queue and waits for `nokv admin retry`.
 
 use std::time::{Duration, Instant};
 
 use super::Shard;
+use super::operations::{Attempt, record_attempt, secret_free};
 use super::quota::Accounts;
 use crate::error::Result;
-use crate::meta::{GuardRecord, ReadView, UploadState, WriteView, WriterState};
+use crate::meta::{GuardRecord, OpState, ReadView, UploadState, WriteView, WriterState};
 
 /// Records handled per page and kind.
 const PAGE: usize = 100;
@@ -40,6 +43,8 @@ pub struct Pass {
     pub deleted_keys: usize,
     pub settled_guards: usize,
     pub failed_deletes: usize,
+    /// Delete operations that reached `--delete-attempts` in this pass.
+    pub dead_lettered: usize,
 }
 
 impl Shard {
@@ -113,7 +118,7 @@ impl Shard {
                     }
                     for (_, b) in w.blocks(&id)? {
                         if w.guard(&b.key)?.is_none() {
-                            w.add_collectable(&b.key, 0)?;
+                            w.queue_delete(&b.key, &u.workspace, b.length, now)?;
                         }
                     }
                     w.remove_blocks(&id)?;
@@ -144,11 +149,12 @@ impl Shard {
             let n = self
                 .gate
                 .write(move |w| {
-                    let due = w.retired_before(clock.now_ms() - grace_ms, PAGE)?;
+                    let now = clock.now_ms();
+                    let due = w.retired_before(now - grace_ms, PAGE)?;
                     for (ms, rev) in &due {
                         if let Some(r) = w.revision(*rev)? {
                             for b in &r.blocks {
-                                w.add_collectable(&b.key, *rev)?;
+                                w.queue_delete(&b.key, &r.workspace, b.length, now)?;
                             }
                             w.remove_revision(*rev)?;
                         }
@@ -165,32 +171,53 @@ impl Shard {
         Ok(released)
     }
 
+    /// Deletes a page of queued keys with no lock held, then records every outcome in one
+    /// session: a success settles its operation `deleted`, a failure counts an attempt (and
+    /// dead-letters the operation at `--delete-attempts`). Keys an admin retry is working on
+    /// are left to it.
     async fn collect_keys(&self, pass: &mut Pass) -> Result<()> {
-        let keys = self.gate.read(|r| Ok(r.collectable_page(PAGE)?)).await?;
-        let mut deleted = Vec::new();
-        for key in keys {
+        let queued = self.gate.read(|r| Ok(r.collectable_ops(PAGE)?)).await?;
+        let mut outcomes = Vec::new();
+        for (key, op) in queued {
+            if self.retries.contains(op) {
+                continue;
+            }
             match self.object.delete(&key).await {
-                Ok(()) => deleted.push(key),
+                Ok(()) => {
+                    pass.deleted_keys += 1;
+                    outcomes.push((op, Attempt::Absent));
+                }
                 Err(e) => {
                     pass.failed_deletes += 1;
-                    tracing::warn!(shard = self.id, error = %e, "collectable delete failed; will retry");
+                    tracing::warn!(shard = self.id, operation = op, error = %e, "collectable delete failed; will retry");
+                    outcomes.push((op, Attempt::Failed(secret_free(&e))));
                 }
             }
         }
-        pass.deleted_keys += deleted.len();
-        if !deleted.is_empty() {
-            self.gate
+        if !outcomes.is_empty() {
+            let (clock, max) = (self.clock.clone(), self.cfg.delete_attempts);
+            let accounts = self.accounts.clone();
+            pass.dead_lettered += self
+                .gate
                 .write(move |w| {
-                    for k in &deleted {
-                        w.remove_collectable(k)?;
+                    let now = clock.now_ms();
+                    let mut dead = 0;
+                    for (op, outcome) in &outcomes {
+                        let st = record_attempt(w, &accounts, *op, outcome, now, max)?;
+                        dead += usize::from(
+                            st == Some(OpState::DeadLetter) && *outcome != Attempt::Absent,
+                        );
                     }
-                    Ok(())
+                    Ok(dead)
                 })
                 .await?;
         }
         Ok(())
     }
 
+    /// Deletes guarded keys whose upload is no longer live. The first attempt turns the guard
+    /// into a delete operation of the ledger; a dead-lettered one is skipped until an admin
+    /// retry settles it.
     async fn sweep_guards(&self, pass: &mut Pass) -> Result<()> {
         let now = self.clock.now_ms();
         let mut due = self
@@ -198,7 +225,11 @@ impl Shard {
             .read(|r| {
                 let mut out = Vec::new();
                 for (key, g) in r.guards()? {
-                    if guard_due(&g, now) && !guard_protects_live_bytes(r, &key, &g, now)? {
+                    let dead = g.operation != 0
+                        && r.operation(g.operation)?
+                            .is_some_and(|o| o.op_state() == OpState::DeadLetter);
+                    if !dead && guard_due(&g, now) && !guard_protects_live_bytes(r, &key, &g, now)?
+                    {
                         out.push((key, g));
                     }
                 }
@@ -210,44 +241,50 @@ impl Shard {
         for (key, _) in due {
             // Record the attempt before the I/O, so a crash mid-delete is visible.
             let (k, clock) = (key.clone(), self.clock.clone());
-            self.gate
+            let op = self
+                .gate
                 .write(move |w| {
+                    let now = clock.now_ms();
+                    let op = w.guard_operation(&k, now)?;
                     if let Some(mut g) = w.guard(&k)? {
                         g.attempts += 1;
-                        g.last_attempt_ms = clock.now_ms();
+                        g.last_attempt_ms = now;
                         w.put_guard(&k, &g)?;
                     }
-                    Ok(())
+                    Ok(op)
                 })
                 .await?;
-            if let Err(e) = self.object.delete_attempt(&key).await {
-                pass.failed_deletes += 1;
-                tracing::warn!(shard = self.id, error = %e, "guarded delete failed; will retry");
+            let Some(op) = op else { continue };
+            if self.retries.contains(op) {
                 continue;
             }
-            pass.deleted_keys += 1;
-            let deleted_at = self.clock.now_ms();
+            let outcome = match self.object.delete_attempt(&key).await {
+                Ok(()) => {
+                    pass.deleted_keys += 1;
+                    Attempt::Absent
+                }
+                Err(e) => {
+                    pass.failed_deletes += 1;
+                    tracing::warn!(shard = self.id, operation = op, error = %e, "guarded delete failed; will retry");
+                    Attempt::Failed(secret_free(&e))
+                }
+            };
+            let (clock, max) = (self.clock.clone(), self.cfg.delete_attempts);
             let accounts = self.accounts.clone();
-            let settled = self
+            let (settled, dead) = self
                 .gate
-                .write(move |w| match w.guard(&key)? {
-                    Some(g) if g.writer == WriterState::Finished as i32 => {
-                        w.remove_guard(&key)?;
-                        resolve_if_reclaimed(w, &accounts, &g.upload_id)?;
-                        Ok(true)
-                    }
-                    // An unknown writer's guard stays, but its first successful delete
-                    // completes the attempt's cleanup as far as its upload is concerned.
-                    Some(mut g) if g.deleted_ms == 0 => {
-                        g.deleted_ms = deleted_at;
-                        w.put_guard(&key, &g)?;
-                        resolve_if_reclaimed(w, &accounts, &g.upload_id)?;
-                        Ok(false)
-                    }
-                    _ => Ok(false),
+                .write(move |w| {
+                    let present = w.guard(&key)?.is_some();
+                    let st = record_attempt(w, &accounts, op, &outcome, clock.now_ms(), max)?;
+                    let removed = present && w.guard(&key)?.is_none();
+                    Ok((
+                        removed,
+                        st == Some(OpState::DeadLetter) && outcome != Attempt::Absent,
+                    ))
                 })
                 .await?;
             pass.settled_guards += usize::from(settled);
+            pass.dead_lettered += usize::from(dead);
         }
         Ok(())
     }
@@ -267,7 +304,11 @@ fn guards_name(w: &WriteView, upload_id: &str) -> Result<bool> {
 /// A claimed upload whose last pending cleanup just completed is resolved: `Deleting` →
 /// `Reclaimed`, so `unresolved_uploads` in health reaches 0 once reconciliation has settled;
 /// its byte reservation is released in the same session.
-fn resolve_if_reclaimed(w: &mut WriteView, accounts: &Accounts, upload_id: &str) -> Result<()> {
+pub(crate) fn resolve_if_reclaimed(
+    w: &mut WriteView,
+    accounts: &Accounts,
+    upload_id: &str,
+) -> Result<()> {
     if let Some(mut u) = w.upload(upload_id)?
         && u.state == UploadState::Deleting as i32
         && !guards_name(w, upload_id)?

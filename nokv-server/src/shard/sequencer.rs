@@ -241,6 +241,8 @@ impl Shard {
                             attempts: 0,
                             last_attempt_ms: 0,
                             deleted_ms: 0,
+                            bytes: length,
+                            operation: 0,
                         },
                     )?;
                     upload.lease_expires_ms = now + lease_ms;
@@ -558,7 +560,7 @@ impl Shard {
                     Ok(UploadState::Open) => {
                         for (_, b) in w.blocks(&req.upload_id)? {
                             if b.state == BlockState::Uploaded as i32 {
-                                w.add_collectable(&b.key, 0)?;
+                                w.queue_delete(&b.key, &upload.workspace, b.length, now)?;
                             }
                         }
                         w.remove_blocks(&req.upload_id)?;

@@ -201,7 +201,7 @@ fn release_page(w: &mut WriteView, accounts: &Accounts, ws: &str, now: i64) -> R
         }
         for (_, b) in w.blocks(&id)? {
             if b.state == BlockState::Uploaded as i32 {
-                w.add_collectable(&b.key, 0)?;
+                w.queue_delete(&b.key, ws, b.length, now)?;
             }
         }
         w.remove_blocks(&id)?;
@@ -217,7 +217,7 @@ fn release_page(w: &mut WriteView, accounts: &Accounts, ws: &str, now: i64) -> R
     if left > 0 {
         for (path, entry) in w.list(ws, "", None, left)? {
             if entry.kind == KIND_ARTIFACT {
-                release_revision(w, entry.revision)?;
+                release_revision(w, entry.revision, now)?;
             }
             w.remove_entry(ws, &path)?;
             accounts.release_entry(w, ws, entry.size)?;
@@ -244,7 +244,7 @@ fn release_page(w: &mut WriteView, accounts: &Accounts, ws: &str, now: i64) -> R
         let scanned = w.retired_after(after, left)?;
         for &(ms, rev) in &scanned {
             if w.revision(rev)?.is_some_and(|r| r.workspace == ws) {
-                release_revision(w, rev)?;
+                release_revision(w, rev, now)?;
                 w.remove_retired(ms, rev)?;
                 page.retired += 1;
             }
@@ -268,10 +268,10 @@ fn release_page(w: &mut WriteView, accounts: &Accounts, ws: &str, now: i64) -> R
 }
 
 /// Drops a revision and makes its block keys collectable (the reconciler deletes them).
-fn release_revision(w: &mut WriteView, rev: u64) -> Result<()> {
+fn release_revision(w: &mut WriteView, rev: u64, now: i64) -> Result<()> {
     if let Some(r) = w.revision(rev)? {
         for b in &r.blocks {
-            w.add_collectable(&b.key, rev)?;
+            w.queue_delete(&b.key, &r.workspace, b.length, now)?;
         }
         w.remove_revision(rev)?;
     }

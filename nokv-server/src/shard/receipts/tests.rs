@@ -251,6 +251,7 @@ async fn a_receipt_is_forgotten_together_with_its_pruned_upload_history() {
     // A zero replay TTL: ended uploads are pruned at the first pruning pass.
     let f = fixture(ShardConfig {
         replay_ttl: Duration::ZERO,
+        history_retention: Duration::ZERO,
         ..live_lease()
     });
     let up = begin(&f, "r1", "b1").await;

@@ -659,6 +659,7 @@ fn fixture_without_replay_window(lease: Duration) -> Fixture {
         block_size: 4,
         upload_lease: lease,
         replay_ttl: Duration::ZERO,
+        history_retention: Duration::ZERO,
         ..ShardConfig::default()
     })
 }
