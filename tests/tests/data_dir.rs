@@ -84,8 +84,17 @@ fn a_corrupt_shard_file_stops_start_up_with_one_line_naming_it_and_no_panic() {
     let file = shard_file(d, 0);
     let pristine = std::fs::read(&file).unwrap();
     let damages: [(&str, Damage); 3] = [
-        // Inside the file (a b-tree page of a fresh store): redb reaches `unreachable!`.
-        ("corrupt page", Box::new(|b| b[8192..8192 + 64].fill(0xff))),
+        // Inside the file (the head of every b-tree page after the header, so start-up
+        // reads at least one damaged page whatever the table layout): redb reaches
+        // `unreachable!` or reports corruption.
+        (
+            "corrupt pages",
+            Box::new(|b| {
+                for page in (8192..b.len().saturating_sub(64)).step_by(4096) {
+                    b[page..page + 64].fill(0xff);
+                }
+            }),
+        ),
         ("truncated", Box::new(|b| b.truncate(b.len() / 2 + 100))),
         ("garbage", Box::new(|b| b.fill(b'?'))),
     ];
