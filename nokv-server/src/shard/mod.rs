@@ -11,6 +11,8 @@ pub mod claims;
 pub mod clock;
 pub mod fence;
 pub mod files;
+#[cfg(test)]
+pub(crate) mod fixture;
 pub mod gate;
 pub mod inventory;
 pub mod operations;

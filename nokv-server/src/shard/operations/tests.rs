@@ -1,51 +1,16 @@
 //! Ledger tests against a real redb store and the fault-injecting in-memory provider.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::meta::{GuardRecord, MetaStore};
-use crate::object::ObjectProvider;
-use crate::object::fault::{Faults, FaultyStore};
+use crate::meta::GuardRecord;
 use crate::shard::ShardConfig;
 use crate::shard::accounting::KeyClass;
 use crate::shard::clock::Clock;
-use crate::token::Signer;
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    shard: Arc<Shard>,
-    faults: Faults,
-    provider: ObjectProvider,
-    clock: Clock,
-}
+use crate::shard::fixture::{Fixture, shard_on};
 
 fn fixture(id: u32, cfg: ShardConfig) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
-    let faults = Faults::default();
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let faulty: Arc<dyn object_store::ObjectStore> =
-        Arc::new(FaultyStore::new(mem, faults.clone()));
-    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
-    let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
-    let clock = Clock::manual();
-    let shard = Shard::open_with_clock(
-        id,
-        meta,
-        provider.clone(),
-        bulk,
-        Signer::new(b"k"),
-        cfg,
-        clock.clone(),
-    );
-    Fixture {
-        _dir: dir,
-        shard,
-        faults,
-        provider,
-        clock,
-    }
+    shard_on(id, cfg, Clock::manual())
 }
 
 fn attempts(n: u32) -> ShardConfig {

@@ -2,29 +2,20 @@
 //! provider (which counts provider creates), on a manual shard clock.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
 use crate::error::Error;
-use crate::meta::{MetaStore, UsageRecord, UsageTotals};
-use crate::object::ObjectProvider;
-use crate::object::fault::{Faults, FaultyStore};
+use crate::meta::{UsageRecord, UsageTotals};
+use crate::shard::ShardConfig;
 use crate::shard::admission::Caps;
 use crate::shard::clock::Clock;
-use crate::shard::{Shard, ShardConfig};
-use crate::token::{Claims, Role, Signer};
+use crate::shard::fixture::{Fixture, shard_on};
+use crate::token::{Claims, Role};
 
 const LEASE: Duration = Duration::from_secs(60);
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    shard: Arc<Shard>,
-    faults: Faults,
-    clock: Clock,
-}
 
 fn config(caps: Caps) -> ShardConfig {
     ShardConfig {
@@ -40,30 +31,7 @@ fn fixture() -> Fixture {
 }
 
 fn fixture_with(id: u32, cfg: ShardConfig) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
-    let faults = Faults::default();
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let faulty: Arc<dyn object_store::ObjectStore> =
-        Arc::new(FaultyStore::new(mem, faults.clone()));
-    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
-    let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
-    let clock = Clock::manual();
-    let shard = Shard::open_with_clock(
-        id,
-        meta,
-        provider,
-        bulk,
-        Signer::new(b"k"),
-        cfg,
-        clock.clone(),
-    );
-    Fixture {
-        _dir: dir,
-        shard,
-        faults,
-        clock,
-    }
+    shard_on(id, cfg, Clock::manual())
 }
 
 fn writer() -> Claims {

@@ -1,18 +1,15 @@
 //! Sequencer tests against a real redb store and a fault-injecting in-memory provider.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
 use crate::error::Error;
-use crate::meta::MetaStore;
-use crate::object::ObjectProvider;
-use crate::object::fault::{Faults, FaultyStore};
+use crate::shard::ShardConfig;
 use crate::shard::clock::Clock;
-use crate::shard::{Shard, ShardConfig};
-use crate::token::{Claims, Role, Signer};
+use crate::shard::fixture::{Fixture, shard_on};
+use crate::token::{Claims, Role};
 
 /// Fails a test that would otherwise hang forever (e.g. on a gate held across provider I/O).
 /// This is a deadlock detector, not a timing assertion: healthy runs finish in milliseconds.
@@ -34,15 +31,6 @@ fn manual_clock_fixture(block_size: u64, lease: Duration) -> Fixture {
     )
 }
 
-struct Fixture {
-    _dir: tempfile::TempDir,
-    shard: Arc<Shard>,
-    faults: Faults,
-    provider: ObjectProvider,
-    /// The shard clock: wall time unless the fixture was made with [`fixture_on`].
-    clock: Clock,
-}
-
 fn fixture(block_size: u64, lease: Duration) -> Fixture {
     fixture_with(ShardConfig {
         block_size,
@@ -57,31 +45,7 @@ fn fixture_with(cfg: ShardConfig) -> Fixture {
 
 /// A fixture whose shard judges leases by `clock` (e.g. [`Clock::manual`]).
 fn fixture_on(cfg: ShardConfig, clock: Clock) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
-    let faults = Faults::default();
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let faulty: Arc<dyn object_store::ObjectStore> =
-        Arc::new(FaultyStore::new(mem.clone(), faults.clone()));
-    // Reads and deletes go through the fault layer too, so tests can fail them.
-    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
-    let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
-    let shard = Shard::open_with_clock(
-        3,
-        meta,
-        provider.clone(),
-        bulk,
-        Signer::new(b"k"),
-        cfg,
-        clock.clone(),
-    );
-    Fixture {
-        _dir: dir,
-        shard,
-        faults,
-        provider,
-        clock,
-    }
+    shard_on(3, cfg, clock)
 }
 
 /// A block-memory budget that never makes these tests wait.
