@@ -302,3 +302,43 @@ fn metrics_are_off_unless_metrics_listen_is_given() {
     let d = Daemon::start(&[]);
     assert!(!d.stdout().contains("metrics on"), "{}", d.stdout());
 }
+
+#[test]
+fn a_quota_change_an_inventory_start_and_a_cleanup_retry_each_leave_one_event() {
+    let d = Daemon::start(&[]);
+    d.cli(&["admin", "quota", "set", "team-a", "1000"])
+        .assert_ok();
+    d.cli(&["admin", "inventory", "start"]).assert_ok();
+    // An operation that does not exist: admitted, refused by the node, still an event.
+    let retry = d.cli(&["admin", "retry", "3-999"]);
+    assert_ne!(retry.status, 0, "retrying a missing operation must fail");
+
+    let (list, raw) = events(&d, None);
+    let summary: Vec<(&str, &str, &str)> = list
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap(),
+                e["outcome"].as_str().unwrap(),
+                e["target"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("RetryCleanup", "error", "operation 3-999"),
+            ("StartInventory", "ok", "inventory"),
+            ("SetQuota", "ok", "workspace team-a quota 1000"),
+        ],
+        "newest first, one per admitted action: {raw}"
+    );
+    for e in &list {
+        assert_eq!(e["token_id"], token_id(&d.admin_token()));
+        assert_eq!(e["role"], "admin");
+    }
+    assert!(
+        !raw.contains(&d.admin_token()) && !raw.contains("nokv1."),
+        "{raw}"
+    );
+}
