@@ -173,7 +173,7 @@ pub(super) fn summary_row(name: &str, clients: usize, s: &Summary) -> Vec<String
 }
 
 /// [`summary_row`] followed by the CPU per operation of the serving process and of this one.
-fn cpu_row(name: &str, clients: usize, s: &Summary, cpu: &CpuPerOp) -> Vec<String> {
+pub(super) fn cpu_row(name: &str, clients: usize, s: &Summary, cpu: &CpuPerOp) -> Vec<String> {
     let mut row = summary_row(name, clients, s);
     row.push(cpu::cell(cpu.server_cpu_ms_per_op));
     row.push(cpu::cell(cpu.client_cpu_ms_per_op));

@@ -84,13 +84,47 @@ impl CpuMeter {
 
     /// CPU spent since `start`, divided by the `ops` completed meanwhile.
     pub fn finish(self, ops: usize) -> CpuPerOp {
+        self.spent().per_op(ops)
+    }
+
+    /// Ticks each side spent since `start` (to pool several rounds before dividing).
+    pub fn spent(self) -> CpuTicks {
+        let delta = |before: Option<u64>, after: Option<u64>| after?.checked_sub(before?);
+        CpuTicks {
+            server: delta(self.start.0, self.server.ticks()),
+            client: delta(self.start.1, self.client.ticks()),
+        }
+    }
+}
+
+/// Clock ticks the server and the client spent, pooled over rounds; a side is unknown as
+/// soon as one of its rounds is.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuTicks {
+    pub server: Option<u64>,
+    pub client: Option<u64>,
+}
+
+impl Default for CpuTicks {
+    fn default() -> CpuTicks {
+        CpuTicks {
+            server: Some(0),
+            client: Some(0),
+        }
+    }
+}
+
+impl CpuTicks {
+    pub fn add(&mut self, other: CpuTicks) {
+        self.server = self.server.zip(other.server).map(|(a, b)| a + b);
+        self.client = self.client.zip(other.client).map(|(a, b)| a + b);
+    }
+
+    pub fn per_op(self, ops: usize) -> CpuPerOp {
         let hz = ticks_per_second();
-        let per_op = |before: Option<u64>, after: Option<u64>| {
-            ms_per_op(after?.checked_sub(before?)?, hz, ops)
-        };
         CpuPerOp {
-            server_cpu_ms_per_op: per_op(self.start.0, self.server.ticks()),
-            client_cpu_ms_per_op: per_op(self.start.1, self.client.ticks()),
+            server_cpu_ms_per_op: self.server.and_then(|t| ms_per_op(t, hz, ops)),
+            client_cpu_ms_per_op: self.client.and_then(|t| ms_per_op(t, hz, ops)),
         }
     }
 }
@@ -126,5 +160,19 @@ mod tests {
         assert_eq!(ms_per_op(50, 100.0, 1000), Some(0.5));
         assert_eq!(ms_per_op(3, 250.0, 6), Some(2.0));
         assert_eq!(ms_per_op(50, 100.0, 0), None);
+    }
+
+    #[test]
+    fn pooled_rounds_add_their_ticks_and_an_unknown_round_makes_the_side_unknown() {
+        let mut pooled = CpuTicks::default();
+        pooled.add(CpuTicks {
+            server: Some(30),
+            client: Some(4),
+        });
+        pooled.add(CpuTicks {
+            server: Some(20),
+            client: None,
+        });
+        assert_eq!((pooled.server, pooled.client), (Some(50), None));
     }
 }
