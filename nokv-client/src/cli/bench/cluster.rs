@@ -27,7 +27,8 @@ use nokv_client::{Client, ClientError};
 use nokv_proto::v1 as pb;
 use serde_json::{Value, json};
 
-use super::compare::{BenchEnv, load_samples, nokv_clients, small_write, summary_row};
+use super::compare::{BenchEnv, cpu_row, load_samples, nokv_clients, small_write};
+use super::cpu::{CpuMeter, CpuTicks};
 use super::harness::{
     Daemon, Etcd, Moto, Result, Scratch, Summary, f2, free_port, percentile, summarize, table,
 };
@@ -195,6 +196,9 @@ struct Side {
     lat_ms: Vec<f64>,
     seconds: f64,
     round_p50_ms: Vec<f64>,
+    /// The daemon measured, and the CPU it and this process spent over all rounds.
+    pid: u32,
+    cpu: CpuTicks,
 }
 
 impl Side {
@@ -209,16 +213,20 @@ impl Side {
             lat_ms: Vec::new(),
             seconds: 0.0,
             round_p50_ms: Vec::new(),
+            pid: d.pid(),
+            cpu: CpuTicks::default(),
         })
     }
 
     async fn round(&mut self, seconds: f64) {
+        let meter = CpuMeter::start(self.pid);
         let (mut lat, elapsed) = load_samples(
             self.conns.clone(),
             seconds,
             |(c, ws): (Client, String), i| async move { c.write(small_write(ws, i)).await.is_ok() },
         )
         .await;
+        self.cpu.add(meter.spent());
         lat.sort_by(|a, b| a.total_cmp(b));
         self.round_p50_ms.push(percentile(&lat, 50.0));
         self.lat_ms.extend(lat);
@@ -247,8 +255,9 @@ async fn put_side_by_side(
             b.round(env.seconds).await;
         }
         let (sa, sb) = (a.summary(), b.summary());
-        rows.push(summary_row("embedded", clients, &sa));
-        rows.push(summary_row("cluster node", clients, &sb));
+        let (ca, cb) = (a.cpu.per_op(sa.ops), b.cpu.per_op(sb.ops));
+        rows.push(cpu_row("embedded", clients, &sa, &ca));
+        rows.push(cpu_row("cluster node", clients, &sb, &cb));
         results.push(json!({
             "clients": clients,
             "embedded": sa,
@@ -258,6 +267,10 @@ async fn put_side_by_side(
             "p50_ratio_cluster_over_embedded": sb.p50_ms / sa.p50_ms,
             "p99_ratio_cluster_over_embedded": sb.p99_ms / sa.p99_ms,
             "ops_ratio_cluster_over_embedded": sb.ops_per_s / sa.ops_per_s,
+            "embedded_server_cpu_ms_per_op": ca.server_cpu_ms_per_op,
+            "embedded_client_cpu_ms_per_op": ca.client_cpu_ms_per_op,
+            "cluster_server_cpu_ms_per_op": cb.server_cpu_ms_per_op,
+            "cluster_client_cpu_ms_per_op": cb.client_cpu_ms_per_op,
         }));
     }
     Ok((results, rows))
@@ -466,7 +479,15 @@ fn text(env: &BenchEnv, bench: &ClusterBench, report: &Value, put_rows: &[Vec<St
              {} x {}s rounds per side, alternating",
             bench.rounds, env.seconds
         ),
-        &["daemon", "clients", "p50 ms", "p99 ms", "ops/s"],
+        &[
+            "daemon",
+            "clients",
+            "p50 ms",
+            "p99 ms",
+            "ops/s",
+            "server CPU ms/op",
+            "client CPU ms/op",
+        ],
         put_rows,
     );
     for r in report["put"].as_array().into_iter().flatten() {

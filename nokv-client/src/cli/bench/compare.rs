@@ -14,6 +14,7 @@ use tonic::Request;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 
+use super::cpu::{self, CpuMeter, CpuPerOp};
 use super::harness::{Daemon, Etcd, Moto, Result, Scratch, Summary, f2, print_table, summarize};
 use super::loops::random_data;
 
@@ -98,14 +99,35 @@ pub(super) async fn nokv_clients(d: &Daemon, n: usize) -> Result<Vec<(Client, St
     Ok(out)
 }
 
-async fn nokv_writes(d: &Daemon, n: usize, seconds: f64) -> Result<Summary> {
+/// `n` nokv clients writing for `seconds`, with the CPU the daemon and this process spent.
+/// Connections are made before the CPU clocks start, so only the writes are counted.
+async fn nokv_writes(d: &Daemon, n: usize, seconds: f64) -> Result<(Summary, CpuPerOp)> {
     let conns = nokv_clients(d, n).await?;
-    Ok(
-        load(conns, seconds, |(c, ws): (Client, String), i| async move {
-            c.write(small_write(ws, i)).await.is_ok()
-        })
-        .await,
-    )
+    let cpu = CpuMeter::start(d.pid());
+    let s = load(conns, seconds, |(c, ws): (Client, String), i| async move {
+        c.write(small_write(ws, i)).await.is_ok()
+    })
+    .await;
+    Ok((s, cpu.finish(s.ops)))
+}
+
+/// `n` etcd clients (one HTTP/2 connection each) putting 4 KiB values for `seconds`, with the
+/// CPU etcd and this process spent.
+async fn etcd_writes(etcd: &Etcd, n: usize, seconds: f64) -> Result<(Summary, CpuPerOp)> {
+    let mut chans = Vec::new();
+    for _ in 0..n {
+        let ch = Endpoint::from_shared(etcd.endpoint.clone())
+            .map_err(|e| nokv_client::ClientError::local(e.to_string()))?
+            .connect()
+            .await?;
+        chans.push(ch);
+    }
+    let cpu = CpuMeter::start(etcd.pid());
+    let s = load(chans, seconds, |ch: Channel, i| async move {
+        etcd_put(ch, format!("bench/file-{}", i % 64).into_bytes()).await
+    })
+    .await;
+    Ok((s, cpu.finish(s.ops)))
 }
 
 /// etcd's `KV/Put`, declared by hand (two fields) to call etcd's own gRPC API without a
@@ -150,38 +172,58 @@ pub(super) fn summary_row(name: &str, clients: usize, s: &Summary) -> Vec<String
     ]
 }
 
-pub async fn put_vs_etcd(env: &BenchEnv) -> Result<Value> {
+/// [`summary_row`] followed by the CPU per operation of the serving process and of this one.
+pub(super) fn cpu_row(name: &str, clients: usize, s: &Summary, cpu: &CpuPerOp) -> Vec<String> {
+    let mut row = summary_row(name, clients, s);
+    row.push(cpu::cell(cpu.server_cpu_ms_per_op));
+    row.push(cpu::cell(cpu.client_cpu_ms_per_op));
+    row
+}
+
+/// Says which processes the CPU columns measure, so a profiler can be attached to them.
+fn print_pids(daemon: &Daemon, etcd: &Etcd) {
+    println!(
+        "nokv-server pid {}, etcd pid {} (server CPU = utime+stime of that pid from /proc; \
+         client CPU = this bench process)",
+        daemon.pid(),
+        etcd.pid()
+    );
+}
+
+pub async fn put_vs_etcd(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
     let scratch = Scratch::new(&env.work_dir, "put-vs-etcd")?;
     let daemon = env.daemon(&scratch, &[])?;
     let etcd = Etcd::start(&scratch.0)?;
+    print_pids(&daemon, &etcd);
     let mut rows = Vec::new();
     let mut results = Vec::new();
-    for clients in [1usize, 8] {
-        let nokv = nokv_writes(&daemon, clients, env.seconds).await?;
-        let mut chans = Vec::new();
-        for _ in 0..clients {
-            let ch = Endpoint::from_shared(etcd.endpoint.clone())
-                .map_err(|e| nokv_client::ClientError::local(e.to_string()))?
-                .connect()
-                .await?;
-            chans.push(ch);
-        }
-        let etcd_s = load(chans, env.seconds, |ch: Channel, i| async move {
-            etcd_put(ch, format!("bench/file-{}", i % 64).into_bytes()).await
-        })
-        .await;
-        rows.push(summary_row("nokv", clients, &nokv));
-        rows.push(summary_row("etcd", clients, &etcd_s));
+    for &clients in client_counts {
+        let (nokv, nokv_cpu) = nokv_writes(&daemon, clients, env.seconds).await?;
+        let (etcd_s, etcd_cpu) = etcd_writes(&etcd, clients, env.seconds).await?;
+        rows.push(cpu_row("nokv", clients, &nokv, &nokv_cpu));
+        rows.push(cpu_row("etcd", clients, &etcd_s, &etcd_cpu));
         results.push(json!({
             "clients": clients, "nokv": nokv, "etcd": etcd_s,
             "p50_ratio_nokv_over_etcd": nokv.p50_ms / etcd_s.p50_ms,
             "p99_ratio_nokv_over_etcd": nokv.p99_ms / etcd_s.p99_ms,
             "ops_ratio_nokv_over_etcd": nokv.ops_per_s / etcd_s.ops_per_s,
+            "server_cpu_ms_per_op": nokv_cpu.server_cpu_ms_per_op,
+            "client_cpu_ms_per_op": nokv_cpu.client_cpu_ms_per_op,
+            "etcd_cpu_ms_per_op": etcd_cpu.server_cpu_ms_per_op,
+            "etcd_client_cpu_ms_per_op": etcd_cpu.client_cpu_ms_per_op,
         }));
     }
     print_table(
         "put-vs-etcd: 4 KiB durable writes (nokv over TLS, etcd plaintext gRPC; same disk)",
-        &["system", "clients", "p50 ms", "p99 ms", "ops/s"],
+        &[
+            "system",
+            "clients",
+            "p50 ms",
+            "p99 ms",
+            "ops/s",
+            "server CPU ms/op",
+            "client CPU ms/op",
+        ],
         &rows,
     );
     for r in &results {
@@ -323,28 +365,65 @@ pub async fn upload_vs_direct(
     Ok(json!({"bench": "upload-vs-direct", "results": results}))
 }
 
+/// Small-write ops/s at 1, 8 and 64 sessions, nokv and etcd at each count in the same run
+/// (nokv first, then etcd, per count), with the nokv/etcd ratio per count.
 pub async fn scaling(env: &BenchEnv) -> Result<Value> {
     let scratch = Scratch::new(&env.work_dir, "scaling")?;
     let daemon = env.daemon(&scratch, &[])?;
+    let etcd = Etcd::start(&scratch.0)?;
+    print_pids(&daemon, &etcd);
     let mut rows = Vec::new();
     let mut results = Vec::new();
-    let mut base = f64::NAN;
+    let (mut base, mut etcd_base) = (f64::NAN, f64::NAN);
     for sessions in [1usize, 8, 64] {
-        let s = nokv_writes(&daemon, sessions, env.seconds).await?;
+        let (s, cpu) = nokv_writes(&daemon, sessions, env.seconds).await?;
+        let (e, etcd_cpu) = etcd_writes(&etcd, sessions, env.seconds).await?;
         if sessions == 1 {
             base = s.ops_per_s;
+            etcd_base = e.ops_per_s;
         }
         let mut row = summary_row("nokv", sessions, &s);
         row.push(f2(s.ops_per_s / base));
+        row.push(cpu::cell(cpu.server_cpu_ms_per_op));
+        row.push(cpu::cell(cpu.client_cpu_ms_per_op));
         rows.push(row);
-        results.push(
-            json!({"sessions": sessions, "summary": s, "ops_ratio_vs_1": s.ops_per_s / base}),
-        );
+        let mut row = summary_row("etcd", sessions, &e);
+        row.push(f2(e.ops_per_s / etcd_base));
+        row.push(cpu::cell(etcd_cpu.server_cpu_ms_per_op));
+        row.push(cpu::cell(etcd_cpu.client_cpu_ms_per_op));
+        rows.push(row);
+        results.push(json!({
+            "sessions": sessions, "summary": s, "ops_ratio_vs_1": s.ops_per_s / base,
+            "server_cpu_ms_per_op": cpu.server_cpu_ms_per_op,
+            "client_cpu_ms_per_op": cpu.client_cpu_ms_per_op,
+            "etcd": e, "etcd_ops_ratio_vs_1": e.ops_per_s / etcd_base,
+            "etcd_cpu_ms_per_op": etcd_cpu.server_cpu_ms_per_op,
+            "etcd_client_cpu_ms_per_op": etcd_cpu.client_cpu_ms_per_op,
+            "ops_ratio_nokv_over_etcd": s.ops_per_s / e.ops_per_s,
+            "p50_ratio_nokv_over_etcd": s.p50_ms / e.p50_ms,
+        }));
     }
     print_table(
-        "scaling: 4 KiB small writes, one workspace per session",
-        &["system", "sessions", "p50 ms", "p99 ms", "ops/s", "x vs 1"],
+        "scaling: 4 KiB small writes, one workspace per session (etcd: one connection per session)",
+        &[
+            "system",
+            "sessions",
+            "p50 ms",
+            "p99 ms",
+            "ops/s",
+            "x vs 1",
+            "server CPU ms/op",
+            "client CPU ms/op",
+        ],
         &rows,
     );
+    for r in &results {
+        println!(
+            "  {} session(s): nokv/etcd ops/s ratio {:.2}, p50 ratio {:.2}",
+            r["sessions"],
+            r["ops_ratio_nokv_over_etcd"].as_f64().unwrap_or(f64::NAN),
+            r["p50_ratio_nokv_over_etcd"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
     Ok(json!({"bench": "scaling", "seconds": env.seconds, "results": results}))
 }

@@ -41,6 +41,13 @@ impl Drop for Scratch {
 /// A child process killed on drop.
 pub struct Proc(Child);
 
+impl Proc {
+    /// The process id (for its `/proc/PID/stat` CPU clock, or to attach a profiler).
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -138,6 +145,11 @@ impl Daemon {
         })
     }
 
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self._proc.pid()
+    }
+
     /// Tokens are signed with the secret in `dir` (a cluster directory) from now on.
     pub fn with_secret_dir(mut self, dir: &Path) -> Daemon {
         self.secret_dir = dir.to_path_buf();
@@ -174,6 +186,11 @@ pub struct Etcd {
 }
 
 impl Etcd {
+    /// etcd's process id.
+    pub fn pid(&self) -> u32 {
+        self._proc.pid()
+    }
+
     pub fn start(dir: &Path) -> Result<Etcd> {
         let (client, peer) = (free_port(), free_port());
         let bin = which("etcd").ok_or_else(|| {

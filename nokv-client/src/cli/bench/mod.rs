@@ -2,6 +2,7 @@
 
 mod cluster;
 mod compare;
+mod cpu;
 mod harness;
 mod loops;
 
@@ -38,10 +39,14 @@ pub enum BenchCommand {
         #[arg(long)]
         seconds: Option<f64>,
     },
-    /// 4 KiB durable writes, nokv vs etcd, at 1 and 8 clients.
+    /// 4 KiB durable writes, nokv vs etcd, at each client count (default 1 and 8), with the
+    /// server's and the client's CPU time per operation.
     PutVsEtcd {
         #[command(flatten)]
         env: EnvArgs,
+        /// Concurrent clients per measurement, e.g. 1,8,64.
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        clients: Vec<usize>,
     },
     /// nokv Stat p50 vs a bare unary RPC on the same TLS channel.
     StatVsRpc {
@@ -60,7 +65,8 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         rounds: u32,
     },
-    /// Small-write ops/s at 1, 8 and 64 concurrent sessions.
+    /// Small-write ops/s at 1, 8 and 64 concurrent sessions, etcd at the same counts in the
+    /// same run, with the nokv/etcd ratio and CPU time per operation.
     Scaling {
         #[command(flatten)]
         env: EnvArgs,
@@ -144,8 +150,8 @@ pub async fn run(
             loops::upload(&connect().await?, &workspace, size_mib, pace, seconds).await;
             Ok(())
         }
-        BenchCommand::PutVsEtcd { env } => {
-            let r = compare::put_vs_etcd(&env.env()).await?;
+        BenchCommand::PutVsEtcd { env, clients } => {
+            let r = compare::put_vs_etcd(&env.env(), &clients).await?;
             harness::write_report(&env.out, "put-vs-etcd", &r).map(|_| ())
         }
         BenchCommand::StatVsRpc { env } => {
@@ -188,7 +194,7 @@ pub async fn run(
         BenchCommand::All { env } => {
             let e = env.env();
             let all = json!({
-                "put_vs_etcd": compare::put_vs_etcd(&e).await?,
+                "put_vs_etcd": compare::put_vs_etcd(&e, &[1, 8]).await?,
                 "stat_vs_rpc": compare::stat_vs_rpc(&e).await?,
                 "upload_vs_direct": compare::upload_vs_direct(&e, 64, &["local".into(), "s3".into()], 2).await?,
                 "scaling": compare::scaling(&e).await?,
@@ -204,6 +210,22 @@ mod tests {
 
     use super::BenchCommand;
     use crate::cli::{Cli, Command};
+
+    #[test]
+    fn bench_put_vs_etcd_defaults_to_one_and_eight_clients_and_takes_a_client_list() {
+        let clients_of = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).expect("parses");
+            let Command::Bench(BenchCommand::PutVsEtcd { clients, .. }) = cli.command else {
+                panic!("not bench put-vs-etcd: {:?}", cli.command);
+            };
+            clients
+        };
+        assert_eq!(clients_of(&["nokv", "bench", "put-vs-etcd"]), vec![1, 8]);
+        assert_eq!(
+            clients_of(&["nokv", "bench", "put-vs-etcd", "--clients", "1,8,64"]),
+            vec![1, 8, 64]
+        );
+    }
 
     #[test]
     fn bench_cluster_defaults_to_one_and_eight_clients_three_rounds_ten_moves_and_400_files() {
