@@ -1126,13 +1126,15 @@ def _num(v: float) -> str:
 @dataclasses.dataclass
 class TimelinePlot:
     """Geometry of one panel (one target and cycle): maps seconds from the cycle start and
-    values to pixels. Latency (stat, put p50) uses the left axis, ops/s and uploader MiB/s
-    share the right axis; both start at 0."""
+    values to pixels. Latency (stat, put p50) uses the left axis; session ops/s and uploader
+    MiB/s each have their own scale on the right axis (both tops are labelled there, MiB/s in
+    the bars' colour), since ops/s are often ten times the MiB/s; every scale starts at 0."""
 
     top: int
     span: float
     latency_max: float
-    rate_max: float
+    ops_max: float
+    upload_max: float
 
     def x(self, t: float) -> int:
         return PLOT_LEFT + round(t / self.span * (PLOT_RIGHT - PLOT_LEFT))
@@ -1143,8 +1145,11 @@ class TimelinePlot:
     def y_latency(self, ms: float) -> int:
         return self._y(ms, self.latency_max)
 
-    def y_rate(self, v: float) -> int:
-        return self._y(v, self.rate_max)
+    def y_ops(self, ops_per_s: float) -> int:
+        return self._y(ops_per_s, self.ops_max)
+
+    def y_upload(self, mib_per_s: float) -> int:
+        return self._y(mib_per_s, self.upload_max)
 
 
 def _bucket_width(buckets: Sequence[dict]) -> float:
@@ -1158,9 +1163,9 @@ def _draw_panel(r: Raster, top: int, label: str, tl: dict, windows: Sequence[dic
     mine = [w for w in windows if w["cycle"] == tl["cycle"]]
     span = max([len(buckets) * width] + [w["end"] - t0 for w in mine]) or 1.0
     lat = [v for b in buckets for v in (b["stat_p50_ms"], b["put_p50_ms"]) if v is not None]
-    rates = [b["ops"] / width for b in buckets] + [b["upload_mib_per_s"] for b in buckets]
     plot = TimelinePlot(top, span, _nice_max(max(lat, default=0.0)),
-                        _nice_max(max(rates, default=0.0)))
+                        _nice_max(max((b["ops"] / width for b in buckets), default=0.0)),
+                        _nice_max(max((b["upload_mib_per_s"] for b in buckets), default=0.0)))
     y_top, y_bottom = top + PLOT_TOP, top + PLOT_BOTTOM
 
     # Title and legend.
@@ -1182,10 +1187,10 @@ def _draw_panel(r: Raster, top: int, label: str, tl: dict, windows: Sequence[dic
     # Uploader MiB/s as bars, then the lines on top.
     for b in buckets:
         if b["upload_mib_per_s"] > 0:
-            r.fill(plot.x(b["t"]) + 1, plot.y_rate(b["upload_mib_per_s"]),
+            r.fill(plot.x(b["t"]) + 1, plot.y_upload(b["upload_mib_per_s"]),
                    plot.x(b["t"] + width) - 1, y_bottom, UPLOAD_COLOUR)
     series = (
-        (OPS_COLOUR, plot.y_rate, lambda b: b["ops"] / width),
+        (OPS_COLOUR, plot.y_ops, lambda b: b["ops"] / width),
         (STAT_COLOUR, plot.y_latency, lambda b: b["stat_p50_ms"]),
         (PUT_COLOUR, plot.y_latency, lambda b: b["put_p50_ms"]),
     )
@@ -1210,8 +1215,9 @@ def _draw_panel(r: Raster, top: int, label: str, tl: dict, windows: Sequence[dic
     for v, y in ((plot.latency_max, y_top), (0, y_bottom - GLYPH_HEIGHT)):
         s = _num(v)
         r.text(PLOT_LEFT - 6 - len(s) * GLYPH_ADVANCE, y, s)
-    for v, y in ((plot.rate_max, y_top), (0, y_bottom - GLYPH_HEIGHT)):
-        r.text(PLOT_RIGHT + 6, y, _num(v))
+    r.text(PLOT_RIGHT + 6, y_top, _num(plot.ops_max))
+    r.text(PLOT_RIGHT + 6, y_top + GLYPH_HEIGHT + 4, _num(plot.upload_max), UPLOAD_COLOUR)
+    r.text(PLOT_RIGHT + 6, y_bottom - GLYPH_HEIGHT, "0")
     step = _nice_max(span / 10)
     t = 0.0
     while t <= span + 1e-9:
