@@ -391,11 +391,11 @@ def parse_png(data):
 
 def known_timeline():
     """One target, one cycle of 4 conditions x 4 s from t0 = 100: 10 session ops per 1 s
-    bucket (10 ops/s) but 45 in the last (so the ops/s scale tops at 50), no latency samples,
-    the uploader moving 40 MiB/s in unpaced only (its scale tops at 50 too)."""
+    bucket (10 ops/s) but 15 in the last (so the ops/s scale tops at 20), no latency samples,
+    the uploader moving 40 MiB/s in unpaced only (its own scale tops at 50)."""
     windows = [{"cycle": 0, "condition": c, "start": 100.0 + 4 * i, "end": 104.0 + 4 * i}
                for i, c in enumerate(probe.CONDITIONS)]
-    buckets = [{"t": float(i), "condition": None, "ops": 45 if i == 15 else 10, "errors": 0,
+    buckets = [{"t": float(i), "condition": None, "ops": 15 if i == 15 else 10, "errors": 0,
                 "stat_p50_ms": None, "put_p50_ms": None, "max_ms": None,
                 "upload_bytes": 0.0, "upload_mib_per_s": 40.0 if 8 <= i < 12 else 0.0}
                for i in range(16)]
@@ -456,15 +456,15 @@ class TimelinePictureTest(unittest.TestCase):
                 self.assertEqual(probe.check_png_file(str(path)), probe.EXIT_ERROR)
 
     def test_the_ops_per_second_line_is_drawn_in_the_series_colour_at_its_value(self):
-        self.assertEqual((self.plot.ops_max, self.plot.upload_max), (50, 50))
+        self.assertEqual((self.plot.ops_max, self.plot.upload_max), (20, 50))
         y = self.plot.y_ops(10)
         for t in (2.5, 6.0, 14.5):  # mid-bucket and between two bucket midpoints
             self.assertEqual(self.raster.get(self.plot.x(t), y), probe.OPS_COLOUR, t)
 
     def test_condition_windows_are_shaded_and_upload_bars_sit_in_their_buckets(self):
         high = self.plot.y_upload(45)  # above the bars and the ops line
-        for t, cond in ((2.0, "idle"), (6.0, "paced"), (10.0, "unpaced"),
-                        (14.0, "idle-again")):
+        for t, cond in ((2.5, "idle"), (6.5, "paced"), (10.5, "unpaced"),
+                        (14.5, "idle-again")):  # mid-bucket: on a bar if one were too tall
             self.assertEqual(self.raster.get(self.plot.x(t), high),
                              probe.CONDITION_COLOURS[cond], cond)
         low = self.plot.y_upload(20)  # inside a 40 MiB/s bar, away from the 10 ops/s line
