@@ -30,8 +30,9 @@ Paced and idle-again are reported, not judged. Exit status: 0 QUALIFIED, 1 NOT Q
 Percentiles use linear interpolation between closest ranks (numpy's default, Excel's
 PERCENTILE.INC): rank = p/100 * (n - 1) over the sorted samples.
 
-Only the Python standard library is required; matplotlib is used for timeline.png when it can
-be imported.
+Only the Python standard library is required: timeline.png (one panel per target and cycle:
+condition windows shaded, session ops/s, stat and put p50, uploader MiB/s) is drawn with zlib and
+struct, so it is written on every run. `--check-png FILE` validates such a file and exits.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -938,46 +941,323 @@ def machine_facts(args) -> dict:
     return facts
 
 
-def write_png(path: Path, results: list[dict]) -> bool:
-    """timeline.png (one row per target and cycle); False when matplotlib is unavailable."""
-    try:
-        import matplotlib
+# --------------------------------------------------------------------------------------------
+# timeline.png, drawn with the standard library only (zlib + struct). One path, nothing to
+# install: the picture is always written, so its absence is a bug, never a missing package.
+# --------------------------------------------------------------------------------------------
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
-        return False
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+Rgb = tuple[int, int, int]
+
+WHITE: Rgb = (255, 255, 255)
+AXIS_COLOUR: Rgb = (0, 0, 0)
+TEXT_COLOUR: Rgb = (0, 0, 0)
+OPS_COLOUR: Rgb = (0, 0, 0)
+STAT_COLOUR: Rgb = (31, 119, 180)
+PUT_COLOUR: Rgb = (214, 39, 40)
+UPLOAD_COLOUR: Rgb = (150, 150, 150)
+CONDITION_COLOURS: dict[str, Rgb] = {
+    "idle": (222, 235, 247),
+    "paced": (255, 242, 204),
+    "unpaced": (248, 203, 173),
+    "idle-again": (226, 239, 218),
+}
+
+# A 3x5 bitmap font (rows top to bottom, '1' = ink), enough for labels and numbers. Lower
+# case is drawn as upper case; anything else as '?'.
+_FONT_ROWS = {
+    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111",
+    "3": "111001111001111", "4": "101101111001001", "5": "111100111001111",
+    "6": "111100111101111", "7": "111001001001001", "8": "111101111101111",
+    "9": "111101111001111", "A": "010101111101101", "B": "110101110101110",
+    "C": "011100100100011", "D": "110101101101110", "E": "111100110100111",
+    "F": "111100110100100", "G": "011100101101011", "H": "101101111101101",
+    "I": "111010010010111", "J": "001001001101010", "K": "101101110101101",
+    "L": "100100100100111", "M": "101111111101101", "N": "110101101101101",
+    "O": "010101101101010", "P": "110101110100100", "Q": "010101101110011",
+    "R": "110101110101101", "S": "011100010001110", "T": "111010010010010",
+    "U": "101101101101111", "V": "101101101101010", "W": "101101111111101",
+    "X": "101101010101101", "Y": "101101010010010", "Z": "111001010100111",
+    " ": "000000000000000", ".": "000000000000010", "-": "000000111000000",
+    ":": "000010000010000", "/": "001001010100100", "_": "000000000000111",
+    "=": "000111000111000", "(": "010100100100010", ")": "010001001001010",
+    "?": "111001010000010",
+}
+FONT_SCALE = 2
+GLYPH_ADVANCE = 4 * FONT_SCALE
+GLYPH_HEIGHT = 5 * FONT_SCALE
+
+
+def png_encode(width: int, height: int, rgb: bytes) -> bytes:
+    """An 8-bit truecolour PNG of `rgb` (height rows of width*3 bytes, top row first): filter
+    type 0 on every row, one IDAT chunk."""
+    if width < 1 or height < 1 or len(rgb) != width * height * 3:
+        raise ValueError(f"need {width}x{height}x3 bytes of RGB, got {len(rgb)}")
+    stride = width * 3
+    raw = b"".join(b"\x00" + rgb[y * stride:(y + 1) * stride] for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (PNG_SIGNATURE + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw, 9))
+            + chunk(b"IEND", b""))
+
+
+def png_check(data: bytes) -> tuple[int, int]:
+    """(width, height) of an 8-bit RGB PNG as png_encode writes it; ValueError naming the
+    first problem otherwise: signature, chunk lengths and CRCs, IHDR first and IEND last, and
+    the IDAT stream inflating to exactly height*(1+width*3) bytes."""
+    if not data.startswith(PNG_SIGNATURE):
+        raise ValueError("not a PNG: bad signature")
+    pos, chunks = len(PNG_SIGNATURE), []
+    while pos < len(data):
+        if pos + 8 > len(data):
+            raise ValueError(f"truncated chunk header at byte {pos}")
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind = data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + length]
+        if len(body) != length or pos + 12 + length > len(data):
+            raise ValueError(f"truncated {kind!r} chunk at byte {pos}")
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        if zlib.crc32(kind + body) & 0xFFFFFFFF != crc:
+            raise ValueError(f"bad CRC in {kind!r} chunk at byte {pos}")
+        chunks.append((kind, body))
+        pos += 12 + length
+    if not chunks or chunks[0][0] != b"IHDR" or len(chunks[0][1]) != 13:
+        raise ValueError("first chunk is not a 13-byte IHDR")
+    if chunks[-1][0] != b"IEND":
+        raise ValueError("last chunk is not IEND")
+    width, height, depth, colour, comp, filt, interlace = struct.unpack(">IIBBBBB",
+                                                                        chunks[0][1])
+    if width < 1 or height < 1:
+        raise ValueError(f"empty image {width}x{height}")
+    if (depth, colour, comp, filt, interlace) != (8, 2, 0, 0, 0):
+        raise ValueError("not 8-bit RGB, non-interlaced")
+    try:
+        raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
+    except zlib.error as e:
+        raise ValueError(f"IDAT does not inflate: {e}") from None
+    if len(raw) != height * (1 + width * 3):
+        raise ValueError(f"IDAT inflates to {len(raw)} bytes, want {height * (1 + width * 3)}")
+    return width, height
+
+
+class Raster:
+    """An RGB canvas, origin top left; drawing outside the canvas is clipped silently."""
+
+    def __init__(self, width: int, height: int, background: Rgb = WHITE):
+        self.width, self.height = width, height
+        self.pixels = bytearray(bytes(background) * (width * height))
+
+    def get(self, x: int, y: int) -> Rgb:
+        i = (y * self.width + x) * 3
+        return (self.pixels[i], self.pixels[i + 1], self.pixels[i + 2])
+
+    def set(self, x: int, y: int, c: Rgb) -> None:
+        if 0 <= x < self.width and 0 <= y < self.height:
+            i = (y * self.width + x) * 3
+            self.pixels[i:i + 3] = bytes(c)
+
+    def fill(self, x0: int, y0: int, x1: int, y1: int, c: Rgb) -> None:
+        """Fill the rectangle [x0, x1) x [y0, y1)."""
+        x0, x1 = max(0, min(x0, x1)), min(self.width, max(x0, x1))
+        y0, y1 = max(0, min(y0, y1)), min(self.height, max(y0, y1))
+        if x0 >= x1:
+            return
+        row = bytes(c) * (x1 - x0)
+        for y in range(y0, y1):
+            i = (y * self.width + x0) * 3
+            self.pixels[i:i + len(row)] = row
+
+    def line(self, x0: int, y0: int, x1: int, y1: int, c: Rgb, thick: int = 1) -> None:
+        """Bresenham, each point drawn as a thick x thick square (so a line of slope 0 covers
+        rows y..y+thick-1)."""
+        dx, dy = abs(x1 - x0), -abs(y1 - y0)
+        sx, sy = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
+        err = dx + dy
+        while True:
+            self.fill(x0, y0, x0 + thick, y0 + thick, c)
+            if x0 == x1 and y0 == y1:
+                return
+            e2 = 2 * err
+            if e2 >= dy:
+                err += dy
+                x0 += sx
+            if e2 <= dx:
+                err += dx
+                y0 += sy
+
+    def text(self, x: int, y: int, s: str, c: Rgb = TEXT_COLOUR) -> int:
+        """Draw `s` with its top left at (x, y); returns the x after the last glyph."""
+        for ch in s.upper():
+            rows = _FONT_ROWS.get(ch, _FONT_ROWS["?"])
+            for k, bit in enumerate(rows):
+                if bit == "1":
+                    gx, gy = x + (k % 3) * FONT_SCALE, y + (k // 3) * FONT_SCALE
+                    self.fill(gx, gy, gx + FONT_SCALE, gy + FONT_SCALE, c)
+            x += GLYPH_ADVANCE
+        return x
+
+    def png(self) -> bytes:
+        return png_encode(self.width, self.height, bytes(self.pixels))
+
+
+PNG_WIDTH = 960
+PANEL_HEIGHT = 220
+PLOT_LEFT, PLOT_RIGHT = 64, PNG_WIDTH - 64
+PLOT_TOP, PLOT_BOTTOM = 44, PANEL_HEIGHT - 28  # relative to the panel's top
+
+
+def _nice_max(v: float) -> float:
+    """The smallest 1/2/5 x 10^k at or above v (an axis top that reads well); 1 for nothing."""
+    if not v or v <= 0 or not math.isfinite(v):
+        return 1.0
+    k = 10 ** math.floor(math.log10(v))
+    return next(m * k for m in (1, 2, 5, 10) if m * k >= v)
+
+
+def _num(v: float) -> str:
+    return f"{v:g}" if v < 10000 else f"{v:.0f}"
+
+
+@dataclasses.dataclass
+class TimelinePlot:
+    """Geometry of one panel (one target and cycle): maps seconds from the cycle start and
+    values to pixels. Latency (stat, put p50) uses the left axis; session ops/s and uploader
+    MiB/s each have their own scale on the right axis (both tops are labelled there, MiB/s in
+    the bars' colour), since ops/s are often ten times the MiB/s; every scale starts at 0."""
+
+    top: int
+    span: float
+    latency_max: float
+    ops_max: float
+    upload_max: float
+
+    def x(self, t: float) -> int:
+        return PLOT_LEFT + round(t / self.span * (PLOT_RIGHT - PLOT_LEFT))
+
+    def _y(self, v: float, vmax: float) -> int:
+        return self.top + PLOT_BOTTOM - round(min(v, vmax) / vmax * (PLOT_BOTTOM - PLOT_TOP))
+
+    def y_latency(self, ms: float) -> int:
+        return self._y(ms, self.latency_max)
+
+    def y_ops(self, ops_per_s: float) -> int:
+        return self._y(ops_per_s, self.ops_max)
+
+    def y_upload(self, mib_per_s: float) -> int:
+        return self._y(mib_per_s, self.upload_max)
+
+
+def _bucket_width(buckets: Sequence[dict]) -> float:
+    return (buckets[1]["t"] - buckets[0]["t"]) if len(buckets) > 1 else 1.0
+
+
+def _draw_panel(r: Raster, top: int, label: str, tl: dict, windows: Sequence[dict]
+                ) -> TimelinePlot:
+    buckets, t0 = tl["buckets"], tl["t0"]
+    width = _bucket_width(buckets)
+    mine = [w for w in windows if w["cycle"] == tl["cycle"]]
+    span = max([len(buckets) * width] + [w["end"] - t0 for w in mine]) or 1.0
+    lat = [v for b in buckets for v in (b["stat_p50_ms"], b["put_p50_ms"]) if v is not None]
+    plot = TimelinePlot(top, span, _nice_max(max(lat, default=0.0)),
+                        _nice_max(max((b["ops"] / width for b in buckets), default=0.0)),
+                        _nice_max(max((b["upload_mib_per_s"] for b in buckets), default=0.0)))
+    y_top, y_bottom = top + PLOT_TOP, top + PLOT_BOTTOM
+
+    # Title and legend.
+    x = r.text(8, top + 6, f"{label} cycle {tl['cycle']} (x: s from cycle start)")
+    for name, colour in (("ops/s", OPS_COLOUR), ("stat p50 ms", STAT_COLOUR),
+                         ("put p50 ms", PUT_COLOUR), ("upload MiB/s", UPLOAD_COLOUR)):
+        x += 24
+        r.fill(x, top + 6, x + GLYPH_HEIGHT, top + 6 + GLYPH_HEIGHT, colour)
+        x = r.text(x + GLYPH_HEIGHT + 4, top + 6, name)
+
+    # Condition windows, shaded and named.
+    for w in mine:
+        xa, xb = plot.x(max(0.0, w["start"] - t0)), plot.x(min(span, w["end"] - t0))
+        r.fill(xa, y_top, xb, y_bottom, CONDITION_COLOURS.get(w["condition"], WHITE))
+        name = w["condition"]
+        if len(name) * GLYPH_ADVANCE < xb - xa:
+            r.text((xa + xb - len(name) * GLYPH_ADVANCE) // 2, y_top - GLYPH_HEIGHT - 4, name)
+
+    # Uploader MiB/s as bars, then the lines on top.
+    for b in buckets:
+        if b["upload_mib_per_s"] > 0:
+            r.fill(plot.x(b["t"]) + 1, plot.y_upload(b["upload_mib_per_s"]),
+                   plot.x(b["t"] + width) - 1, y_bottom, UPLOAD_COLOUR)
+    series = (
+        (OPS_COLOUR, plot.y_ops, lambda b: b["ops"] / width),
+        (STAT_COLOUR, plot.y_latency, lambda b: b["stat_p50_ms"]),
+        (PUT_COLOUR, plot.y_latency, lambda b: b["put_p50_ms"]),
+    )
+    for colour, y_of, value in series:
+        prev = None
+        for b in buckets:
+            v = value(b)
+            if v is None:  # no sample in this bucket: break the line rather than invent one
+                prev = None
+                continue
+            pt = (plot.x(b["t"] + width / 2), y_of(v))
+            if prev is None:
+                r.fill(pt[0] - 1, pt[1] - 1, pt[0] + 2, pt[1] + 2, colour)
+            else:
+                r.line(prev[0], prev[1], pt[0], pt[1], colour, thick=2)
+            prev = pt
+
+    # Axes: left latency, right rates, bottom seconds.
+    r.fill(PLOT_LEFT - 1, y_top, PLOT_LEFT, y_bottom + 1, AXIS_COLOUR)
+    r.fill(PLOT_RIGHT, y_top, PLOT_RIGHT + 1, y_bottom + 1, AXIS_COLOUR)
+    r.fill(PLOT_LEFT - 1, y_bottom, PLOT_RIGHT + 1, y_bottom + 1, AXIS_COLOUR)
+    for v, y in ((plot.latency_max, y_top), (0, y_bottom - GLYPH_HEIGHT)):
+        s = _num(v)
+        r.text(PLOT_LEFT - 6 - len(s) * GLYPH_ADVANCE, y, s)
+    r.text(PLOT_RIGHT + 6, y_top, _num(plot.ops_max))
+    r.text(PLOT_RIGHT + 6, y_top + GLYPH_HEIGHT + 4, _num(plot.upload_max), UPLOAD_COLOUR)
+    r.text(PLOT_RIGHT + 6, y_bottom - GLYPH_HEIGHT, "0")
+    step = _nice_max(span / 10)
+    t = 0.0
+    while t <= span + 1e-9:
+        xt = plot.x(t)
+        r.fill(xt, y_bottom, xt + 1, y_bottom + 4, AXIS_COLOUR)
+        s = _num(round(t, 6))
+        r.text(xt - len(s) * GLYPH_ADVANCE // 2, y_bottom + 6, s)
+        t += step
+    return plot
+
+
+def render_timeline(results: Sequence[dict]) -> tuple[Raster, list[TimelinePlot]]:
+    """The timeline picture: one panel per target and cycle, top to bottom in report order;
+    also each panel's geometry (for tests and for anyone placing marks on it)."""
     rows = [(r["label"], tl, r["windows"]) for r in results for tl in r["timeline"]]
     if not rows:
-        return False
-    fig, axes = plt.subplots(len(rows), 1, figsize=(12, 3.6 * len(rows)), squeeze=False)
-    colors = {"idle": "#deebf7", "paced": "#fff2cc", "unpaced": "#f8cbad", "idle-again": "#e2efda"}
-    for ax, (label, tl, windows) in zip(axes[:, 0], rows):
-        t0 = tl["t0"]
-        for w in windows:
-            if w["cycle"] == tl["cycle"]:
-                ax.axvspan(w["start"] - t0, w["end"] - t0, color=colors.get(w["condition"]),
-                           alpha=0.8, lw=0)
-                ax.text((w["start"] + w["end"]) / 2 - t0, 1.0, w["condition"], ha="center",
-                        va="bottom", transform=ax.get_xaxis_transform(), fontsize=8)
-        xs = [b["t"] + 0.5 for b in tl["buckets"]]
-        ax.plot(xs, [b["stat_p50_ms"] for b in tl["buckets"]], label="stat p50 ms", lw=1.2)
-        ax.plot(xs, [b["put_p50_ms"] for b in tl["buckets"]], label="put p50 ms", lw=1.2)
-        ax.set_ylabel("latency ms")
-        ax.set_xlabel(f"{label} cycle {tl['cycle']}: seconds from session start")
-        ax2 = ax.twinx()
-        ax2.bar(xs, [b["upload_mib_per_s"] for b in tl["buckets"]], width=0.9, alpha=0.25,
-                color="grey", label="upload MiB/s")
-        ax2.plot(xs, [b["ops"] for b in tl["buckets"]], color="black", lw=0.8, ls=":",
-                 label="session ops/s")
-        ax2.set_ylabel("MiB/s, ops/s")
-        h1, l1 = ax.get_legend_handles_labels()
-        h2, l2 = ax2.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+        r = Raster(PNG_WIDTH, PANEL_HEIGHT)
+        r.text(8, 6, "no timeline data")
+        return r, []
+    r = Raster(PNG_WIDTH, PANEL_HEIGHT * len(rows))
+    plots = [_draw_panel(r, i * PANEL_HEIGHT, label, tl, windows)
+             for i, (label, tl, windows) in enumerate(rows)]
+    return r, plots
+
+
+def write_png(path: Path, results: Sequence[dict]) -> None:
+    """Write timeline.png (always: the standard library draws it)."""
+    path.write_bytes(render_timeline(results)[0].png())
+
+
+def check_png_file(path: str) -> int:
+    """`--check-png FILE`: 0 and a line naming the size when FILE is a valid PNG as the probe
+    writes it, EXIT_ERROR and the reason otherwise (the smoke run's check of timeline.png)."""
+    try:
+        w, h = png_check(Path(path).read_bytes())
+    except (OSError, ValueError) as e:
+        print(f"{path}: not a valid PNG: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"{path}: valid PNG, {w}x{h}")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -1036,6 +1316,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-data", action="store_true",
                    help="keep the temporary daemon data directories")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--check-png", metavar="FILE",
+                   help="only check that FILE is a valid PNG as the probe writes timeline.png "
+                   "(exit 0 valid, 2 not); runs nothing")
     return p
 
 
@@ -1066,6 +1349,8 @@ def validate(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.check_png:
+        return check_png_file(args.check_png)
     validate(parser, args)
     log = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
 
@@ -1229,13 +1514,10 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
         "verdict": by["candidate"]["verdict"],
     }
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    png = write_png(out / "timeline.png", results)
+    write_png(out / "timeline.png", results)
 
     print(summary.rsplit("\n", 1)[0])
-    print(f"report: {out / 'report.txt'}, {out / 'report.json'}"
-          + (f", {out / 'timeline.png'}" if png else ""))
-    if not png:
-        print("matplotlib not available; skipping timeline.png")
+    print(f"report: {out / 'report.txt'}, {out / 'report.json'}, {out / 'timeline.png'}")
     print(summary.rsplit("\n", 1)[1], flush=True)
     return EXIT_QUALIFIED if by["candidate"]["verdict"]["qualified"] else EXIT_NOT_QUALIFIED
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Smoke of the owner-upload interference probe (called by scripts/test.sh): 2 sessions, 3 s per
-# condition, 1 cycle against the debug binaries. It must complete and print a `verdict:` line;
-# the verdict itself is not judged here (CI machines are noisy), so QUALIFIED (exit 0) and
-# NOT QUALIFIED (exit 1) both pass. A crash (exit 2 or anything else) or no verdict line fails.
+# condition, 1 cycle against the debug binaries. It must complete, print a `verdict:` line and
+# write report.json and a valid timeline.png; the verdict itself is not judged here (CI machines
+# are noisy), so QUALIFIED (exit 0) and NOT QUALIFIED (exit 1) both pass. A crash (exit 2 or
+# anything else) or no verdict line fails.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -33,6 +34,11 @@ grep -q '^verdict: ' "$log" || fail "no 'verdict:' line printed"
 [ -s "$work/out/report.json" ] || fail "no report.json written"
 python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/out/report.json" \
     || fail "report.json is not valid JSON"
+# The probe draws timeline.png itself (standard library only), so it must exist on every run;
+# --check-png parses it back (signature, IHDR, every chunk's CRC, IDAT size).
+[ -s "$work/out/timeline.png" ] || fail "no timeline.png written"
+python3 scripts/owner_upload_interference_probe.py --check-png "$work/out/timeline.png" \
+    || fail "timeline.png is not a valid PNG"
 
 echo "probe_smoke: ok (verdict not judged: $(grep '^verdict: ' "$log"))"
 rm -rf "$work"

@@ -5,8 +5,11 @@ Run: python3 -m unittest discover -s scripts/tests -v
 
 import json
 import math
+import struct
 import sys
+import tempfile
 import unittest
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -360,6 +363,132 @@ class CliTest(unittest.TestCase):
                          (8, 40.0, 2, "local"))
         self.assertEqual(a.server_bin, "target/release/nokv-server")
         self.assertEqual(a.cli_bin, "target/release/nokv")
+
+
+def parse_png(data):
+    """An independent reader (not the probe's png_check): (width, height, bit depth, colour
+    type, rows of RGB tuples), asserting the signature and every chunk's CRC on the way."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "signature"
+    pos, chunks = 8, []
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        (crc,) = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
+        assert zlib.crc32(kind + body) & 0xFFFFFFFF == crc, f"CRC of {kind!r}"
+        chunks.append((kind, body))
+        pos += 12 + n
+    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
+    w, h, depth, colour = struct.unpack(">IIBB", chunks[0][1][:10])
+    raw = zlib.decompress(b"".join(b for k, b in chunks if k == b"IDAT"))
+    assert len(raw) == h * (1 + w * 3), "IDAT size"
+    rows = []
+    for y in range(h):
+        line = raw[y * (1 + w * 3):(y + 1) * (1 + w * 3)]
+        assert line[0] == 0, "filter type 0"
+        rows.append([tuple(line[1 + 3 * x:4 + 3 * x]) for x in range(w)])
+    return w, h, depth, colour, rows
+
+
+def known_timeline():
+    """One target, one cycle of 4 conditions x 4 s from t0 = 100: 10 session ops per 1 s
+    bucket (10 ops/s) but 15 in the last (so the ops/s scale tops at 20), no latency samples,
+    the uploader moving 40 MiB/s in unpaced only (its own scale tops at 50)."""
+    windows = [{"cycle": 0, "condition": c, "start": 100.0 + 4 * i, "end": 104.0 + 4 * i}
+               for i, c in enumerate(probe.CONDITIONS)]
+    buckets = [{"t": float(i), "condition": None, "ops": 15 if i == 15 else 10, "errors": 0,
+                "stat_p50_ms": None, "put_p50_ms": None, "max_ms": None,
+                "upload_bytes": 0.0, "upload_mib_per_s": 40.0 if 8 <= i < 12 else 0.0}
+               for i in range(16)]
+    return [{"label": "candidate", "windows": windows,
+             "timeline": [{"cycle": 0, "t0": 100.0, "buckets": buckets}]}]
+
+
+class PngWriterTest(unittest.TestCase):
+    def test_encoded_png_parses_back_to_the_same_pixels(self):
+        w, h = 5, 3
+        rgb = b"".join(bytes((x * 40, y * 80, 7)) for y in range(h) for x in range(w))
+        data = probe.png_encode(w, h, rgb)
+        pw, ph, depth, colour, rows = parse_png(data)
+        self.assertEqual((pw, ph, depth, colour), (5, 3, 8, 2))
+        self.assertEqual(rows[2][4], (160, 160, 7))
+        self.assertEqual(probe.png_check(data), (5, 3))
+
+    def test_png_check_rejects_a_bad_crc_a_bad_signature_and_a_short_idat(self):
+        good = probe.png_encode(2, 2, bytes(12))
+        bad_crc = bytearray(good)
+        bad_crc[-5] ^= 0xFF  # inside IEND's CRC
+        with self.assertRaisesRegex(ValueError, "CRC"):
+            probe.png_check(bytes(bad_crc))
+        with self.assertRaisesRegex(ValueError, "signature"):
+            probe.png_check(b"GIF89a" + good[6:])
+        # An IHDR claiming one more row than the IDAT holds (CRC recomputed, so only the
+        # size check can catch it).
+        ihdr = struct.pack(">IIBBBBB", 2, 3, 8, 2, 0, 0, 0)
+        chunk = struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(
+            ">I", zlib.crc32(b"IHDR" + ihdr) & 0xFFFFFFFF)
+        with self.assertRaisesRegex(ValueError, "inflates"):
+            probe.png_check(good[:8] + chunk + good[8 + 25:])
+
+    def test_png_encode_refuses_a_buffer_of_the_wrong_size(self):
+        with self.assertRaises(ValueError):
+            probe.png_encode(2, 2, bytes(11))
+
+
+class TimelinePictureTest(unittest.TestCase):
+    def setUp(self):
+        self.raster, self.plots = probe.render_timeline(known_timeline())
+        self.plot = self.plots[0]
+
+    def test_the_timeline_png_is_a_valid_png_of_one_panel_per_target_and_cycle(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "timeline.png"
+            probe.write_png(path, known_timeline() * 2)
+            w, h, depth, colour, _ = parse_png(path.read_bytes())
+            self.assertEqual((w, h, depth, colour),
+                             (probe.PNG_WIDTH, 2 * probe.PANEL_HEIGHT, 8, 2))
+            import contextlib
+            import io
+
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(probe.check_png_file(str(path)), 0)
+            path.write_bytes(b"not a png")
+            with contextlib.redirect_stderr(io.StringIO()):
+                self.assertEqual(probe.check_png_file(str(path)), probe.EXIT_ERROR)
+
+    def test_the_ops_per_second_line_is_drawn_in_the_series_colour_at_its_value(self):
+        self.assertEqual((self.plot.ops_max, self.plot.upload_max), (20, 50))
+        y = self.plot.y_ops(10)
+        for t in (2.5, 6.0, 14.5):  # mid-bucket and between two bucket midpoints
+            self.assertEqual(self.raster.get(self.plot.x(t), y), probe.OPS_COLOUR, t)
+
+    def test_condition_windows_are_shaded_and_upload_bars_sit_in_their_buckets(self):
+        high = self.plot.y_upload(45)  # above the bars and the ops line
+        for t, cond in ((2.5, "idle"), (6.5, "paced"), (10.5, "unpaced"),
+                        (14.5, "idle-again")):  # mid-bucket: on a bar if one were too tall
+            self.assertEqual(self.raster.get(self.plot.x(t), high),
+                             probe.CONDITION_COLOURS[cond], cond)
+        low = self.plot.y_upload(20)  # inside a 40 MiB/s bar, away from the 10 ops/s line
+        self.assertEqual(self.raster.get(self.plot.x(9.5), low), probe.UPLOAD_COLOUR)
+        self.assertEqual(self.raster.get(self.plot.x(5.5), low),
+                         probe.CONDITION_COLOURS["paced"])
+
+    def test_a_bucket_without_latency_samples_draws_no_latency_line(self):
+        # Inside the plot area (the legend above it shows every series' colour).
+        top = self.plot.top
+        colours = {self.raster.get(x, y)
+                   for y in range(top + probe.PLOT_TOP, top + probe.PLOT_BOTTOM)
+                   for x in range(probe.PLOT_LEFT, probe.PLOT_RIGHT)}
+        self.assertNotIn(probe.STAT_COLOUR, colours)
+        self.assertNotIn(probe.PUT_COLOUR, colours)
+
+    def test_no_timeline_still_writes_a_valid_png(self):
+        raster, plots = probe.render_timeline([])
+        self.assertEqual(plots, [])
+        self.assertEqual(probe.png_check(raster.png()), (probe.PNG_WIDTH, probe.PANEL_HEIGHT))
+
+    def test_the_probe_needs_no_plotting_package(self):
+        source = Path(probe.__file__).read_text()
+        self.assertNotIn("import matplotlib", source)
 
 
 if __name__ == "__main__":
