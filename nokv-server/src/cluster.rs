@@ -23,7 +23,6 @@
 //!
 //! Nothing here is on the per-request path: requests read the node's slots and routes only.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,7 +34,7 @@ use crate::control::etcd::{
 };
 use crate::control::{ControlError, Epoch, Ownership};
 use crate::error::{Error, Result};
-use crate::meta::MetaStore;
+use crate::meta::{MetaStore, Tables};
 use crate::node::Node;
 use crate::route::{Route, Routes};
 use crate::shard::Shard;
@@ -198,38 +197,63 @@ impl Cluster {
         } else {
             self.pinned.lock().remove(&shard);
         }
-        let path = self.node.shard_path(shard);
-        let meta = match &source {
-            Source::New => open_or_create(&path)?,
+        let committer = self.node.committer().clone();
+        let ns = Tables::shard(shard);
+        match &source {
+            Source::New => {
+                if committer.holds(ns)? {
+                    let stored = committer.read(ns, |r| Ok(r.epoch()?))?;
+                    if stored != 0 {
+                        return Err(Error::FailedPrecondition(format!(
+                            "the node file holds shard {shard} at epoch {stored} of an earlier \
+                             ownership, but the cluster has no record of this shard: this data \
+                             dir belongs to another cluster; move it away"
+                        )));
+                    }
+                }
+                committer.exclusive(move |m| Ok(m.prepare(ns)?)).await?;
+            }
             Source::Checkpoint(c) => {
-                checkpoint::restore(&self.node.provider, &to_checkpoint(c), &path).await?;
-                let meta = MetaStore::open(&path)?;
-                let stored = stored_epoch(&meta)?;
-                if stored != c.epoch {
-                    return Err(Error::DataCorrupted(format!(
+                let scratch = self.node.scratch_path(shard);
+                checkpoint::restore(&self.node.provider, &to_checkpoint(c), &scratch).await?;
+                let stored = MetaStore::open(&scratch)
+                    .and_then(|m| m.read(|r| r.epoch()))
+                    .map_err(Error::from);
+                let imported = match stored {
+                    Ok(stored) if stored != c.epoch => Err(Error::DataCorrupted(format!(
                         "checkpoint {} of shard {shard} holds epoch {stored}, its record says {}; refusing it",
                         c.key, c.epoch
-                    )));
-                }
-                meta
+                    ))),
+                    Ok(_) => {
+                        let from = scratch.clone();
+                        committer.exclusive(move |m| Ok(m.import(ns, &from)?)).await
+                    }
+                    Err(e) => Err(e),
+                };
+                let _ = std::fs::remove_file(&scratch);
+                imported?;
             }
             Source::Local {
                 epoch: expected,
                 exact,
             } => {
-                let meta = MetaStore::open(&path)?;
-                let stored = stored_epoch(&meta)?;
+                if !committer.holds(ns)? {
+                    return Err(Error::FailedPrecondition(format!(
+                        "shard {shard} was last served here at epoch {expected}, but the node \
+                         file holds no tables for it: this is not the data dir it was served from"
+                    )));
+                }
+                let stored = committer.read(ns, |r| Ok(r.epoch()?))?;
                 if stored > *expected || (*exact && stored != *expected) {
                     return Err(Error::FailedPrecondition(format!(
-                        "the local file of shard {shard} holds epoch {stored} but the shard was \
+                        "the local data of shard {shard} holds epoch {stored} but the shard was \
                          last served at epoch {expected}: it is not this shard's latest data"
                     )));
                 }
-                meta
             }
         };
         let fence = Fence::new(shard, Ownership::Etcd(control.clone()));
-        let opened = self.node.open_shard(shard, meta, fence);
+        let opened = self.node.open_shard(shard, fence);
         opened.adopt_epoch().await?;
         self.node.install(shard, opened);
         tracing::info!(
@@ -312,7 +336,7 @@ impl Cluster {
         shard: u32,
         epoch: Epoch,
     ) -> Result<CheckpointRef> {
-        let scratch = self.node.shard_path(shard).with_extension("ckpt");
+        let scratch = self.node.scratch_path(shard);
         let c = checkpoint::take(held, &self.node.provider, epoch, &scratch).await?;
         Ok(CheckpointRef {
             key: c.key,
@@ -481,26 +505,6 @@ async fn wait_for_requests(shard: &Arc<Shard>) {
     while Arc::strong_count(shard) > 2 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-}
-
-fn open_or_create(path: &Path) -> Result<MetaStore> {
-    if path.exists() {
-        let meta = MetaStore::open(path)?;
-        let stored = stored_epoch(&meta)?;
-        if stored != 0 {
-            return Err(Error::FailedPrecondition(format!(
-                "{} holds epoch {stored} of an earlier ownership, but the cluster has no record \
-                 of this shard: it belongs to another cluster; move it away",
-                path.display()
-            )));
-        }
-        return Ok(meta);
-    }
-    Ok(MetaStore::create(path)?)
-}
-
-fn stored_epoch(meta: &MetaStore) -> Result<Epoch> {
-    meta.read(|r| Ok::<_, Error>(r.epoch()?))
 }
 
 fn to_checkpoint(c: &CheckpointRef) -> Checkpoint {

@@ -1,7 +1,9 @@
 //! A node: the shards it owns and how requests find them.
 //!
 //! In the embedded default the node owns every shard locally. Shard ids are stable, so a
-//! shard's redb file (`DATA_DIR/shards/NNNN.redb`) always holds the same workspaces.
+//! shard's tables in the node file (`DATA_DIR/shards/node.redb`, one namespace per shard, see
+//! [`crate::meta::Tables`]) always hold the same workspaces. One committer writes that file
+//! for every shard the node holds (see [`crate::shard::gate`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, Weak};
@@ -15,11 +17,12 @@ use crate::control::etcd::{ClusterView, NodeRecord, OwnerKey, ShardRecord, Shard
 use crate::error::{Error, Result};
 use crate::events::EventLog;
 use crate::memory::BlockMemory;
-use crate::meta::MetaStore;
+use crate::meta::{MetaStore, Tables};
 use crate::object::ObjectProvider;
 use crate::placement::shard_of;
 use crate::route::{LocalRoutes, Route, Routes};
 use crate::shard::fence::Fence;
+use crate::shard::gate::{Committer, Gate};
 use crate::shard::{Shard, ShardConfig};
 use crate::token::Signer;
 
@@ -38,6 +41,8 @@ pub struct Node {
     dir: PathBuf,
     cfg: ShardConfig,
     bulk: Arc<Bulk>,
+    /// The single writer of the node file, shared by every shard the node holds.
+    committer: Arc<Committer>,
     /// The cluster runtime, in cluster mode (weak: the runtime holds the node).
     cluster: OnceLock<Weak<Cluster>>,
     /// The node's audit events (`DATA_DIR/events.jsonl`, see [`crate::events`]).
@@ -73,19 +78,14 @@ pub struct NodeParts {
 }
 
 impl Node {
-    /// The embedded default: opens (or creates) every shard file and serves them all.
+    /// The embedded default: opens (or creates) the node file with every shard's tables and
+    /// serves them all.
     pub fn open(data_dir: &Path, parts: NodeParts) -> Result<Node> {
-        let node = Self::empty(data_dir, parts)?;
-        let stores = open_shard_files(&node.dir, node.shard_count())?;
-        for (meta, id) in stores.into_iter().zip(0..) {
-            let shard = Shard::open(
-                id,
-                meta,
-                node.provider.clone(),
-                node.bulk.clone(),
-                node.signer.clone(),
-                node.cfg.clone(),
-            );
+        let dir = data_dir.join("shards");
+        let store = open_node_file(&dir, parts.shard_count, true)?;
+        let node = Self::empty(data_dir, parts, store)?;
+        for id in 0..node.shard_count() {
+            let shard = node.open_shard(id, Fence::local(id));
             node.install(id, shard);
         }
         Ok(node)
@@ -94,14 +94,12 @@ impl Node {
     /// Cluster mode: a node that holds no shard yet; the cluster runtime loads the shards it
     /// takes ([`Node::install`]). The data dir's shard count is checked (or recorded) now.
     pub fn open_cluster(data_dir: &Path, parts: NodeParts) -> Result<Node> {
-        let node = Self::empty(data_dir, parts)?;
-        std::fs::create_dir_all(&node.dir)
-            .map_err(|e| Error::Internal(format!("{}: {e}", node.dir.display())))?;
-        check_shard_count(&node.dir, node.shard_count())?;
-        Ok(node)
+        let dir = data_dir.join("shards");
+        let store = open_node_file(&dir, parts.shard_count, false)?;
+        Self::empty(data_dir, parts, store)
     }
 
-    fn empty(data_dir: &Path, parts: NodeParts) -> Result<Node> {
+    fn empty(data_dir: &Path, parts: NodeParts, store: MetaStore) -> Result<Node> {
         let (parallel, cap) = parts.bulk;
         let bulk = Arc::new(
             Bulk::new(parallel, cap).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
@@ -119,6 +117,7 @@ impl Node {
             dir: data_dir.join("shards"),
             cfg: parts.cfg,
             bulk,
+            committer: Committer::start(store, "nokv-committer".into()),
             cluster: OnceLock::new(),
             events: EventLog::open(data_dir).map_err(|e| {
                 Error::Internal(format!(
@@ -237,21 +236,26 @@ impl Node {
             .collect()
     }
 
-    /// The local file of shard `id`.
-    pub fn shard_path(&self, id: u32) -> PathBuf {
-        shard_file(&self.dir, id)
+    /// A scratch file for shard `id`'s checkpoint on its way in or out.
+    pub fn scratch_path(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("{id:04}.ckpt"))
     }
 
-    /// Opens a shard (cluster mode) whose store is at [`Node::shard_path`], fenced by `fence`.
-    pub fn open_shard(&self, id: u32, meta: MetaStore, fence: Fence) -> Arc<Shard> {
-        Shard::open_fenced(
+    /// The single writer of the node file (cluster loads run their imports on it).
+    pub fn committer(&self) -> &Arc<Committer> {
+        &self.committer
+    }
+
+    /// Opens shard `id` from its namespace of the node file, fenced by `fence` (its tables
+    /// must have been prepared or imported).
+    pub fn open_shard(&self, id: u32, fence: Fence) -> Arc<Shard> {
+        Shard::on(
             id,
-            meta,
+            Gate::on(self.committer.clone(), Tables::shard(id), fence),
             self.provider.clone(),
             self.bulk.clone(),
             self.signer.clone(),
             self.cfg.clone(),
-            fence,
         )
     }
 
@@ -305,34 +309,108 @@ impl Node {
     }
 }
 
-fn shard_file(dir: &Path, id: u32) -> PathBuf {
+/// The node file: every shard's tables, each in its namespace.
+const NODE_FILE: &str = "node.redb";
+
+/// A per-shard file of a data dir from before the node file.
+fn legacy_shard_file(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("{id:04}.redb"))
 }
 
-/// Opens every shard file of the data dir, or creates them on its first start.
+/// Opens the data dir's node file, or creates it on the dir's first start (with every
+/// shard's tables when `embedded`: that node serves them all).
 ///
-/// Invariant: `shards/COUNT` is written only after every shard file was created, so it
-/// records that the directory is complete and which files it must hold (`0000.redb` up to
-/// COUNT − 1). With COUNT present a missing or empty shard file is refused by name — serving
-/// it empty would silently lose its workspaces and orphan their blocks. Without COUNT the
-/// directory is new (or its first start was interrupted) and the files are created.
-fn open_shard_files(dir: &Path, shard_count: u32) -> Result<Vec<MetaStore>> {
-    let open = |id| -> Result<MetaStore> { Ok(MetaStore::open(&shard_file(dir, id))?) };
-    match recorded_shard_count(dir)? {
+/// Invariant: `shards/COUNT` is written only after the node file was created (and, embedded,
+/// every shard's tables made), so it records that the directory is complete. With COUNT
+/// present a missing, empty or damaged node file is refused by name — serving it empty would
+/// silently lose every workspace and orphan their blocks — and so is an embedded node file
+/// lacking a shard's tables. Without COUNT the directory is new (or its first start was
+/// interrupted) and the file is created.
+///
+/// A data dir from before the node file (per-shard `NNNN.redb` files) is moved into it once
+/// ([`migrate_legacy`]).
+fn open_node_file(dir: &Path, shard_count: u32, embedded: bool) -> Result<MetaStore> {
+    let path = dir.join(NODE_FILE);
+    let store = match recorded_shard_count(dir)? {
         Some(_) => {
             check_shard_count(dir, shard_count)?;
-            (0..shard_count).map(open).collect()
+            migrate_legacy(dir, shard_count)?;
+            let store = MetaStore::open_node(&path)?;
+            if embedded {
+                for id in 0..shard_count {
+                    if !store.holds(Tables::shard(id))? {
+                        return Err(Error::Internal(format!(
+                            "{}: the tables of shard {id} are missing: this data dir was \
+                             created with them and nokv never recreates a shard (its entries \
+                             would be lost silently); restore the file from a backup",
+                            path.display()
+                        )));
+                    }
+                }
+            }
+            store
         }
         None => {
             std::fs::create_dir_all(dir)
                 .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
-            let stores = (0..shard_count)
-                .map(|id| Ok(MetaStore::create(&shard_file(dir, id))?))
-                .collect::<Result<Vec<_>>>()?;
+            let store = MetaStore::create_node(&path)?;
+            if embedded {
+                for id in 0..shard_count {
+                    store.prepare(Tables::shard(id))?;
+                }
+            }
             record_shard_count(dir, shard_count)?;
-            Ok(stores)
+            store
+        }
+    };
+    // Existing namespaces are brought to the current layout before any session runs.
+    for id in 0..shard_count {
+        if store.holds(Tables::shard(id))? {
+            store.prepare(Tables::shard(id))?;
         }
     }
+    Ok(store)
+}
+
+/// Moves the per-shard files of a data dir from before the node file into a new node file:
+/// all of them are imported into `node.redb.new`, which is then renamed into place, so a
+/// crash leaves either the old files or the complete node file; the old files are removed
+/// only once the node file is in place. Does nothing when there are no old files.
+fn migrate_legacy(dir: &Path, shard_count: u32) -> Result<()> {
+    let legacy: Vec<u32> = (0..shard_count)
+        .filter(|id| legacy_shard_file(dir, *id).exists())
+        .collect();
+    if legacy.is_empty() {
+        return Ok(());
+    }
+    let path = dir.join(NODE_FILE);
+    let io = |p: &Path, e: std::io::Error| Error::Internal(format!("{}: {e}", p.display()));
+    if !path.exists() {
+        let fresh = dir.join("node.redb.new");
+        match std::fs::remove_file(&fresh) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&fresh, e)),
+            _ => {}
+        }
+        let store = MetaStore::create_node(&fresh)?;
+        for id in &legacy {
+            store.import(Tables::shard(*id), &legacy_shard_file(dir, *id))?;
+        }
+        drop(store);
+        std::fs::rename(&fresh, &path).map_err(|e| io(&path, e))?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io(dir, e))?;
+        tracing::info!(
+            shards = legacy.len(),
+            file = %path.display(),
+            "moved the per-shard files into the node file"
+        );
+    }
+    for id in legacy {
+        let old = legacy_shard_file(dir, id);
+        std::fs::remove_file(&old).map_err(|e| io(&old, e))?;
+    }
+    Ok(())
 }
 
 /// The shard count is fixed when a data directory is created: placement hashes workspaces
@@ -353,7 +431,7 @@ fn recorded_shard_count(dir: &Path) -> Result<Option<u32>> {
     match std::fs::read_to_string(&path) {
         Ok(text) => text.trim().parse::<u32>().map(Some).map_err(|_| {
             Error::Internal(format!(
-                "{} is not a number (it records how many shard files this data dir holds)",
+                "{} is not a number (it records how many shards this data dir holds)",
                 path.display()
             ))
         }),
@@ -377,6 +455,97 @@ fn record_shard_count(dir: &Path, shard_count: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Catches: a migration that loses a shard's rows or puts them in another namespace, that
+    // keeps the old files (two truths), or that trusts a half-written `node.redb.new`.
+    #[test]
+    fn per_shard_files_from_before_the_node_file_move_into_it_once_and_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for id in 0..4 {
+            let old = MetaStore::create(&legacy_shard_file(d, id)).unwrap();
+            old.write(|w| w.put_inline("ws", &format!("f{id}"), format!("body {id}").as_bytes()))
+                .unwrap();
+        }
+        record_shard_count(d, 4).unwrap();
+        // A migration that crashed before its rename left a partial file behind.
+        std::fs::write(d.join("node.redb.new"), b"partial").unwrap();
+
+        let store = open_node_file(d, 4, true).unwrap();
+        for id in 0..4 {
+            let ns = Tables::shard(id);
+            let mine = store
+                .read_in(ns, |r| r.inline("ws", &format!("f{id}")))
+                .unwrap();
+            assert_eq!(mine, Some(format!("body {id}").into_bytes()), "shard {id}");
+            let other = store
+                .read_in(ns, |r| r.inline("ws", &format!("f{}", (id + 1) % 4)))
+                .unwrap();
+            assert_eq!(other, None, "shard {id} holds only its own rows");
+            assert!(!legacy_shard_file(d, id).exists(), "old file {id} removed");
+        }
+        assert!(!d.join("node.redb.new").exists());
+        drop(store);
+        // A second start opens the node file as it is.
+        let again = open_node_file(d, 4, true).unwrap();
+        let body = again
+            .read_in(Tables::shard(2), |r| r.inline("ws", "f2"))
+            .unwrap();
+        assert_eq!(body, Some(b"body 2".to_vec()));
+    }
+
+    // Catches: a node whose shards each get a committer (and a file) of their own, so that
+    // writes to different shards cannot share a batch or an fsync.
+    #[tokio::test]
+    async fn every_shard_of_a_node_writes_through_the_one_node_committer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem: Arc<dyn object_store::ObjectStore> =
+            Arc::new(object_store::memory::InMemory::new());
+        let node = Node::open(
+            dir.path(),
+            NodeParts {
+                shard_count: 4,
+                cfg: ShardConfig::default(),
+                bulk: (1, None),
+                memory: BlockMemory::new(1 << 24, std::time::Duration::from_secs(1)),
+                provider: ObjectProvider::from_stores("memory", "t".into(), mem.clone(), mem),
+                signer: crate::token::Signer::new(b"k"),
+                name: "n".into(),
+            },
+        )
+        .unwrap();
+        let before = node.committer().stats().acknowledged;
+        for id in 0..4 {
+            node.shard(id)
+                .unwrap()
+                .write(nokv_proto::v1::WriteRequest {
+                    workspace: format!("ws{id}"),
+                    path: "f".into(),
+                    data: b"x".to_vec().into(),
+                    request_id: format!("r{id}"),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        assert_eq!(node.committer().stats().acknowledged - before, 4);
+        let files: Vec<_> = std::fs::read_dir(dir.path().join("shards"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".redb"))
+            .collect();
+        assert_eq!(files, ["node.redb"], "one metadata file for the node");
+    }
+
+    // Catches: an embedded start that serves a shard whose tables are gone as an empty shard.
+    #[test]
+    fn an_embedded_node_file_missing_a_shards_tables_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        drop(open_node_file(d, 4, false).unwrap());
+        let err = open_node_file(d, 4, true).err().expect("refused");
+        assert!(err.to_string().contains("shard 0 are missing"), "{err}");
+    }
 
     #[test]
     fn a_data_dir_refuses_a_different_shard_count() {

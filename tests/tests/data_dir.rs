@@ -15,8 +15,9 @@ fn stopped_data_dir_with(target: &str, body: &[u8]) -> tempfile::TempDir {
     dir
 }
 
-fn shard_file(dir: &Path, id: u32) -> PathBuf {
-    dir.join("shards").join(format!("{id:04}.redb"))
+/// The node file: every shard's tables.
+fn node_file(dir: &Path) -> PathBuf {
+    dir.join("shards").join("node.redb")
 }
 
 /// Asserts a refused start: non-zero exit, never listening, no panic, and a stderr line that
@@ -45,30 +46,25 @@ fn assert_refused_naming(dir: &Path, file: &Path) {
 }
 
 #[test]
-fn start_up_refuses_a_missing_or_empty_shard_file_by_name_and_never_recreates_it() {
+fn start_up_refuses_a_missing_or_empty_node_file_by_name_and_never_recreates_it() {
     let dir = stopped_data_dir_with("w1:kept.txt", b"must not be lost");
     let d = dir.path();
-    let backup = tempfile::tempdir().unwrap();
-    for id in [0, 3] {
-        std::fs::copy(shard_file(d, id), backup.path().join(id.to_string())).unwrap();
-    }
+    let file = node_file(d);
+    let backup = tempfile::tempdir().unwrap().keep().join("node.redb");
+    std::fs::copy(&file, &backup).unwrap();
 
     // Emptied file: refused, and left empty (not reinitialised).
-    std::fs::write(shard_file(d, 0), b"").unwrap();
-    assert_refused_naming(d, &shard_file(d, 0));
-    assert_eq!(std::fs::metadata(shard_file(d, 0)).unwrap().len(), 0);
+    std::fs::write(&file, b"").unwrap();
+    assert_refused_naming(d, &file);
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 0);
 
     // Removed file: refused, and not created.
-    std::fs::copy(backup.path().join("0"), shard_file(d, 0)).unwrap();
-    std::fs::remove_file(shard_file(d, 3)).unwrap();
-    assert_refused_naming(d, &shard_file(d, 3));
-    assert!(
-        !shard_file(d, 3).exists(),
-        "a missing shard file is never recreated"
-    );
+    std::fs::remove_file(&file).unwrap();
+    assert_refused_naming(d, &file);
+    assert!(!file.exists(), "a missing node file is never recreated");
 
     // Restored from the backup, the directory serves its data again.
-    std::fs::copy(backup.path().join("3"), shard_file(d, 3)).unwrap();
+    std::fs::copy(&backup, &file).unwrap();
     let daemon = Daemon::start_in(d, &[]);
     let out = daemon.cli(&["get", "w1:kept.txt"]);
     assert_eq!(out.assert_ok().stdout, b"must not be lost");
@@ -78,10 +74,10 @@ fn start_up_refuses_a_missing_or_empty_shard_file_by_name_and_never_recreates_it
 type Damage = Box<dyn Fn(&mut Vec<u8>)>;
 
 #[test]
-fn a_corrupt_shard_file_stops_start_up_with_one_line_naming_it_and_no_panic() {
+fn a_corrupt_node_file_stops_start_up_with_one_line_naming_it_and_no_panic() {
     let dir = stopped_data_dir_with("w1:a", b"x");
     let d = dir.path();
-    let file = shard_file(d, 0);
+    let file = node_file(d);
     let pristine = std::fs::read(&file).unwrap();
     let damages: [(&str, Damage); 3] = [
         // Inside the file (the head of every b-tree page after the header, so start-up
@@ -133,7 +129,7 @@ fn a_small_file_whose_stored_body_was_damaged_reads_as_data_corrupted_not_wrong_
             flipped += hits.len();
         }
     }
-    assert!(flipped > 0, "the body is stored inline in a shard file");
+    assert!(flipped > 0, "the body is stored inline in the node file");
 
     let daemon = Daemon::start_in(d, &[]);
     daemon.cli(&["stat", "w1:doc.txt"]).assert_ok();

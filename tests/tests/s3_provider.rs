@@ -9,7 +9,7 @@ use bytes::Bytes;
 use nokv_client::Client;
 use nokv_client::publish::PublishOptions;
 use nokv_client::sdk::LostResponses;
-use nokv_server::meta::MetaStore;
+use nokv_server::meta::{MetaStore, Tables};
 use nokv_server::object::{ObjectProvider, ProviderConfig, PutOutcome};
 use nokv_server::shard::accounting::{KeyClass, Ledger};
 use nokv_tests::{Daemon, Moto, pseudo_random_bytes};
@@ -67,22 +67,23 @@ async fn health_totals(client: &Client) -> (u64, u64) {
 }
 
 /// Classifies every key of `bucket` under [`PREFIX`] with the server's own accounting
-/// ([`Ledger`], the classification `nokv admin audit` uses) read from the shard files of the
+/// ([`Ledger`], the classification `nokv admin audit` uses) read from the node file of the
 /// stopped daemon's `data_dir` (keys are `PREFIX/sSHARD/u/UPLOAD/INDEX-ATTEMPT`); panics
 /// naming any key none of them accounts for, which would be a leak nothing will ever delete.
 fn account_bucket(moto: &Moto, bucket: &str, data_dir: &Path) -> Vec<(String, KeyClass)> {
     let mut out = Vec::new();
+    let file = data_dir.join("shards").join("node.redb");
+    let store = MetaStore::open_node(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     for key in moto.list_keys(bucket, PREFIX) {
         let parts: Vec<&str> = key.split('/').collect();
         let shard = match parts.as_slice() {
             [_, s, "u", _, _] => s.trim_start_matches('s'),
             _ => panic!("key outside the block layout: {key}"),
         };
-        let file = data_dir.join("shards").join(format!("{shard}.redb"));
-        let store = MetaStore::open(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let shard: u32 = shard.parse().expect("shard number");
         let ledger = store
-            .read(Ledger::read)
-            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+            .read_in(Tables::shard(shard), Ledger::read)
+            .unwrap_or_else(|e| panic!("read shard {shard} of {}: {e}", file.display()));
         match ledger.classify(&key) {
             KeyClass::Unaccounted | KeyClass::CollectableButReferenced => {
                 panic!(

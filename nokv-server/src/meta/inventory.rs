@@ -2,26 +2,20 @@
 //! [`crate::shard::inventory`] for what they mean). Observations are indexed by when they were
 //! last seen so that stale ones are pruned in bounded pages without reading the rest.
 
-use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{ReadableTable, ReadableTableMetadata};
 
-use super::{Bytes, MetaResult, ReadView, WriteView, decode, optional};
 use super::{InventoryRecord, QuarantineRecord};
+use super::{MetaResult, ReadView, WriteView, decode, optional};
 use prost::Message;
 
-/// "scan" -> InventoryRecord.
-const INVENTORY: TableDefinition<&str, Bytes> = TableDefinition::new("inventory");
 const SCAN_KEY: &str = "scan";
-/// object key -> QuarantineRecord.
-const QUARANTINE: TableDefinition<&str, Bytes> = TableDefinition::new("quarantine");
-/// (last seen ms, object key) -> (): the pruning order of QUARANTINE.
-const QUARANTINE_SEEN: TableDefinition<(i64, &str), ()> = TableDefinition::new("quarantine_seen");
 
 macro_rules! inventory_reads {
     ($view:ty) => {
         impl $view {
             /// The shard's scan record (a default, never-scanned one if absent).
             pub fn inventory(&self) -> MetaResult<InventoryRecord> {
-                let Some(t) = optional(self.txn.open_table(INVENTORY))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.inventory))? else {
                     return Ok(InventoryRecord::default());
                 };
                 Ok(t.get(SCAN_KEY)?
@@ -31,7 +25,7 @@ macro_rules! inventory_reads {
             }
 
             pub fn observation(&self, key: &str) -> MetaResult<Option<QuarantineRecord>> {
-                let Some(t) = optional(self.txn.open_table(QUARANTINE))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.quarantine))? else {
                     return Ok(None);
                 };
                 t.get(key)?.map(|v| decode(v.value())).transpose()
@@ -39,7 +33,7 @@ macro_rules! inventory_reads {
 
             /// How many observations the shard holds (a table length: constant cost).
             pub fn quarantined(&self) -> MetaResult<u64> {
-                match optional(self.txn.open_table(QUARANTINE))? {
+                match optional(self.txn.open_table(self.t.quarantine))? {
                     Some(t) => Ok(t.len()?),
                     None => Ok(0),
                 }
@@ -52,7 +46,7 @@ macro_rules! inventory_reads {
                 limit: usize,
             ) -> MetaResult<Vec<(String, QuarantineRecord)>> {
                 let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(QUARANTINE))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.quarantine))? else {
                     return Ok(out);
                 };
                 let range = match after {
@@ -76,7 +70,7 @@ inventory_reads!(WriteView);
 
 impl WriteView {
     pub fn put_inventory(&mut self, rec: &InventoryRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(INVENTORY)?;
+        let mut t = self.txn.open_table(self.t.inventory)?;
         t.insert(SCAN_KEY, rec.encode_to_vec().as_slice())?;
         Ok(())
     }
@@ -88,7 +82,7 @@ impl WriteView {
         let first_seen_ms = old.as_ref().map_or(now_ms, |o| o.first_seen_ms);
         if let Some(old) = &old {
             self.txn
-                .open_table(QUARANTINE_SEEN)?
+                .open_table(self.t.quarantine_seen)?
                 .remove((old.last_seen_ms, key))?;
         }
         let rec = QuarantineRecord {
@@ -98,10 +92,10 @@ impl WriteView {
             seen_scan: scan,
         };
         self.txn
-            .open_table(QUARANTINE)?
+            .open_table(self.t.quarantine)?
             .insert(key, rec.encode_to_vec().as_slice())?;
         self.txn
-            .open_table(QUARANTINE_SEEN)?
+            .open_table(self.t.quarantine_seen)?
             .insert((now_ms, key), ())?;
         Ok(())
     }
@@ -112,9 +106,9 @@ impl WriteView {
             return Ok(false);
         };
         self.txn
-            .open_table(QUARANTINE_SEEN)?
+            .open_table(self.t.quarantine_seen)?
             .remove((old.last_seen_ms, key))?;
-        self.txn.open_table(QUARANTINE)?.remove(key)?;
+        self.txn.open_table(self.t.quarantine)?.remove(key)?;
         Ok(true)
     }
 
@@ -123,15 +117,15 @@ impl WriteView {
     pub fn prune_observations(&mut self, cutoff_ms: i64, limit: usize) -> MetaResult<usize> {
         let mut victims = Vec::new();
         {
-            let seen = self.txn.open_table(QUARANTINE_SEEN)?;
+            let seen = self.txn.open_table(self.t.quarantine_seen)?;
             for item in seen.range((i64::MIN, "")..(cutoff_ms, ""))?.take(limit) {
                 let (k, _) = item?;
                 let (ms, key) = k.value();
                 victims.push((ms, key.to_string()));
             }
         }
-        let mut seen = self.txn.open_table(QUARANTINE_SEEN)?;
-        let mut quarantine = self.txn.open_table(QUARANTINE)?;
+        let mut seen = self.txn.open_table(self.t.quarantine_seen)?;
+        let mut quarantine = self.txn.open_table(self.t.quarantine)?;
         for (ms, key) in &victims {
             seen.remove((*ms, key.as_str()))?;
             quarantine.remove(key.as_str())?;

@@ -1,5 +1,6 @@
-//! The shard's durable metadata store: one redb file per shard, the only durable truth of the
-//! shard. This is the only module that touches redb.
+//! The durable metadata store: the only durable truth of a shard. A node keeps all its shards
+//! in one redb file, each in its own namespace of tables ([`Tables`]); a standalone file
+//! holds one shard (a checkpoint, a test's store). This is the only module that touches redb.
 //!
 //! Callers get a [`ReadView`] (an MVCC snapshot) or a [`WriteView`] (the single writer) and
 //! speak in typed records; a write view commits with `Durability::Immediate` (fsync) when
@@ -13,16 +14,18 @@ mod inventory;
 mod open;
 pub mod records;
 mod snapshot;
+mod tables;
 mod usage;
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use prost::Message;
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 pub use fault::StoreFaults;
 pub use records::*;
+pub use tables::{Namespace, Tables};
 pub use usage::{UsageDelta, UsageRecount, UsageTotals};
 
 /// Errors of the metadata layer. They are never the caller's fault, so they surface as
@@ -39,21 +42,21 @@ pub enum MetaError {
     #[error("metadata store failed ({0}); the shard is reopening it, retry")]
     Failed(String),
     #[error(
-        "shard file {0} is missing: this data dir was created with it and nokv never recreates a shard file (its entries would be lost silently); restore it from a backup"
+        "metadata file {0} is missing: this data dir was created with it and nokv never recreates it (its entries would be lost silently); restore it from a backup"
     )]
     Missing(PathBuf),
     #[error(
-        "shard file {0} is empty: its entries are gone; restore it from a backup (nokv never reinitialises an existing shard file)"
+        "metadata file {0} is empty: its entries are gone; restore it from a backup (nokv never reinitialises an existing metadata file)"
     )]
     Empty(PathBuf),
-    #[error("shard file {path} cannot be opened ({detail}); restore it from a backup")]
+    #[error("metadata file {path} cannot be opened ({detail}); restore it from a backup")]
     Damaged { path: PathBuf, detail: String },
     /// An attempt to record an ownership epoch below the stored one.
     #[error("shard is owned at epoch {current}; refusing to record the older epoch {epoch}")]
     EpochRegression { current: u64, epoch: u64 },
-    /// Copying the shard file for a checkpoint failed (see [`MetaStore::copy_to`]); the store
+    /// Copying a shard out for a checkpoint failed (see [`MetaStore::export`]); the store
     /// itself is unaffected.
-    #[error("copying the shard file to {dest}: {detail}")]
+    #[error("copying the shard to {dest}: {detail}")]
     Copy { dest: PathBuf, detail: String },
 }
 
@@ -96,67 +99,10 @@ pub enum Commit {
 }
 type Bytes = &'static [u8];
 
-/// (workspace, path) -> EntryRecord
-const ENTRIES: TableDefinition<(&str, &str), Bytes> = TableDefinition::new("entries");
-/// (workspace, path) -> inline body of a small file
-const INLINE: TableDefinition<(&str, &str), Bytes> = TableDefinition::new("inline");
-/// (workspace, path) -> last generation ever issued; kept after delete so generations are
-/// never reused.
-const GENERATIONS: TableDefinition<(&str, &str), u64> = TableDefinition::new("generations");
-/// (workspace, request id) -> ReplayRecord
-const REQUESTS: TableDefinition<(&str, &str), Bytes> = TableDefinition::new("requests");
-/// (created ms, workspace, request id) -> () : the pruning order of REQUESTS.
-const REQUEST_AGE: TableDefinition<(u64, &str, &str), ()> = TableDefinition::new("request_age");
-/// upload id -> UploadRecord
-const UPLOADS: TableDefinition<&str, Bytes> = TableDefinition::new("uploads");
-/// (upload id, block index) -> BlockRecord
-const BLOCKS: TableDefinition<(&str, u32), Bytes> = TableDefinition::new("blocks");
-/// revision -> RevisionRecord
-const REVISIONS: TableDefinition<u64, Bytes> = TableDefinition::new("revisions");
-/// object key -> GuardRecord
-const GUARDS: TableDefinition<&str, Bytes> = TableDefinition::new("guards");
-/// object key -> revision or 0: keys no longer referenced, waiting for deletion.
-const COLLECTABLE: TableDefinition<&str, u64> = TableDefinition::new("collectable");
-/// sequence name -> last issued value
-const SEQUENCES: TableDefinition<&str, u64> = TableDefinition::new("sequences");
-/// (lease expiry ms, upload id) -> () for every open upload: health counts open uploads and
-/// the reconciler finds expired ones without reading the upload history.
-const OPEN_UPLOADS: TableDefinition<(i64, &str), ()> = TableDefinition::new("open_uploads");
-/// (ended ms, upload id) -> () for every terminal upload: the pruning order of UPLOADS.
-const ENDED_UPLOADS: TableDefinition<(i64, &str), ()> = TableDefinition::new("ended_uploads");
 /// Marker in SEQUENCES: the two upload indexes above cover every upload record (data dirs
 /// written before the indexes existed are indexed once, by [`WriteView::index_uploads`]).
 const UPLOAD_INDEX_MARKER: &str = "upload-index-v1";
-/// (workspace, receipt) -> ReceiptRecord: stable receipts of resumable publications.
-const RECEIPTS: TableDefinition<(&str, &str), Bytes> = TableDefinition::new("receipts");
-/// (retired ms, revision) -> () : revisions no entry points at any more. They stay readable
-/// (a restore that started before an overwrite completes) until the retired grace has
-/// passed; then the reconciler releases their block keys to COLLECTABLE.
-const RETIRED: TableDefinition<(i64, u64), ()> = TableDefinition::new("retired");
-/// workspace -> WorkspaceRecord, only for workspaces being deleted (see
-/// [`crate::shard::workspaces`]).
-const WORKSPACES: TableDefinition<&str, Bytes> = TableDefinition::new("workspaces");
-/// "epoch" -> the fencing epoch under which this shard's data was last owned (absent: 0, the
-/// embedded default). Raised only when a node takes the shard at a higher epoch; every write
-/// session compares it with the epoch the node may acknowledge under (see
-/// [`crate::shard::fence`]), so a store that a deposed owner still holds rejects its sessions.
-const OWNERSHIP: TableDefinition<&str, u64> = TableDefinition::new("ownership");
 const EPOCH_KEY: &str = "epoch";
-/// operation id -> OperationRecord: the shard's operations ledger (see
-/// [`crate::shard::operations`]). Upload operations' rows only name their upload record.
-const OPERATIONS: TableDefinition<u64, Bytes> = TableDefinition::new("operations");
-/// ledger state name -> operations in that state. Changed by the same `put_*`/`remove_*`
-/// that changes an operation's state, so health never scans the ledger.
-const OP_STATES: TableDefinition<&str, u64> = TableDefinition::new("op_states");
-/// (created ms, operation id) -> () for every unresolved operation (open, deleting, dead
-/// letter): the oldest unresolved age is its first entry.
-const UNRESOLVED_OPS: TableDefinition<(i64, u64), ()> = TableDefinition::new("unresolved_ops");
-/// (deleted ms, operation id) -> () for every deleted delete operation: the pruning order of
-/// delete history (upload history is pruned through ENDED_UPLOADS).
-const DELETED_OPS: TableDefinition<(i64, u64), ()> = TableDefinition::new("deleted_ops");
-/// object key -> operation id of every dead-lettered delete: out of the automatic queue,
-/// still accounted for.
-const DEAD_LETTERS: TableDefinition<&str, u64> = TableDefinition::new("dead_letters");
 /// Sequence of operation ids (shared by uploads and deletes; never reused).
 const OPERATION_SEQ: &str = "operation";
 /// Marker in SEQUENCES: every upload record and collectable key has its ledger row (data dirs
@@ -210,71 +156,114 @@ pub struct MetaStore {
     db: Database,
     path: PathBuf,
     faults: StoreFaults,
+    /// The namespace [`MetaStore::read`] and [`MetaStore::write`] use: the canonical one for a
+    /// standalone file. A node file has no home: its callers name a shard's namespace.
+    home: Option<Namespace>,
+    /// Durable commits (each one fsync) made through this handle: tests prove with it that
+    /// sessions of many shards share one.
+    durable_commits: std::sync::atomic::AtomicU64,
     /// Why a write failed at the storage level, once one did. Like redb after an I/O error,
     /// the handle then refuses every write: only dropping it and opening the file again
-    /// (which lets redb recover to the last durable commit) brings the shard back.
+    /// (which lets redb recover to the last durable commit) brings the store back.
     failure: parking_lot::Mutex<Option<String>>,
 }
 
 impl MetaStore {
-    /// Creates the shard file of a brand-new data directory (opening it if a first start was
-    /// interrupted after creating it). Only a data dir's first start may call this.
+    /// Creates a standalone single-shard file (a test's store, a checkpoint being written), or
+    /// opens it if a first start was interrupted after creating it.
     pub fn create(path: &Path) -> MetaResult<MetaStore> {
+        Self::create_as(path, Some(Tables::canonical()))
+    }
+
+    /// Opens an existing standalone single-shard file; refuses, naming the file, one that is
+    /// missing, empty or damaged (never creates or reinitialises it, and never panics on a
+    /// corrupt file).
+    pub fn open(path: &Path) -> MetaResult<MetaStore> {
+        Self::open_as(path, StoreFaults::default(), Some(Tables::canonical()))
+    }
+
+    /// Creates the node file of a brand-new data directory: it holds every shard the node
+    /// holds, each in its own namespace ([`MetaStore::prepare`] makes a shard's tables).
+    pub fn create_node(path: &Path) -> MetaResult<MetaStore> {
+        Self::create_as(path, None)
+    }
+
+    /// Opens an existing node file (refusing a missing, empty or damaged one like
+    /// [`MetaStore::open`]).
+    pub fn open_node(path: &Path) -> MetaResult<MetaStore> {
+        Self::open_as(path, StoreFaults::default(), None)
+    }
+
+    /// How to open this store's file again, with the same kind and fault hook, once this
+    /// handle is dropped (after a storage failure).
+    pub fn reopener(&self) -> Reopen {
+        Reopen {
+            path: self.path.clone(),
+            faults: self.faults.clone(),
+            home: self.home,
+        }
+    }
+
+    /// [`MetaStore::open`] with a fault hook (tests).
+    pub fn open_with(path: &Path, faults: StoreFaults) -> MetaResult<MetaStore> {
+        Self::open_as(path, faults, Some(Tables::canonical()))
+    }
+
+    fn create_as(path: &Path, home: Option<Namespace>) -> MetaResult<MetaStore> {
         open::guarded(path, || {
             let db = Database::create(path).map_err(|e| damaged(path, e))?;
-            Self::init(db, path, StoreFaults::default())
+            Self::init(db, path, StoreFaults::default(), home)
         })
     }
 
-    /// Opens an existing shard file; refuses, naming the file, one that is missing, empty or
-    /// damaged (never creates or reinitialises it, and never panics on a corrupt file).
-    pub fn open(path: &Path) -> MetaResult<MetaStore> {
-        Self::open_with(path, StoreFaults::default())
-    }
-
-    /// [`MetaStore::open`] with a fault hook (tests) or the hook of the handle being replaced.
-    pub fn open_with(path: &Path, faults: StoreFaults) -> MetaResult<MetaStore> {
+    fn open_as(path: &Path, faults: StoreFaults, home: Option<Namespace>) -> MetaResult<MetaStore> {
         open::require_existing(path)?;
         open::guarded(path, || {
             let db = Database::open(path).map_err(|e| damaged(path, e))?;
-            Self::init(db, path, faults)
+            Self::init(db, path, faults, home)
         })
     }
 
-    /// Makes sure every table exists, so read views never meet a missing table.
-    fn init(db: Database, path: &Path, faults: StoreFaults) -> MetaResult<MetaStore> {
+    /// A standalone store makes sure its tables exist, so read views never meet a missing
+    /// table; a node file does that per shard ([`MetaStore::prepare`]).
+    fn init(
+        db: Database,
+        path: &Path,
+        faults: StoreFaults,
+        home: Option<Namespace>,
+    ) -> MetaResult<MetaStore> {
         let store = MetaStore {
             db,
             path: path.to_path_buf(),
             faults,
+            home,
+            durable_commits: Default::default(),
             failure: parking_lot::Mutex::new(None),
         };
-        store.write(|w| {
-            let txn = &w.txn;
-            txn.open_table(ENTRIES)?;
-            txn.open_table(INLINE)?;
-            txn.open_table(GENERATIONS)?;
-            txn.open_table(REQUESTS)?;
-            txn.open_table(REQUEST_AGE)?;
-            txn.open_table(UPLOADS)?;
-            txn.open_table(BLOCKS)?;
-            txn.open_table(REVISIONS)?;
-            txn.open_table(GUARDS)?;
-            txn.open_table(COLLECTABLE)?;
-            txn.open_table(SEQUENCES)?;
-            txn.open_table(RECEIPTS)?;
-            txn.open_table(OPERATIONS)?;
-            txn.open_table(OP_STATES)?;
-            txn.open_table(UNRESOLVED_OPS)?;
-            txn.open_table(DELETED_OPS)?;
-            txn.open_table(DEAD_LETTERS)?;
+        if let Some(ns) = home {
+            store.prepare(ns)?;
+        }
+        Ok(store)
+    }
+
+    /// Makes every table of `ns` exist and brings it to the current layout (one-time
+    /// backfills), durably. Idempotent; the store's single writer calls it before the shard's
+    /// first session.
+    pub fn prepare(&self, ns: Namespace) -> MetaResult<()> {
+        self.write_in(ns, Commit::Durable, |w| {
+            ns.create_all(&w.txn)?;
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
             w.backfill_operations(now)?;
             Ok::<_, MetaError>(())
-        })?;
-        Ok(store)
+        })
+    }
+
+    /// True if `ns` has tables in this file (its shard was held here at some point).
+    pub fn holds(&self, ns: Namespace) -> MetaResult<bool> {
+        let txn = self.db.begin_read()?;
+        ns.exists_in(&txn)
     }
 
     /// The file this store was opened from.
@@ -318,29 +307,55 @@ impl MetaStore {
         txn.commit().map_err(|e| self.fail(e))
     }
 
-    /// Runs `f` on a consistent snapshot.
+    /// The namespace of a standalone file.
+    fn home(&self) -> Namespace {
+        self.home
+            .expect("a node file has no default namespace: name the shard's (read_in/write_in)")
+    }
+
+    /// Runs `f` on a consistent snapshot of a standalone file.
     pub fn read<T, E: From<MetaError>>(
         &self,
         f: impl FnOnce(&ReadView) -> Result<T, E>,
     ) -> Result<T, E> {
-        let txn = self.db.begin_read().map_err(MetaError::from)?;
-        f(&ReadView { txn })
+        self.read_in(self.home(), f)
     }
 
-    /// Runs `f` as the single writer; commits durably on `Ok`, aborts on `Err`.
+    /// Runs `f` on a consistent snapshot of namespace `ns`.
+    pub fn read_in<T, E: From<MetaError>>(
+        &self,
+        ns: Namespace,
+        f: impl FnOnce(&ReadView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let txn = self.db.begin_read().map_err(MetaError::from)?;
+        f(&ReadView { txn, t: ns })
+    }
+
+    /// Runs `f` as the single writer of a standalone file; commits durably on `Ok`, aborts on
+    /// `Err`.
     pub fn write<T, E: From<MetaError>>(
         &self,
         f: impl FnOnce(&mut WriteView) -> Result<T, E>,
     ) -> Result<T, E> {
-        self.write_with(Commit::Durable, f)
+        self.write_in(self.home(), Commit::Durable, f)
     }
 
-    /// Like [`MetaStore::write`], but a `Deferred` commit is atomic and visible to later
-    /// sessions without being durable yet: it becomes durable with the next `Durable` commit
-    /// or [`MetaStore::flush`]. Used for group commit — nothing may be acknowledged before
-    /// that flush.
+    /// [`MetaStore::write_in`] on a standalone file's namespace.
     pub fn write_with<T, E: From<MetaError>>(
         &self,
+        commit: Commit,
+        f: impl FnOnce(&mut WriteView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.write_in(self.home(), commit, f)
+    }
+
+    /// Runs `f` as the single writer on namespace `ns`. A `Deferred` commit is atomic and
+    /// visible to later sessions without being durable yet: it becomes durable with the next
+    /// `Durable` commit or [`MetaStore::flush`] — of any namespace, since they share the
+    /// file. Used for group commit: nothing may be acknowledged before that flush.
+    pub fn write_in<T, E: From<MetaError>>(
+        &self,
+        ns: Namespace,
         commit: Commit,
         f: impl FnOnce(&mut WriteView) -> Result<T, E>,
     ) -> Result<T, E> {
@@ -349,17 +364,46 @@ impl MetaStore {
             txn.set_durability(redb::Durability::None)
                 .map_err(|e| self.fail(e))?;
         }
-        let mut view = WriteView { txn };
+        let mut view = WriteView { txn, t: ns };
         let out = f(&mut view)?;
         self.commit(view.txn)?;
+        if commit == Commit::Durable {
+            self.count_durable();
+        }
         Ok(out)
+    }
+
+    fn count_durable(&self) {
+        self.durable_commits
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Durable commits (fsyncs) made through this handle so far.
+    pub fn durable_commits(&self) -> u64 {
+        self.durable_commits
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Makes every deferred commit durable (an empty durable commit: redb writes and fsyncs
     /// the header regardless of content).
     pub fn flush(&self) -> MetaResult<()> {
         let txn = self.begin_write()?;
-        self.commit(txn)
+        self.commit(txn)?;
+        self.count_durable();
+        Ok(())
+    }
+}
+
+/// See [`MetaStore::reopener`].
+pub struct Reopen {
+    path: PathBuf,
+    faults: StoreFaults,
+    home: Option<Namespace>,
+}
+
+impl Reopen {
+    pub fn open(&self) -> MetaResult<MetaStore> {
+        MetaStore::open_as(&self.path, self.faults.clone(), self.home)
     }
 }
 
@@ -373,10 +417,12 @@ fn damaged(path: &Path, e: redb::DatabaseError) -> MetaError {
 
 pub struct ReadView {
     txn: redb::ReadTransaction,
+    t: Namespace,
 }
 
 pub struct WriteView {
     txn: redb::WriteTransaction,
+    t: Namespace,
 }
 
 /// Point reads and scans shared by both views: a write session must see its own writes, so it
@@ -385,12 +431,12 @@ macro_rules! readable {
     ($view:ty) => {
         impl $view {
             pub fn entry(&self, ws: &str, path: &str) -> MetaResult<Option<EntryRecord>> {
-                let t = self.txn.open_table(ENTRIES)?;
+                let t = self.txn.open_table(self.t.entries)?;
                 t.get((ws, path))?.map(|v| decode(v.value())).transpose()
             }
 
             pub fn inline(&self, ws: &str, path: &str) -> MetaResult<Option<Vec<u8>>> {
-                let t = self.txn.open_table(INLINE)?;
+                let t = self.txn.open_table(self.t.inline)?;
                 Ok(t.get((ws, path))?.map(|v| v.value().to_vec()))
             }
 
@@ -403,7 +449,7 @@ macro_rules! readable {
                 after: Option<&str>,
                 limit: usize,
             ) -> MetaResult<Vec<(String, EntryRecord)>> {
-                let t = self.txn.open_table(ENTRIES)?;
+                let t = self.txn.open_table(self.t.entries)?;
                 let start = match after {
                     Some(a) if a >= prefix => Bound::Excluded((ws, a)),
                     _ => Bound::Included((ws, prefix)),
@@ -421,26 +467,26 @@ macro_rules! readable {
             }
 
             pub fn replay(&self, ws: &str, request_id: &str) -> MetaResult<Option<ReplayRecord>> {
-                let t = self.txn.open_table(REQUESTS)?;
+                let t = self.txn.open_table(self.t.requests)?;
                 t.get((ws, request_id))?
                     .map(|v| decode(v.value()))
                     .transpose()
             }
 
             pub fn upload(&self, id: &str) -> MetaResult<Option<UploadRecord>> {
-                let t = self.txn.open_table(UPLOADS)?;
+                let t = self.txn.open_table(self.t.uploads)?;
                 t.get(id)?.map(|v| decode(v.value())).transpose()
             }
 
             pub fn receipt(&self, ws: &str, receipt: &str) -> MetaResult<Option<ReceiptRecord>> {
-                let Some(t) = optional(self.txn.open_table(RECEIPTS))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.receipts))? else {
                     return Ok(None);
                 };
                 t.get((ws, receipt))?.map(|v| decode(v.value())).transpose()
             }
 
             pub fn block(&self, upload: &str, index: u32) -> MetaResult<Option<BlockRecord>> {
-                let t = self.txn.open_table(BLOCKS)?;
+                let t = self.txn.open_table(self.t.blocks)?;
                 t.get((upload, index))?
                     .map(|v| decode(v.value()))
                     .transpose()
@@ -448,7 +494,7 @@ macro_rules! readable {
 
             /// Every block record of an upload, by index.
             pub fn blocks(&self, upload: &str) -> MetaResult<Vec<(u32, BlockRecord)>> {
-                let t = self.txn.open_table(BLOCKS)?;
+                let t = self.txn.open_table(self.t.blocks)?;
                 let mut out = Vec::new();
                 for item in t.range((upload, 0u32)..=(upload, u32::MAX))? {
                     let (k, v) = item?;
@@ -458,18 +504,18 @@ macro_rules! readable {
             }
 
             pub fn revision(&self, rev: u64) -> MetaResult<Option<RevisionRecord>> {
-                let t = self.txn.open_table(REVISIONS)?;
+                let t = self.txn.open_table(self.t.revisions)?;
                 t.get(rev)?.map(|v| decode(v.value())).transpose()
             }
 
             pub fn guard(&self, key: &str) -> MetaResult<Option<GuardRecord>> {
-                let t = self.txn.open_table(GUARDS)?;
+                let t = self.txn.open_table(self.t.guards)?;
                 t.get(key)?.map(|v| decode(v.value())).transpose()
             }
 
             /// Up to `limit` collectable keys, in key order.
             pub fn collectable_page(&self, limit: usize) -> MetaResult<Vec<String>> {
-                let t = self.txn.open_table(COLLECTABLE)?;
+                let t = self.txn.open_table(self.t.collectable)?;
                 let mut out = Vec::new();
                 for item in t.iter()?.take(limit) {
                     out.push(item?.0.value().to_string());
@@ -486,7 +532,7 @@ macro_rules! readable {
             /// The object key of every block record. Block records exist only while their
             /// upload is open, so this follows the open uploads.
             pub fn block_keys(&self) -> MetaResult<Vec<String>> {
-                let t = self.txn.open_table(BLOCKS)?;
+                let t = self.txn.open_table(self.t.blocks)?;
                 let mut out = Vec::new();
                 for item in t.iter()? {
                     let b: BlockRecord = decode(item?.1.value())?;
@@ -498,7 +544,7 @@ macro_rules! readable {
             /// The object key of every block of every revision, live or retired (a retired
             /// revision's keys stay referenced until the reconciler releases it).
             pub fn revision_keys(&self) -> MetaResult<Vec<String>> {
-                let t = self.txn.open_table(REVISIONS)?;
+                let t = self.txn.open_table(self.t.revisions)?;
                 let mut out = Vec::new();
                 for item in t.iter()? {
                     let r: RevisionRecord = decode(item?.1.value())?;
@@ -510,7 +556,7 @@ macro_rules! readable {
             /// Every guard with its record (guards are small and few: one per unsettled
             /// attempt).
             pub fn guards(&self) -> MetaResult<Vec<(String, GuardRecord)>> {
-                let t = self.txn.open_table(GUARDS)?;
+                let t = self.txn.open_table(self.t.guards)?;
                 let mut out = Vec::new();
                 for item in t.iter()? {
                     let (k, v) = item?;
@@ -524,7 +570,7 @@ macro_rules! readable {
             /// the number of ended uploads).
             pub fn expired_uploads(&self, now_ms: i64, limit: usize) -> MetaResult<Vec<String>> {
                 let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(OPEN_UPLOADS))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.open_uploads))? else {
                     return Ok(out);
                 };
                 for item in t.iter()? {
@@ -542,7 +588,7 @@ macro_rules! readable {
             /// first.
             pub fn ended_uploads(&self, cutoff_ms: i64, limit: usize) -> MetaResult<Vec<String>> {
                 let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(ENDED_UPLOADS))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.ended_uploads))? else {
                     return Ok(out);
                 };
                 for item in t.iter()? {
@@ -563,7 +609,7 @@ macro_rules! readable {
                 limit: usize,
             ) -> MetaResult<Vec<(i64, u64)>> {
                 let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(RETIRED))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.retired))? else {
                     return Ok(out);
                 };
                 for item in t.iter()? {
@@ -584,7 +630,7 @@ macro_rules! readable {
 
             /// True if some replay record was created before `cutoff_ms` (pruning has work).
             pub fn has_replays_before(&self, cutoff_ms: i64) -> MetaResult<bool> {
-                match optional(self.txn.open_table(REQUEST_AGE))? {
+                match optional(self.txn.open_table(self.t.request_age))? {
                     Some(t) => Ok(t
                         .range(..(cutoff_ms.max(0) as u64, "", ""))?
                         .next()
@@ -595,7 +641,7 @@ macro_rules! readable {
 
             /// The fencing epoch this shard's data was last owned under (0 if never raised).
             pub fn epoch(&self) -> MetaResult<u64> {
-                match optional(self.txn.open_table(OWNERSHIP))? {
+                match optional(self.txn.open_table(self.t.ownership))? {
                     Some(t) => Ok(t.get(EPOCH_KEY)?.map(|v| v.value()).unwrap_or(0)),
                     None => Ok(0),
                 }
@@ -603,21 +649,21 @@ macro_rules! readable {
 
             /// The last value a named sequence issued (0 if none yet).
             pub fn last_sequence(&self, name: &str) -> MetaResult<u64> {
-                let t = self.txn.open_table(SEQUENCES)?;
+                let t = self.txn.open_table(self.t.sequences)?;
                 Ok(t.get(name)?.map(|v| v.value()).unwrap_or(0))
             }
 
             /// Counters for health. Table lengths (constant cost) except the unknown-guard
             /// count: open uploads come from their index, never from the upload history.
             pub fn counts(&self) -> MetaResult<Counts> {
-                let open = match optional(self.txn.open_table(OPEN_UPLOADS))? {
+                let open = match optional(self.txn.open_table(self.t.open_uploads))? {
                     Some(t) => t.len()?,
                     None => 0,
                 };
                 // Guards are few (one per unsettled attempt): counting by kind is a short scan.
                 let mut unknown_guards = 0;
                 let mut guarded_uploads = std::collections::HashSet::new();
-                for item in self.txn.open_table(GUARDS)?.iter()? {
+                for item in self.txn.open_table(self.t.guards)?.iter()? {
                     let g: GuardRecord = decode(item?.1.value())?;
                     unknown_guards += u64::from(g.writer == WriterState::Unknown as i32);
                     guarded_uploads.insert(g.upload_id);
@@ -625,7 +671,7 @@ macro_rules! readable {
                 // A claimed upload stays `Deleting` exactly while a guard awaiting cleanup names it (see the
                 // reconciler), so the guarded uploads are the only candidates.
                 let mut deleting_uploads = 0;
-                let uploads = self.txn.open_table(UPLOADS)?;
+                let uploads = self.txn.open_table(self.t.uploads)?;
                 for id in &guarded_uploads {
                     if let Some(v) = uploads.get(id.as_str())? {
                         let u: UploadRecord = decode(v.value())?;
@@ -634,12 +680,12 @@ macro_rules! readable {
                 }
                 let mut operations = [0u64; 7];
                 let mut oldest_unresolved_ms = None;
-                if let Some(t) = optional(self.txn.open_table(OP_STATES))? {
+                if let Some(t) = optional(self.txn.open_table(self.t.op_states))? {
                     for (i, st) in OpState::ALL.iter().enumerate() {
                         operations[i] = t.get(st.name())?.map_or(0, |v| v.value());
                     }
                 }
-                if let Some(t) = optional(self.txn.open_table(UNRESOLVED_OPS))?
+                if let Some(t) = optional(self.txn.open_table(self.t.unresolved_ops))?
                     && let Some(first) = t.first()?
                 {
                     oldest_unresolved_ms = Some(first.0.value().0);
@@ -649,11 +695,11 @@ macro_rules! readable {
                     oldest_unresolved_ms,
                     unknown_guards,
                     deleting_uploads,
-                    entries: self.txn.open_table(ENTRIES)?.len()?,
+                    entries: self.txn.open_table(self.t.entries)?.len()?,
                     uploads: open,
-                    guards: self.txn.open_table(GUARDS)?.len()?,
-                    collectable: self.txn.open_table(COLLECTABLE)?.len()?,
-                    upload_records: self.txn.open_table(UPLOADS)?.len()?,
+                    guards: self.txn.open_table(self.t.guards)?.len()?,
+                    collectable: self.txn.open_table(self.t.collectable)?.len()?,
+                    upload_records: self.txn.open_table(self.t.uploads)?.len()?,
                 })
             }
         }
@@ -668,7 +714,7 @@ macro_rules! workspace_reads {
     ($view:ty) => {
         impl $view {
             pub fn workspace(&self, ws: &str) -> MetaResult<Option<WorkspaceRecord>> {
-                let Some(t) = optional(self.txn.open_table(WORKSPACES))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.workspaces))? else {
                     return Ok(None);
                 };
                 t.get(ws)?.map(|v| decode(v.value())).transpose()
@@ -680,7 +726,7 @@ macro_rules! workspace_reads {
                 limit: usize,
             ) -> MetaResult<Vec<(String, WorkspaceRecord)>> {
                 let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(WORKSPACES))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.workspaces))? else {
                     return Ok(out);
                 };
                 for item in t.iter()?.take(limit) {
@@ -698,7 +744,7 @@ macro_rules! workspace_reads {
                 limit: usize,
             ) -> MetaResult<Vec<(i64, u64)>> {
                 let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(RETIRED))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.retired))? else {
                     return Ok(out);
                 };
                 let start = match after {
@@ -725,7 +771,7 @@ macro_rules! ledger_reads {
     ($view:ty) => {
         impl $view {
             pub fn operation(&self, id: u64) -> MetaResult<Option<OperationRecord>> {
-                let Some(t) = optional(self.txn.open_table(OPERATIONS))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.operations))? else {
                     return Ok(None);
                 };
                 t.get(id)?.map(|v| decode(v.value())).transpose()
@@ -757,7 +803,7 @@ macro_rules! ledger_reads {
             ) -> MetaResult<(Vec<LedgerRow>, Option<u64>)> {
                 let mut out = Vec::new();
                 let mut last = None;
-                let Some(t) = optional(self.txn.open_table(OPERATIONS))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.operations))? else {
                     return Ok((out, last));
                 };
                 for (read, item) in t
@@ -788,7 +834,7 @@ macro_rules! ledger_reads {
 
             /// Up to `limit` queued deletes (collectable key, operation id), in key order.
             pub fn collectable_ops(&self, limit: usize) -> MetaResult<Vec<(String, u64)>> {
-                let t = self.txn.open_table(COLLECTABLE)?;
+                let t = self.txn.open_table(self.t.collectable)?;
                 let mut out = Vec::new();
                 for item in t.iter()?.take(limit) {
                     let (k, v) = item?;
@@ -800,7 +846,7 @@ macro_rules! ledger_reads {
             /// The keys of every dead-lettered delete (accounting: still delete intents).
             pub fn dead_letter_keys(&self) -> MetaResult<Vec<String>> {
                 let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(DEAD_LETTERS))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.dead_letters))? else {
                     return Ok(out);
                 };
                 for item in t.iter()? {
@@ -813,7 +859,7 @@ macro_rules! ledger_reads {
             /// oldest first.
             pub fn deleted_ops_before(&self, cutoff_ms: i64, limit: usize) -> MetaResult<Vec<u64>> {
                 let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(DELETED_OPS))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.deleted_ops))? else {
                     return Ok(out);
                 };
                 for item in t.iter()? {
@@ -870,7 +916,7 @@ impl WriteView {
         new: Option<Tracked>,
         delete: bool,
     ) -> MetaResult<()> {
-        let mut states = self.txn.open_table(OP_STATES)?;
+        let mut states = self.txn.open_table(self.t.op_states)?;
         if let Some(o) = old {
             let n = states.get(o.state.name())?.map_or(0, |v| v.value());
             states.insert(o.state.name(), n.saturating_sub(1))?;
@@ -880,7 +926,7 @@ impl WriteView {
             states.insert(n.state.name(), c + 1)?;
         }
         drop(states);
-        let mut unresolved = self.txn.open_table(UNRESOLVED_OPS)?;
+        let mut unresolved = self.txn.open_table(self.t.unresolved_ops)?;
         if let Some(o) = old.filter(|o| o.state.unresolved()) {
             unresolved.remove((o.created_ms, id))?;
         }
@@ -889,7 +935,7 @@ impl WriteView {
         }
         drop(unresolved);
         if delete {
-            let mut deleted = self.txn.open_table(DELETED_OPS)?;
+            let mut deleted = self.txn.open_table(self.t.deleted_ops)?;
             if let Some(o) = old.filter(|o| o.state == OpState::Deleted) {
                 deleted.remove((o.ended_ms, id))?;
             }
@@ -908,7 +954,7 @@ impl WriteView {
             ..Default::default()
         };
         self.txn
-            .open_table(OPERATIONS)?
+            .open_table(self.t.operations)?
             .insert(id, rec.encode_to_vec().as_slice())?;
         Ok(id)
     }
@@ -919,7 +965,7 @@ impl WriteView {
     pub fn put_operation(&mut self, id: u64, rec: &OperationRecord) -> MetaResult<()> {
         let old = self.operation(id)?;
         self.txn
-            .open_table(OPERATIONS)?
+            .open_table(self.t.operations)?
             .insert(id, rec.encode_to_vec().as_slice())?;
         self.track(
             id,
@@ -930,14 +976,14 @@ impl WriteView {
         let state = rec.op_state();
         let key = rec.key.as_str();
         if rec.kind == DeleteKind::Block as i32 {
-            let mut q = self.txn.open_table(COLLECTABLE)?;
+            let mut q = self.txn.open_table(self.t.collectable)?;
             if state == OpState::Deleting {
                 q.insert(key, id)?;
             } else if q.get(key)?.is_some_and(|v| v.value() == id) {
                 q.remove(key)?;
             }
         }
-        let mut dead = self.txn.open_table(DEAD_LETTERS)?;
+        let mut dead = self.txn.open_table(self.t.dead_letters)?;
         if state == OpState::DeadLetter {
             dead.insert(key, id)?;
         } else if dead.get(key)?.is_some_and(|v| v.value() == id) {
@@ -951,7 +997,7 @@ impl WriteView {
     pub fn remove_operation(&mut self, id: u64) -> MetaResult<()> {
         if let Some(old) = self.operation(id)? {
             self.track(id, Some(Tracked::delete(&old)), None, !old.is_upload())?;
-            self.txn.open_table(OPERATIONS)?.remove(id)?;
+            self.txn.open_table(self.t.operations)?.remove(id)?;
         }
         Ok(())
     }
@@ -965,7 +1011,7 @@ impl WriteView {
         bytes: u64,
         now_ms: i64,
     ) -> MetaResult<u64> {
-        if let Some(v) = self.txn.open_table(COLLECTABLE)?.get(key)? {
+        if let Some(v) = self.txn.open_table(self.t.collectable)?.get(key)? {
             return Ok(v.value());
         }
         let id = self.next_sequence(OPERATION_SEQ)?;
@@ -1018,19 +1064,19 @@ impl WriteView {
     /// existed its ledger row, once; a no-op afterwards (and on a new store). Returns how
     /// many rows it created.
     pub fn backfill_operations(&mut self, now_ms: i64) -> MetaResult<u64> {
-        let mut seq = self.txn.open_table(SEQUENCES)?;
+        let mut seq = self.txn.open_table(self.t.sequences)?;
         if seq.get(OPERATIONS_MARKER)?.is_some() {
             return Ok(0);
         }
         seq.insert(OPERATIONS_MARKER, 1)?;
         drop(seq);
         let mut uploads = Vec::new();
-        for item in self.txn.open_table(UPLOADS)?.iter()? {
+        for item in self.txn.open_table(self.t.uploads)?.iter()? {
             let (k, v) = item?;
             uploads.push((k.value().to_string(), decode::<UploadRecord>(v.value())?));
         }
         let mut collectable = Vec::new();
-        for item in self.txn.open_table(COLLECTABLE)?.iter()? {
+        for item in self.txn.open_table(self.t.collectable)?.iter()? {
             let (k, v) = item?;
             collectable.push((k.value().to_string(), v.value()));
         }
@@ -1052,7 +1098,9 @@ impl WriteView {
                 }
                 None => (String::new(), 0),
             };
-            self.txn.open_table(COLLECTABLE)?.remove(key.as_str())?;
+            self.txn
+                .open_table(self.t.collectable)?
+                .remove(key.as_str())?;
             self.queue_delete(key, &workspace, bytes, now_ms)?;
             created += 1;
         }
@@ -1062,32 +1110,34 @@ impl WriteView {
 
 impl WriteView {
     pub fn put_entry(&mut self, ws: &str, path: &str, rec: &EntryRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(ENTRIES)?;
+        let mut t = self.txn.open_table(self.t.entries)?;
         t.insert((ws, path), rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 
     /// Removes the entry and any inline body; the path's generation counter stays.
     pub fn remove_entry(&mut self, ws: &str, path: &str) -> MetaResult<()> {
-        self.txn.open_table(ENTRIES)?.remove((ws, path))?;
-        self.txn.open_table(INLINE)?.remove((ws, path))?;
+        self.txn.open_table(self.t.entries)?.remove((ws, path))?;
+        self.txn.open_table(self.t.inline)?.remove((ws, path))?;
         Ok(())
     }
 
     pub fn put_inline(&mut self, ws: &str, path: &str, data: &[u8]) -> MetaResult<()> {
-        self.txn.open_table(INLINE)?.insert((ws, path), data)?;
+        self.txn
+            .open_table(self.t.inline)?
+            .insert((ws, path), data)?;
         Ok(())
     }
 
     pub fn remove_inline(&mut self, ws: &str, path: &str) -> MetaResult<()> {
-        self.txn.open_table(INLINE)?.remove((ws, path))?;
+        self.txn.open_table(self.t.inline)?.remove((ws, path))?;
         Ok(())
     }
 
     /// Issues the path's next generation: strictly greater than every generation the path
     /// ever had, including deleted ones.
     pub fn next_generation(&mut self, ws: &str, path: &str) -> MetaResult<u64> {
-        let mut t = self.txn.open_table(GENERATIONS)?;
+        let mut t = self.txn.open_table(self.t.generations)?;
         let next = t.get((ws, path))?.map(|v| v.value()).unwrap_or(0) + 1;
         t.insert((ws, path), next)?;
         Ok(next)
@@ -1100,22 +1150,24 @@ impl WriteView {
         if epoch < current {
             return Err(MetaError::EpochRegression { current, epoch });
         }
-        self.txn.open_table(OWNERSHIP)?.insert(EPOCH_KEY, epoch)?;
+        self.txn
+            .open_table(self.t.ownership)?
+            .insert(EPOCH_KEY, epoch)?;
         Ok(())
     }
 
     /// Issues the next value of a named sequence (starting at 1, never reused).
     pub fn next_sequence(&mut self, name: &str) -> MetaResult<u64> {
-        let mut t = self.txn.open_table(SEQUENCES)?;
+        let mut t = self.txn.open_table(self.t.sequences)?;
         let next = t.get(name)?.map(|v| v.value()).unwrap_or(0) + 1;
         t.insert(name, next)?;
         Ok(next)
     }
 
     pub fn put_replay(&mut self, ws: &str, request_id: &str, rec: &ReplayRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(REQUESTS)?;
+        let mut t = self.txn.open_table(self.t.requests)?;
         t.insert((ws, request_id), rec.encode_to_vec().as_slice())?;
-        let mut age = self.txn.open_table(REQUEST_AGE)?;
+        let mut age = self.txn.open_table(self.t.request_age)?;
         age.insert((rec.created_ms.max(0) as u64, ws, request_id), ())?;
         Ok(())
     }
@@ -1123,7 +1175,7 @@ impl WriteView {
     /// Removes up to `limit` replay records created before `cutoff_ms`, oldest first.
     /// Returns how many were removed; a short page means nothing older is left.
     pub fn prune_replays(&mut self, cutoff_ms: i64, limit: usize) -> MetaResult<usize> {
-        let mut age = self.txn.open_table(REQUEST_AGE)?;
+        let mut age = self.txn.open_table(self.t.request_age)?;
         let mut victims = Vec::new();
         for item in age.range(..(cutoff_ms.max(0) as u64, "", ""))? {
             if victims.len() == limit {
@@ -1133,7 +1185,7 @@ impl WriteView {
             let (ms, ws, id) = k.value();
             victims.push((ms, ws.to_string(), id.to_string()));
         }
-        let mut requests = self.txn.open_table(REQUESTS)?;
+        let mut requests = self.txn.open_table(self.t.requests)?;
         for (ms, ws, id) in &victims {
             age.remove((*ms, ws.as_str(), id.as_str()))?;
             requests.remove((ws.as_str(), id.as_str()))?;
@@ -1165,7 +1217,7 @@ impl WriteView {
             Some(Tracked::upload(&rec)),
             false,
         )?;
-        let mut t = self.txn.open_table(UPLOADS)?;
+        let mut t = self.txn.open_table(self.t.uploads)?;
         t.insert(id, rec.encode_to_vec().as_slice())?;
         drop(t);
         self.index_upload(id, &rec)
@@ -1178,16 +1230,18 @@ impl WriteView {
             self.unindex_upload(id, &old)?;
             if old.operation != 0 {
                 self.track(old.operation, Some(Tracked::upload(&old)), None, false)?;
-                self.txn.open_table(OPERATIONS)?.remove(old.operation)?;
+                self.txn
+                    .open_table(self.t.operations)?
+                    .remove(old.operation)?;
             }
-            self.txn.open_table(UPLOADS)?.remove(id)?;
+            self.txn.open_table(self.t.uploads)?.remove(id)?;
             if !old.receipt.is_empty()
                 && self
                     .receipt(&old.workspace, &old.receipt)?
                     .is_some_and(|r| r.upload_id == id)
             {
                 self.txn
-                    .open_table(RECEIPTS)?
+                    .open_table(self.t.receipts)?
                     .remove((old.workspace.as_str(), old.receipt.as_str()))?;
             }
         }
@@ -1196,7 +1250,7 @@ impl WriteView {
 
     /// Removes up to `limit` receipt records of workspace `ws`; returns how many.
     pub fn remove_receipts(&mut self, ws: &str, limit: usize) -> MetaResult<usize> {
-        let mut t = self.txn.open_table(RECEIPTS)?;
+        let mut t = self.txn.open_table(self.t.receipts)?;
         let mut names = Vec::new();
         for item in t.range((ws, "")..)? {
             let (k, _) = item?;
@@ -1213,7 +1267,7 @@ impl WriteView {
     }
 
     pub fn put_receipt(&mut self, ws: &str, receipt: &str, rec: &ReceiptRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(RECEIPTS)?;
+        let mut t = self.txn.open_table(self.t.receipts)?;
         t.insert((ws, receipt), rec.encode_to_vec().as_slice())?;
         Ok(())
     }
@@ -1221,11 +1275,11 @@ impl WriteView {
     fn index_upload(&mut self, id: &str, rec: &UploadRecord) -> MetaResult<()> {
         if rec.state == UploadState::Open as i32 {
             self.txn
-                .open_table(OPEN_UPLOADS)?
+                .open_table(self.t.open_uploads)?
                 .insert((rec.lease_expires_ms, id), ())?;
         } else if rec.is_ended() {
             self.txn
-                .open_table(ENDED_UPLOADS)?
+                .open_table(self.t.ended_uploads)?
                 .insert((ended_at(rec), id), ())?;
         }
         Ok(())
@@ -1233,10 +1287,10 @@ impl WriteView {
 
     fn unindex_upload(&mut self, id: &str, rec: &UploadRecord) -> MetaResult<()> {
         self.txn
-            .open_table(OPEN_UPLOADS)?
+            .open_table(self.t.open_uploads)?
             .remove((rec.lease_expires_ms, id))?;
         self.txn
-            .open_table(ENDED_UPLOADS)?
+            .open_table(self.t.ended_uploads)?
             .remove((ended_at(rec), id))?;
         Ok(())
     }
@@ -1244,14 +1298,14 @@ impl WriteView {
     /// Indexes every upload record once, for data directories written before the indexes
     /// existed; a no-op afterwards. Returns how many records were indexed.
     pub fn index_uploads(&mut self) -> MetaResult<u64> {
-        let mut seq = self.txn.open_table(SEQUENCES)?;
+        let mut seq = self.txn.open_table(self.t.sequences)?;
         if seq.get(UPLOAD_INDEX_MARKER)?.is_some() {
             return Ok(0);
         }
         seq.insert(UPLOAD_INDEX_MARKER, 1)?;
         drop(seq);
         let mut all = Vec::new();
-        for item in self.txn.open_table(UPLOADS)?.iter()? {
+        for item in self.txn.open_table(self.t.uploads)?.iter()? {
             let (k, v) = item?;
             all.push((k.value().to_string(), decode::<UploadRecord>(v.value())?));
         }
@@ -1262,7 +1316,7 @@ impl WriteView {
     }
 
     pub fn put_block(&mut self, upload: &str, index: u32, rec: &BlockRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(BLOCKS)?;
+        let mut t = self.txn.open_table(self.t.blocks)?;
         t.insert((upload, index), rec.encode_to_vec().as_slice())?;
         Ok(())
     }
@@ -1270,42 +1324,46 @@ impl WriteView {
     /// Removes every block record of an upload (after its keys moved to a revision or to
     /// the collectable set).
     pub fn remove_blocks(&mut self, upload: &str) -> MetaResult<()> {
-        let mut t = self.txn.open_table(BLOCKS)?;
+        let mut t = self.txn.open_table(self.t.blocks)?;
         t.retain_in((upload, 0u32)..=(upload, u32::MAX), |_, _| false)?;
         Ok(())
     }
 
     pub fn put_revision(&mut self, rev: u64, rec: &RevisionRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(REVISIONS)?;
+        let mut t = self.txn.open_table(self.t.revisions)?;
         t.insert(rev, rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 
     pub fn remove_revision(&mut self, rev: u64) -> MetaResult<()> {
-        self.txn.open_table(REVISIONS)?.remove(rev)?;
+        self.txn.open_table(self.t.revisions)?.remove(rev)?;
         Ok(())
     }
 
     pub fn put_guard(&mut self, key: &str, rec: &GuardRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(GUARDS)?;
+        let mut t = self.txn.open_table(self.t.guards)?;
         t.insert(key, rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 
     pub fn remove_guard(&mut self, key: &str) -> MetaResult<()> {
-        self.txn.open_table(GUARDS)?.remove(key)?;
+        self.txn.open_table(self.t.guards)?.remove(key)?;
         Ok(())
     }
 
     /// Records that no entry points at `rev` any more (it stays stored and readable).
     pub fn retire_revision(&mut self, rev: u64, now_ms: i64) -> MetaResult<()> {
-        self.txn.open_table(RETIRED)?.insert((now_ms, rev), ())?;
+        self.txn
+            .open_table(self.t.retired)?
+            .insert((now_ms, rev), ())?;
         Ok(())
     }
 
     /// Forgets a retired revision's index entry (once its keys were released).
     pub fn remove_retired(&mut self, retired_ms: i64, rev: u64) -> MetaResult<()> {
-        self.txn.open_table(RETIRED)?.remove((retired_ms, rev))?;
+        self.txn
+            .open_table(self.t.retired)?
+            .remove((retired_ms, rev))?;
         Ok(())
     }
 
@@ -1321,7 +1379,7 @@ impl WriteView {
     pub fn remove_collectable(&mut self, key: &str) -> MetaResult<()> {
         let Some(id) = self
             .txn
-            .open_table(COLLECTABLE)?
+            .open_table(self.t.collectable)?
             .get(key)?
             .map(|v| v.value())
         else {
@@ -1333,20 +1391,20 @@ impl WriteView {
                 self.put_operation(id, &op)?;
             }
             _ => {
-                self.txn.open_table(COLLECTABLE)?.remove(key)?;
+                self.txn.open_table(self.t.collectable)?.remove(key)?;
             }
         }
         Ok(())
     }
 
     pub fn put_workspace(&mut self, ws: &str, rec: &WorkspaceRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(WORKSPACES)?;
+        let mut t = self.txn.open_table(self.t.workspaces)?;
         t.insert(ws, rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 
     pub fn remove_workspace(&mut self, ws: &str) -> MetaResult<()> {
-        self.txn.open_table(WORKSPACES)?.remove(ws)?;
+        self.txn.open_table(self.t.workspaces)?.remove(ws)?;
         Ok(())
     }
 
@@ -1447,7 +1505,7 @@ mod tests {
         };
         // Written the way a data dir from before the indexes holds them: records only.
         s.write(|w| {
-            let mut t = w.txn.open_table(UPLOADS)?;
+            let mut t = w.txn.open_table(w.t.uploads)?;
             t.insert(
                 "open",
                 rec(UploadState::Open, 10).encode_to_vec().as_slice(),
@@ -1476,12 +1534,12 @@ mod tests {
         let (_d, s) = store();
         s.write(|w| {
             // The layout of a data dir from before the ledger: no marker, raw rows.
-            w.txn.open_table(SEQUENCES)?.remove(OPERATIONS_MARKER)?;
+            w.txn.open_table(w.t.sequences)?.remove(OPERATIONS_MARKER)?;
             let u = UploadRecord::open("ws", "p", 4, 1, 5, 10, "");
             w.txn
-                .open_table(UPLOADS)?
+                .open_table(w.t.uploads)?
                 .insert("u1", u.encode_to_vec().as_slice())?;
-            w.txn.open_table(COLLECTABLE)?.insert("old-key", 7u64)?;
+            w.txn.open_table(w.t.collectable)?.insert("old-key", 7u64)?;
             Ok::<_, MetaError>(())
         })
         .unwrap();

@@ -1,4 +1,4 @@
-//! The open boundary of a shard file: everything that can go wrong while a redb file is
+//! The open boundary of a metadata file: everything that can go wrong while a redb file is
 //! opened becomes one [`MetaError`] naming the file, never a panic.
 //!
 //! redb treats some impossible-by-construction states as bugs and panics on them (debug
@@ -20,7 +20,7 @@ thread_local! {
 }
 static HOOK: Once = Once::new();
 
-/// Refuses a shard file that is missing or empty: both mean the shard's entries are gone,
+/// Refuses a metadata file that is missing or empty: both mean the shard's entries are gone,
 /// and opening would silently serve an empty shard.
 pub(super) fn require_existing(path: &Path) -> Result<(), MetaError> {
     match std::fs::metadata(path) {

@@ -1,37 +1,67 @@
-//! A consistent copy of a shard file, for checkpoints (graceful handoff moves a shard's redb
-//! file to its next owner through the provider; see [`crate::shard::checkpoint`]).
+//! A shard's state copied out of a store on its own (a checkpoint: graceful handoff moves a
+//! shard to its next owner through the provider, see [`crate::shard::checkpoint`]) and copied
+//! into a node file on its own (the next owner's load, and the one-time move of a data dir's
+//! per-shard files into the node file).
 //!
-//! redb has no backup call, but its file is consistent whenever no write transaction is open
-//! and every commit is durable: a durable commit writes and fsyncs all pages and the header
-//! that names them, and read transactions never write. So the copy is taken by the store's
-//! single writer (the shard's committer, between two sessions), after an empty durable
-//! commit that makes any deferred commits of the batch in progress durable too. The copy
-//! then holds every commit made before it and opens like a file left by a crash at that
-//! moment (redb repairs its allocator state on open; no committed data is lost).
+//! The copy is a standalone single-shard file with canonical table names (see
+//! [`super::tables`]), written in one durable transaction from one read snapshot of the
+//! shard's namespace. It is taken by the store's single writer between two sessions, after an
+//! empty durable commit that makes any deferred commits of the batch in progress durable too,
+//! so it holds every commit made before it.
 
 use std::path::Path;
 
-use super::{MetaError, MetaResult, MetaStore};
+use redb::ReadableDatabase;
+
+use super::{Commit, MetaError, MetaResult, MetaStore, Namespace, Tables};
 
 impl MetaStore {
-    /// Copies the store's file to `dest` (replacing it), fsyncs the copy and returns its
+    /// Copies namespace `ns` to a new standalone file `dest` (replacing it) and returns its
     /// size in bytes. Every commit made through this handle before the call is in the copy.
     ///
     /// Must be called by the store's single writer with no write session running (the gate
     /// runs it as a job on the committer thread); a failed handle refuses, as it refuses
     /// every write. `dest`'s directory is not fsynced: the copy is a scratch file that is
     /// uploaded and removed, never a file a restart relies on.
-    pub fn copy_to(&self, dest: &Path) -> MetaResult<u64> {
+    pub fn export(&self, ns: Namespace, dest: &Path) -> MetaResult<u64> {
         self.flush()?;
         let io = |e: std::io::Error| MetaError::Copy {
             dest: dest.to_path_buf(),
             detail: e.to_string(),
         };
-        let size = std::fs::copy(self.path(), dest).map_err(io)?;
-        std::fs::File::open(dest)
-            .and_then(|f| f.sync_all())
-            .map_err(io)?;
-        Ok(size)
+        match std::fs::remove_file(dest) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+            _ => {}
+        }
+        let snapshot = self.db.begin_read()?;
+        {
+            let copy = MetaStore::create(dest)?;
+            copy.write_in(Tables::canonical(), Commit::Durable, |w| {
+                ns.copy_all(&snapshot, Tables::canonical(), &w.txn)
+            })?;
+        }
+        Ok(std::fs::metadata(dest).map_err(io)?.len())
+    }
+
+    /// Replaces namespace `ns` of this store with the content of the standalone file `src`,
+    /// in one durable transaction (a crash leaves the old tables or the new ones, never a
+    /// mix), then brings it to the current layout ([`MetaStore::prepare`]).
+    ///
+    /// Must be called by the store's single writer; `src` is opened read-only in effect (its
+    /// own open only makes sure its tables exist).
+    pub fn import(&self, ns: Namespace, src: &Path) -> MetaResult<()> {
+        let source = MetaStore::open(src)?;
+        let snapshot = source.db.begin_read()?;
+        self.write_in(ns, Commit::Durable, |w| {
+            ns.delete_all(&w.txn)?;
+            Tables::canonical().copy_all(&snapshot, ns, &w.txn)
+        })?;
+        self.prepare(ns)
+    }
+
+    /// [`MetaStore::export`] of a standalone file's own tables.
+    pub fn copy_to(&self, dest: &Path) -> MetaResult<u64> {
+        self.export(self.home(), dest)
     }
 }
 
@@ -61,6 +91,50 @@ mod tests {
             let have = copy.read(|r| r.inline("ws", name)).unwrap();
             assert!(have.is_some(), "{name} is missing from the copy");
         }
+    }
+
+    // Catches: a copy that misses a table or takes another shard's rows (the namespace of the
+    // source not used), and an import that keeps rows the checkpoint does not have.
+    #[test]
+    fn a_shard_exported_from_a_node_file_and_imported_into_another_carries_its_rows_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = MetaStore::create_node(&dir.path().join("node.redb")).unwrap();
+        let (three, four) = (Tables::shard(3), Tables::shard(4));
+        node.prepare(three).unwrap();
+        node.prepare(four).unwrap();
+        node.write_in(three, Commit::Durable, |w| w.put_inline("ws", "mine", b"3"))
+            .unwrap();
+        node.write_in(four, Commit::Deferred, |w| {
+            w.put_inline("ws", "other", b"4")
+        })
+        .unwrap();
+        node.write_in(three, Commit::Deferred, |w| w.set_epoch(7))
+            .unwrap();
+
+        let ckpt = dir.path().join("s3.ckpt");
+        node.export(three, &ckpt).unwrap();
+        let copy = MetaStore::open(&ckpt).unwrap();
+        assert_eq!(
+            copy.read(|r| r.inline("ws", "mine")).unwrap(),
+            Some(b"3".to_vec())
+        );
+        assert_eq!(copy.read(|r| r.inline("ws", "other")).unwrap(), None);
+        assert_eq!(copy.read(|r| r.epoch()).unwrap(), 7);
+        drop(copy);
+
+        let next = MetaStore::create_node(&dir.path().join("next.redb")).unwrap();
+        next.prepare(three).unwrap();
+        next.write_in(three, Commit::Durable, |w| {
+            w.put_inline("ws", "stale", b"s")
+        })
+        .unwrap();
+        next.import(three, &ckpt).unwrap();
+        assert!(next.holds(three).unwrap());
+        assert!(!next.holds(four).unwrap());
+        let read = |name: &str| next.read_in(three, |r| r.inline("ws", name)).unwrap();
+        assert_eq!(read("mine"), Some(b"3".to_vec()));
+        assert_eq!(read("stale"), None, "the import replaces the namespace");
+        assert_eq!(next.read_in(three, |r| r.epoch()).unwrap(), 7);
     }
 
     #[test]

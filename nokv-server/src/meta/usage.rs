@@ -9,17 +9,12 @@
 
 use std::collections::BTreeMap;
 
-use redb::{ReadableTable, TableDefinition};
+use redb::ReadableTable;
 
-use super::{Bytes, MetaResult, UploadState, UsageRecord, decode, optional};
-use super::{ENTRIES, EntryRecord, ReadView, UPLOADS, UploadRecord, WriteView};
+use super::{EntryRecord, ReadView, UploadRecord, WriteView};
+use super::{MetaResult, UploadState, UsageRecord, decode, optional};
 use prost::Message;
 
-/// workspace -> UsageRecord; absent reads as empty (no quota, nothing counted) and a row
-/// that becomes empty is removed, so deleted workspaces leave nothing behind.
-const USAGE: TableDefinition<&str, Bytes> = TableDefinition::new("workspace_usage");
-/// counter name -> value: the shard's totals of the USAGE rows.
-const USAGE_TOTALS: TableDefinition<&str, u64> = TableDefinition::new("usage_totals");
 const USED: &str = "used_bytes";
 const RESERVED: &str = "reserved_bytes";
 const RESERVATIONS: &str = "reservations";
@@ -61,7 +56,7 @@ macro_rules! usage_reads {
         impl $view {
             /// The usage of `ws` (empty when it has no row).
             pub fn usage(&self, ws: &str) -> MetaResult<UsageRecord> {
-                let Some(t) = optional(self.txn.open_table(USAGE))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.usage))? else {
                     return Ok(UsageRecord::default());
                 };
                 Ok(t.get(ws)?
@@ -73,7 +68,7 @@ macro_rules! usage_reads {
             /// Every workspace's usage row, by name.
             pub fn usage_records(&self) -> MetaResult<BTreeMap<String, UsageRecord>> {
                 let mut out = BTreeMap::new();
-                let Some(t) = optional(self.txn.open_table(USAGE))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.usage))? else {
                     return Ok(out);
                 };
                 for item in t.iter()? {
@@ -85,7 +80,7 @@ macro_rules! usage_reads {
 
             /// The shard's totals (three point reads: constant cost, for health).
             pub fn usage_totals(&self) -> MetaResult<UsageTotals> {
-                let Some(t) = optional(self.txn.open_table(USAGE_TOTALS))? else {
+                let Some(t) = optional(self.txn.open_table(self.t.usage_totals))? else {
                     return Ok(UsageTotals::default());
                 };
                 let get =
@@ -103,14 +98,14 @@ macro_rules! usage_reads {
             /// deleting) uploads that hold a reservation.
             pub fn recount_usage(&self) -> MetaResult<UsageRecount> {
                 let mut out = UsageRecount::default();
-                for item in self.txn.open_table(ENTRIES)?.iter()? {
+                for item in self.txn.open_table(self.t.entries)?.iter()? {
                     let (k, v) = item?;
                     let e: EntryRecord = decode(v.value())?;
                     let (ws, _) = k.value();
                     out.workspaces.entry(ws.to_string()).or_default().used_bytes += e.size;
                     out.totals.used_bytes += e.size;
                 }
-                for item in self.txn.open_table(UPLOADS)?.iter()? {
+                for item in self.txn.open_table(self.t.uploads)?.iter()? {
                     let u: UploadRecord = decode(item?.1.value())?;
                     let unresolved = u.state == UploadState::Open as i32
                         || u.state == UploadState::Deleting as i32;
@@ -141,7 +136,7 @@ impl WriteView {
         rec.reserved_bytes = apply(rec.reserved_bytes, d.reserved_bytes);
         rec.reservations = apply(rec.reservations, d.reservations);
         self.put_usage(ws, &rec)?;
-        let mut totals = self.txn.open_table(USAGE_TOTALS)?;
+        let mut totals = self.txn.open_table(self.t.usage_totals)?;
         for (name, delta) in [
             (USED, d.used_bytes),
             (RESERVED, d.reserved_bytes),
@@ -164,7 +159,7 @@ impl WriteView {
     }
 
     fn put_usage(&mut self, ws: &str, rec: &UsageRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(USAGE)?;
+        let mut t = self.txn.open_table(self.t.usage)?;
         if rec.is_empty() {
             t.remove(ws)?;
         } else {

@@ -1,10 +1,10 @@
-//! The command gate of one shard: write sessions are exclusive, reads never wait for them.
+//! The command gate of a shard: write sessions are exclusive, reads never wait for them.
 //!
-//! **Write sessions** run one at a time on the shard's committer thread — the single writer is
-//! the gate, so exclusivity holds by construction. A session is a synchronous closure over a
-//! [`WriteView`]; it cannot await anything, so no provider I/O can ever happen while the gate
-//! is held. Callers that need provider I/O (the upload sequencer) split their work into two
-//! sessions with the I/O between them.
+//! **Write sessions** run one at a time on the committer thread of the store that holds the
+//! shard's tables — the single writer is the gate, so exclusivity holds by construction. A
+//! session is a synchronous closure over a [`WriteView`]; it cannot await anything, so no
+//! provider I/O can ever happen while the gate is held. Callers that need provider I/O (the
+//! upload sequencer) split their work into two sessions with the I/O between them.
 //!
 //! **Group commit.** The committer takes every session queued at that moment as one batch: each
 //! session is its own redb transaction (a failing one aborts alone and changes nothing), all
@@ -13,6 +13,29 @@
 //! one fsync serves the whole batch. A mutation that depends on another one's outcome is
 //! submitted after it was answered, hence lands in a later batch: a crash can never keep a
 //! dependent mutation and lose what it depended on.
+//!
+//! **One committer and one fsync for every shard of a node.** A node keeps all the shards it
+//! holds in one redb file, each in its own namespace of tables ([`crate::meta::Tables`]), and
+//! runs one [`Committer`] for that file; each shard's [`Gate`] is its namespace, its fence and
+//! a handle on that committer. A batch therefore mixes sessions of any shards, and one durable
+//! commit makes all of them durable: eight agents writing to eight workspaces on eight shards
+//! pay one fsync, not eight. Why this design rather than the alternatives:
+//! * a node-level committer over per-shard files would still owe one fsync per file touched
+//!   (redb makes a file durable only with its own commit), so the count would not drop;
+//! * a node write-ahead log in front of per-shard redb files would add a second durability
+//!   mechanism (redo format, replay, truncation) beside redb's, and every session's effects
+//!   would need capturing as redo records — two truths to keep in step;
+//! * one file with a namespace per shard keeps redb the only durable truth and changes no
+//!   session code. A shard stays separable: its state is exactly its namespace's tables, so a
+//!   checkpoint exports them alone and a load imports them alone (in one transaction, see
+//!   [`crate::meta`]); its fence is its own and checked inside each of its sessions, and its
+//!   ownership epoch lives in its namespace.
+//!
+//! The costs, accepted: one writer thread serves the node (sessions are short synchronous
+//! closures with no I/O; the fsync, which dominates, is what is shared); a storage failure
+//! takes every shard of the node out of service together (they share the disk anyway); the
+//! tables of a shard handed off stay in the file (as its file stayed before) until the shard
+//! is loaded again, when an import replaces them.
 //!
 //! **Stats.** The gate counts batches, the sessions they ran and the sessions it acknowledged
 //! ([`GateStats`]), so tests can prove that batches form and metrics can report the average
@@ -25,7 +48,7 @@
 //! never acknowledged to anyone.
 //!
 //! **Storage failures.** When a commit or flush fails at the storage level (disk full, I/O
-//! error), redb refuses every later write until the file is reopened. The committer owns the
+//! error), redb refuses every later write until the file is reopened (for every shard in it). The committer owns the
 //! store, so it is the one that recovers: it answers the batch (nobody in it is acknowledged;
 //! the failed sessions answer `Unavailable`, retryable with the same request id), takes the
 //! store out of service (reads and writes answer `Unavailable` too), waits for in-flight reads
@@ -48,7 +71,7 @@ use parking_lot::RwLock;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{Error, Result};
-use crate::meta::{Commit, MetaStore, ReadView, WriteView};
+use crate::meta::{Commit, MetaStore, Namespace, ReadView, Tables, WriteView};
 use crate::shard::fence::Fence;
 
 /// Sessions taken into one batch at most (bounds the latency of the batch's first session).
@@ -103,33 +126,43 @@ impl Slot {
     }
 }
 
-pub struct Gate {
+/// The single writer of one store: a thread that runs the write sessions of every shard
+/// whose tables live in that store, in batches (see the module doc). A node runs one for its
+/// node file; a standalone store (tests) gets its own through [`Gate::new`].
+pub struct Committer {
     slot: Arc<Slot>,
-    /// Checked around every write session (see [`crate::shard::fence`]).
-    fence: Fence,
     /// `None` only while dropping: closing the queue ends the committer.
     queue: Option<mpsc::UnboundedSender<Job>>,
-    committer: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Drop for Gate {
+impl Drop for Committer {
     /// Closes the queue and waits for the committer to finish the sessions already queued,
-    /// so the database is closed cleanly once the gate is gone.
+    /// so the database is closed cleanly once the last gate on it is gone.
     fn drop(&mut self) {
         self.queue.take();
-        if let Some(t) = self.committer.take() {
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
+}
+
+/// The command gate of one shard: its namespace in a store, the store's committer, and the
+/// fence its write sessions pass.
+pub struct Gate {
+    committer: Arc<Committer>,
+    ns: Namespace,
+    /// Checked around every write session (see [`crate::shard::fence`]).
+    fence: Fence,
 }
 
 fn out_of_service() -> Error {
     Error::Unavailable("shard metadata store is reopening after a storage failure; retry".into())
 }
 
-impl Gate {
-    /// Starts the shard's committer thread; it ends when the gate is dropped.
-    pub fn new(meta: MetaStore, name: String, fence: Fence) -> Gate {
+impl Committer {
+    /// Starts the committer thread of `meta`; it ends when the last gate on it is dropped.
+    pub fn start(meta: MetaStore, name: String) -> Arc<Committer> {
         let slot = Arc::new(Slot {
             store: RwLock::new(Some(Arc::new(meta))),
             serving: watch::Sender::new(true),
@@ -137,24 +170,24 @@ impl Gate {
         });
         let (queue, jobs) = mpsc::unbounded_channel();
         let committer_slot = slot.clone();
-        let committer = std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || commit_loop(&committer_slot, &name, jobs))
-            .expect("spawn the shard committer");
-        Gate {
+            .expect("spawn the committer");
+        Arc::new(Committer {
             slot,
-            fence,
             queue: Some(queue),
-            committer: Some(committer),
-        }
+            thread: Some(thread),
+        })
     }
 
-    /// False during a storage outage (see the module doc).
-    pub fn serving(&self) -> bool {
-        *self.slot.serving.borrow()
+    /// Runs `f` on a snapshot of namespace `ns` as last committed.
+    pub fn read<T>(&self, ns: Namespace, f: impl FnOnce(&ReadView) -> Result<T>) -> Result<T> {
+        let store = self.slot.store.read().clone().ok_or_else(out_of_service)?;
+        store.read_in(ns, f)
     }
 
-    /// The committer's counters. A caller that was answered sees its own batch counted.
+    /// What the committer has done (see [`GateStats`]).
     pub fn stats(&self) -> GateStats {
         let c = &self.slot.stats;
         GateStats {
@@ -164,16 +197,98 @@ impl Gate {
         }
     }
 
+    /// Durable commits (fsyncs) of the store in service, since it was opened (a reopen
+    /// after a storage failure starts again from zero).
+    pub fn durable_commits(&self) -> u64 {
+        self.slot
+            .store
+            .read()
+            .as_ref()
+            .map_or(0, |s| s.durable_commits())
+    }
+
+    /// True if namespace `ns` has tables in the store (see [`MetaStore::holds`]).
+    pub fn holds(&self, ns: Namespace) -> Result<bool> {
+        let store = self.slot.store.read().clone().ok_or_else(out_of_service)?;
+        Ok(store.holds(ns)?)
+    }
+
+    fn send(&self, job: Job) -> Result<()> {
+        self.queue
+            .as_ref()
+            .expect("queue is open until drop")
+            .send(job)
+            .map_err(|_| Error::Unavailable("shard is shutting down".into()))
+    }
+
+    /// Runs `f` on the committer thread between two sessions — the store's single writer,
+    /// with no write session open — and answers with its outcome. For work on a whole
+    /// namespace (a checkpoint's copy, a load's import); the batch's stats count it as a
+    /// session that committed nothing.
+    pub async fn exclusive<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&MetaStore) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |store| {
+            let outcome = match store {
+                Some((meta, _)) => f(meta),
+                None => Err(out_of_service()),
+            };
+            // The outcome does not depend on how the rest of the batch ends: `f` makes what it
+            // relies on durable itself.
+            let answer: Answer = Box::new(move |_| {
+                let _ = tx.send(outcome);
+            });
+            (false, answer)
+        });
+        self.send(job)?;
+        rx.await
+            .map_err(|_| Error::Internal("exclusive job was dropped".into()))?
+    }
+}
+
+impl Gate {
+    /// A gate on a standalone store with its own committer (tests, tools).
+    pub fn new(meta: MetaStore, name: String, fence: Fence) -> Gate {
+        Gate::on(Committer::start(meta, name), Tables::canonical(), fence)
+    }
+
+    /// Shard gate on a shared committer: the shard's sessions run in namespace `ns` of the
+    /// committer's store, batched with every other shard's.
+    pub fn on(committer: Arc<Committer>, ns: Namespace, fence: Fence) -> Gate {
+        Gate {
+            committer,
+            ns,
+            fence,
+        }
+    }
+
+    /// False during a storage outage (see the module doc).
+    pub fn serving(&self) -> bool {
+        *self.committer.slot.serving.borrow()
+    }
+
+    /// The committer's counters (shared by every shard on it). A caller that was answered
+    /// sees its own batch counted.
+    pub fn stats(&self) -> GateStats {
+        self.committer.stats()
+    }
+
     /// Waits until [`Gate::serving`] equals `serving`.
     pub async fn wait_serving(&self, serving: bool) {
-        let mut rx = self.slot.serving.subscribe();
+        let mut rx = self.committer.slot.serving.subscribe();
         let _ = rx.wait_for(|s| *s == serving).await;
     }
 
     /// Runs `f` on a snapshot of the last committed state; never waits for write sessions.
     pub async fn read<T>(&self, f: impl FnOnce(&ReadView) -> Result<T>) -> Result<T> {
-        let store = self.slot.store.read().clone().ok_or_else(out_of_service)?;
-        store.read(f)
+        self.read_now(f)
+    }
+
+    /// [`Gate::read`] for synchronous callers (a read never blocks on the committer).
+    pub fn read_now<T>(&self, f: impl FnOnce(&ReadView) -> Result<T>) -> Result<T> {
+        self.committer.read(self.ns, f)
     }
 
     /// Runs `f` as one exclusive write session and answers once it is durable (or, when `f`
@@ -222,6 +337,7 @@ impl Gate {
         acknowledged_only_if_owner: bool,
     ) -> Result<T> {
         let fence = self.fence.clone();
+        let ns = self.ns;
         let (tx, rx) = oneshot::channel();
         let enqueued = std::time::Instant::now();
         let job: Job = Box::new(move |store| {
@@ -234,7 +350,7 @@ impl Gate {
                 });
                 return (false, answer);
             };
-            let outcome = meta.write_with(commit, f);
+            let outcome = meta.write_in(ns, commit, f);
             let committed = outcome.is_ok();
             let answer: Answer = Box::new(move |flushed| {
                 let _ = tx.send(match (outcome, flushed) {
@@ -250,11 +366,7 @@ impl Gate {
             });
             (committed, answer)
         });
-        self.queue
-            .as_ref()
-            .expect("queue is open until drop")
-            .send(job)
-            .map_err(|_| Error::Unavailable("shard is shutting down".into()))?;
+        self.committer.send(job)?;
         rx.await
             .map_err(|_| Error::Internal("write session was dropped".into()))?
     }
@@ -268,26 +380,10 @@ impl Gate {
     /// Sessions queued behind it wait for the copy (a handoff takes it while the shard
     /// drains). The job commits nothing; the gate's stats count it as a session.
     pub async fn snapshot_to(&self, dest: std::path::PathBuf) -> Result<u64> {
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |store| {
-            let outcome = match store {
-                Some((meta, _)) => meta.copy_to(&dest).map_err(Error::from),
-                None => Err(out_of_service()),
-            };
-            // The copy's content does not depend on how the rest of the batch ends: what it
-            // holds was made durable before it was taken.
-            let answer: Answer = Box::new(move |_| {
-                let _ = tx.send(outcome);
-            });
-            (false, answer)
-        });
-        self.queue
-            .as_ref()
-            .expect("queue is open until drop")
-            .send(job)
-            .map_err(|_| Error::Unavailable("shard is shutting down".into()))?;
-        rx.await
-            .map_err(|_| Error::Internal("snapshot job was dropped".into()))?
+        let ns = self.ns;
+        self.committer
+            .exclusive(move |meta| Ok(meta.export(ns, &dest)?))
+            .await
     }
 }
 
@@ -318,7 +414,11 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
             .clone()
             .expect("the store is in service between batches");
         let Some(first) = first else {
-            let probe = meta.write(|w| w.next_sequence("store-probe").map(drop));
+            // The probe's counter lives in the canonical namespace, which a node file's
+            // shards never use.
+            let probe = meta.write_in(Tables::canonical(), Commit::Durable, |w| {
+                w.next_sequence("store-probe").map(drop)
+            });
             match probe {
                 Ok(()) => outage.end(slot, name, false),
                 Err(e) => {
@@ -464,8 +564,7 @@ fn recover(
     outage: &mut Outage,
 ) -> bool {
     slot.set(None);
-    let path = failed.path().to_path_buf();
-    let faults = failed.faults().clone();
+    let reopen = failed.reopener();
     let refuse_queued = |jobs: &mut mpsc::UnboundedReceiver<Job>| loop {
         match jobs.try_recv() {
             Ok(job) => job(None).1(&Ok(())),
@@ -490,7 +589,7 @@ fn recover(
         if !refuse_queued(jobs) {
             return false;
         }
-        match MetaStore::open_with(&path, faults.clone()) {
+        match reopen.open() {
             Ok(store) => {
                 slot.set(Some(Arc::new(store)));
                 tracing::debug!(shard = name, "metadata store reopened");
@@ -582,6 +681,53 @@ mod tests {
         assert_eq!(after.batches - before.batches, 2, "{after:?}");
         assert_eq!(after.sessions - before.sessions, 11, "{after:?}");
         assert_eq!(after.acknowledged - before.acknowledged, 11, "{after:?}");
+    }
+
+    // Catches: a committer per shard (each shard then pays its own fsync) — e.g. `Gate::on`
+    // starting a committer of its own, or a batch cut at a change of namespace.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_of_different_shards_queued_together_commit_as_one_batch_with_one_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = MetaStore::create_node(&dir.path().join("node.redb")).unwrap();
+        let (one, two) = (Tables::shard(1), Tables::shard(2));
+        node.prepare(one).unwrap();
+        node.prepare(two).unwrap();
+        let committer = Committer::start(node, "t".into());
+        let a = Arc::new(Gate::on(committer.clone(), one, Fence::local(1)));
+        let b = Gate::on(committer.clone(), two, Fence::local(2));
+        let (before, fsyncs) = (committer.stats(), committer.durable_commits());
+
+        let held = hold(&a).await;
+        let mut queued: Vec<_> = (0..5)
+            .flat_map(|i| [put(&a, format!("a{i}")), put(&b, format!("b{i}"))])
+            .collect();
+        submit(&mut queued).await;
+        held.release().await;
+        for s in queued {
+            s.await.unwrap();
+        }
+
+        let after = committer.stats();
+        // The held session's batch, then one batch of the ten sessions of both shards.
+        assert_eq!(after.batches - before.batches, 2, "{after:?}");
+        assert_eq!(after.acknowledged - before.acknowledged, 11, "{after:?}");
+        assert_eq!(
+            committer.durable_commits() - fsyncs,
+            2,
+            "one fsync per batch"
+        );
+        // Each shard sees its own files only.
+        let has = |g: &Gate, name: &str| {
+            let name = name.to_string();
+            g.read_now(move |r| Ok(r.inline("ws", &name)?))
+                .unwrap()
+                .is_some()
+        };
+        for i in 0..5 {
+            let (fa, fb) = (format!("a{i}"), format!("b{i}"));
+            assert!(has(&a, &fa) && !has(&b, &fa), "{fa}");
+            assert!(has(&b, &fb) && !has(&a, &fb), "{fb}");
+        }
     }
 
     // Catches: the committer never making a batch durable — e.g. `let commit =
@@ -713,7 +859,15 @@ mod tests {
         n: usize,
         last: fn() -> Result<()>,
     ) -> Vec<Result<()>> {
-        let disk = gate.slot.store.read().clone().unwrap().faults().clone();
+        let disk = gate
+            .committer
+            .slot
+            .store
+            .read()
+            .clone()
+            .unwrap()
+            .faults()
+            .clone();
         let held = hold(gate).await;
         let mut queued: Vec<_> = (0..n - 1).map(|i| put(gate, format!("f{i}"))).collect();
         queued.push(Box::pin(gate.write(move |w| {

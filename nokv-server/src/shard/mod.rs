@@ -99,7 +99,8 @@ impl Drop for Shard {
 }
 
 impl Shard {
-    /// Opens the embedded default's shard (epoch 0, always owner).
+    /// Opens a shard on a standalone store with its own committer (epoch 0, always owner):
+    /// tests and tools.
     pub fn open(
         id: u32,
         meta: MetaStore,
@@ -108,20 +109,21 @@ impl Shard {
         signer: Signer,
         cfg: ShardConfig,
     ) -> Arc<Shard> {
-        Self::open_fenced(id, meta, object, bulk, signer, cfg, Fence::local(id))
+        let gate = Gate::new(meta, format!("nokv-shard-{id}"), Fence::local(id));
+        Self::build(id, gate, object, bulk, signer, cfg, Clock::wall())
     }
 
-    /// Opens a shard whose write sessions are fenced by `fence` (cluster mode).
-    pub fn open_fenced(
+    /// Opens a shard behind `gate` (a node's shard: its namespace of the node file, the
+    /// node's committer, and its fence).
+    pub fn on(
         id: u32,
-        meta: MetaStore,
+        gate: Gate,
         object: ObjectProvider,
         bulk: Arc<Bulk>,
         signer: Signer,
         cfg: ShardConfig,
-        fence: Fence,
     ) -> Arc<Shard> {
-        Self::build(id, meta, object, bulk, signer, cfg, Clock::wall(), fence)
+        Self::build(id, gate, object, bulk, signer, cfg, Clock::wall())
     }
 
     /// Like [`Shard::open`] with a given shard clock (tests pass a manual one).
@@ -134,29 +136,28 @@ impl Shard {
         cfg: ShardConfig,
         clock: Clock,
     ) -> Arc<Shard> {
-        Self::build(id, meta, object, bulk, signer, cfg, clock, Fence::local(id))
+        let gate = Gate::new(meta, format!("nokv-shard-{id}"), Fence::local(id));
+        Self::build(id, gate, object, bulk, signer, cfg, clock)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn build(
         id: u32,
-        meta: MetaStore,
+        gate: Gate,
         object: ObjectProvider,
         bulk: Arc<Bulk>,
         signer: Signer,
         cfg: ShardConfig,
         clock: Clock,
-        fence: Fence,
     ) -> Arc<Shard> {
         // The node's census counts this shard's unresolved uploads from its first session on.
         let accounts = quota::Accounts::new(id, cfg.admission.clone());
-        if let Ok(t) = meta.read(|r| r.usage_totals()) {
+        if let Ok(t) = gate.read_now(|r| Ok(r.usage_totals()?)) {
             cfg.admission.census.publish(id, t.reservations);
         }
         Arc::new(Shard {
             id,
             accounts,
-            gate: Gate::new(meta, format!("nokv-shard-{id}"), fence),
+            gate,
             object,
             bulk,
             signer,
