@@ -101,6 +101,11 @@ impl Node {
         Ok(node)
     }
 
+    /// The interactive pressure this node's bulk work yields to (see [`crate::bulk`]).
+    pub fn pressure(&self) -> Arc<crate::pressure::Pressure> {
+        self.bulk.pressure()
+    }
+
     fn empty(data_dir: &Path, parts: NodeParts) -> Result<Node> {
         let (parallel, cap) = parts.bulk;
         let bulk = Arc::new(
