@@ -1,14 +1,53 @@
-//! Bulk work — hashing artifact blocks and writing them to the provider — runs on its own
-//! small runtime whose threads have a lower CPU priority (nice 10) and the idle-ish I/O
-//! class, so that on a busy machine interactive requests (stat, small writes) get the CPU
-//! and the disk first. When nothing else competes, bulk work still runs at full speed: nice
-//! only matters under contention. The metadata sessions of an upload stay on the shard's
-//! committer like every other write session; only the byte-heavy step moves here.
+//! Bulk work — hashing artifact blocks, writing them to the provider, reading them back for
+//! commit verification and restore — is scheduled **interactive-first**.
+//!
+//! Where it runs: on its own small runtime whose threads have a lower CPU priority (nice 10)
+//! and the lowest best-effort I/O class, at most `--bulk-parallel` blocks at a time. The
+//! metadata sessions of an upload stay on the shard's committer like every other write
+//! session; only the byte-heavy steps move here.
+//!
+//! When it runs: every block step first passes [`Bulk::admit`], which reads the node's
+//! interactive pressure ([`crate::pressure`]: the Workspace small-file RPCs in flight, counted
+//! by a tower layer, plus a short quiet window after the last one ended).
+//! * **Quiet node** (depth 0): admitted at once. An upload alone runs at full speed — nothing
+//!   but the permits bounds it, exactly as with no budget at all.
+//! * **Pressured node** (depth d >= 1): blocks are paced node-wide at
+//!   [`pressured_rate`]`(d)` = `PRESSURED_MIB_PER_CPU` x CPUs / d, never below
+//!   `FLOOR_MIB_PER_CPU` x CPUs: admission shrinks as the interactive queue deepens. A
+//!   waiting block goes as soon as the node turns quiet, so bulk does not linger behind a burst
+//!   that has passed.
+//!
+//! Why nice alone is not enough: the bytes of an upload cost CPU outside the bulk threads too
+//! (TLS and HTTP/2 decoding of the PutBlock bodies on the serving runtime, the uploading
+//! client itself), so the only lever that reaches all of it is how fast blocks are admitted —
+//! the uploader has a few blocks in flight and sends the next one only when one is answered.
+//!
+//! Why bulk cannot be starved: under any pressure the pace never drops below the floor, so a
+//! block waits at most its place in a queue that drains at `FLOOR_MIB_PER_CPU` x CPUs (8 MiB/s
+//! on 2 CPUs, one 4 MiB block every 0.5 s), however many interactive requests arrive; a lease
+//! (renewed at a third of 60 s) outlives that wait many times over.
+//!
+//! Why bulk cannot starve interactive requests: while any is in flight (or ended within the
+//! quiet window), bulk moves at most `pressured_rate(d)` bytes per second — a bounded share of
+//! the machine that shrinks with the queue — and the CPU it does use is at nice 10.
+//!
+//! `--bulk-mib-per-s` remains an optional hard cap (default off) on top of this: when set,
+//! a block also waits for the cap's pace, pressured or not.
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::pressure::Pressure;
+
+/// Bulk bandwidth per CPU while exactly one interactive request is pending; deeper queues
+/// divide it (see [`pressured_rate`]).
+pub const PRESSURED_MIB_PER_CPU: f64 = 16.0;
+
+/// The least bulk bandwidth per CPU under any pressure: what keeps bulk progressing.
+pub const FLOOR_MIB_PER_CPU: f64 = 4.0;
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// Niceness of bulk threads: a weight of ~1/10 against default-priority threads.
 const BULK_NICE: libc::c_int = 10;
@@ -19,6 +58,12 @@ pub struct Bulk {
     /// block's share (`bytes / rate`). Pacing, not bursting: a node never moves bulk bytes
     /// faster than the budget, whatever the number of uploaders.
     pace: Option<(f64, parking_lot::Mutex<tokio::time::Instant>)>,
+    /// The node's interactive pressure, which bulk yields to.
+    pressure: std::sync::Arc<Pressure>,
+    /// The pace under pressure: the instant the next pressured block may start.
+    pressured_next: parking_lot::Mutex<tokio::time::Instant>,
+    /// CPUs the pressured rates are scaled by.
+    cpus: usize,
     /// Admission: blocks hashed or written at once. Past the machine's spare cores more
     /// parallel bulk work only steals CPU and disk from interactive requests.
     permits: std::sync::Arc<tokio::sync::Semaphore>,
@@ -28,6 +73,17 @@ impl Bulk {
     /// `parallel` bounds how many blocks are hashed and written at once on this node;
     /// `mib_per_s` (when set) caps the node's bulk bandwidth.
     pub fn new(parallel: usize, mib_per_s: Option<f64>) -> std::io::Result<Bulk> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_pressure(parallel, mib_per_s, Pressure::new(), cpus)
+    }
+
+    /// As [`Bulk::new`], yielding to `pressure`, with pressured rates scaled by `cpus`.
+    pub fn with_pressure(
+        parallel: usize,
+        mib_per_s: Option<f64>,
+        pressure: std::sync::Arc<Pressure>,
+        cpus: usize,
+    ) -> std::io::Result<Bulk> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("nokv-bulk")
@@ -43,26 +99,61 @@ impl Bulk {
                 )
             }),
             permits: std::sync::Arc::new(tokio::sync::Semaphore::new(parallel.max(1))),
+            pressure,
+            pressured_next: parking_lot::Mutex::new(tokio::time::Instant::now()),
+            cpus: cpus.max(1),
         })
     }
 
-    /// Waits until the bandwidth budget admits `bytes` more (immediately without a budget).
+    /// The interactive pressure this node's bulk work yields to (counted by
+    /// [`crate::pressure::PressureLayer`] in `server.rs`).
+    pub fn pressure(&self) -> std::sync::Arc<Pressure> {
+        self.pressure.clone()
+    }
+
+    /// Waits until bulk work may move `bytes` more: at once on a quiet node, at the pressured
+    /// pace while interactive requests are pending (see the module doc), and within the hard
+    /// cap when one is set.
     pub async fn admit(&self, bytes: u64) {
         let m = crate::metrics::metrics();
         m.bulk_bytes.inc_by(bytes);
-        let Some((rate, next)) = &self.pace else {
-            return;
-        };
         let waiting = std::time::Instant::now();
-        let start = {
-            let mut next = next.lock();
-            let (start, following) = schedule(*next, tokio::time::Instant::now(), bytes, *rate);
-            *next = following;
-            start
-        };
-        tokio::time::sleep_until(start).await;
-        m.bulk_admission_wait
-            .observe(waiting.elapsed().as_secs_f64());
+        let mut waited = false;
+        let depth = self.pressure.depth();
+        if depth > 0 {
+            let start = {
+                let mut next = self.pressured_next.lock();
+                let rate = pressured_rate(depth, self.cpus);
+                let (start, following) = schedule(*next, tokio::time::Instant::now(), bytes, rate);
+                *next = following;
+                start
+            };
+            // Interactive-first, not interactive-only: the slot bounds the wait, and a node
+            // that turns quiet meanwhile lets the block go at once.
+            if start > tokio::time::Instant::now() {
+                tokio::select! {
+                    () = tokio::time::sleep_until(start) => {}
+                    () = self.pressure.quiet() => {}
+                }
+                waited = true;
+            }
+        }
+        if let Some((rate, next)) = &self.pace {
+            let start = {
+                let mut next = next.lock();
+                let (start, following) = schedule(*next, tokio::time::Instant::now(), bytes, *rate);
+                *next = following;
+                start
+            };
+            if start > tokio::time::Instant::now() {
+                tokio::time::sleep_until(start).await;
+                waited = true;
+            }
+        }
+        if waited {
+            m.bulk_admission_wait
+                .observe(waiting.elapsed().as_secs_f64());
+        }
     }
 
     /// Runs `work` on a bulk thread and waits for it.
@@ -110,6 +201,14 @@ where
     )
 }
 
+/// Bulk bytes per second while `depth` interactive requests are pending on a node of `cpus`
+/// CPUs: the pressured rate divided by the depth, never below the floor.
+pub fn pressured_rate(depth: usize, cpus: usize) -> f64 {
+    let cpus = cpus.max(1) as f64;
+    let rate = PRESSURED_MIB_PER_CPU * cpus / depth.max(1) as f64;
+    rate.max(FLOOR_MIB_PER_CPU * cpus) * MIB
+}
+
 /// Applies to the calling thread only: on Linux, nice and I/O priority are per thread.
 fn lower_priority() {
     // SAFETY: plain syscalls on the current thread with valid constant arguments.
@@ -134,6 +233,7 @@ fn lower_priority() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
     use std::time::Instant;
 
     const MIB: u64 = 1024 * 1024;
@@ -158,13 +258,97 @@ mod tests {
         assert_eq!(next, later + Duration::from_secs(1));
     }
 
+    /// A node of 2 CPUs whose bulk work yields to `pressure`.
+    fn bulk(pressure: &std::sync::Arc<Pressure>, cap: Option<f64>) -> Bulk {
+        Bulk::with_pressure(2, cap, pressure.clone(), 2).unwrap()
+    }
+
+    /// Whether admitting `bytes` more completes without waiting (on its first poll).
+    fn admitted_at_once(bulk: &Bulk, bytes: u64) -> bool {
+        bulk.admit(bytes).now_or_never().is_some()
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
     #[tokio::test]
-    async fn without_a_budget_blocks_are_admitted_without_waiting() {
-        let bulk = Bulk::new(1, None).unwrap();
+    async fn on_a_quiet_node_blocks_are_admitted_without_waiting() {
+        let pressure = Pressure::new();
+        let bulk = bulk(&pressure, None);
         for _ in 0..10 {
-            // Would hang on a budget-less admission that waited; returns at once.
-            bulk.admit(4 * MIB).await;
+            assert!(admitted_at_once(&bulk, 4 * MIB));
         }
-        assert!(bulk.pace.is_none());
+    }
+
+    #[tokio::test]
+    async fn while_an_interactive_request_is_in_flight_the_next_block_waits_for_its_slot() {
+        let pressure = Pressure::new();
+        let bulk = bulk(&pressure, None);
+        let _stat = pressure.enter();
+        assert!(
+            admitted_at_once(&bulk, 4 * MIB),
+            "the first block takes the free slot"
+        );
+        assert!(
+            !admitted_at_once(&bulk, 4 * MIB),
+            "the second waits for the pace"
+        );
+    }
+
+    #[test]
+    fn pressured_blocks_are_spaced_by_their_share_of_the_pressured_rate() {
+        // Depth 1 on 2 CPUs: 32 MiB/s, one 4 MiB block every 125 ms.
+        let (t0, rate) = (Instant::now(), pressured_rate(1, 2));
+        let (_, next) = schedule(t0, t0, 4 * MIB, rate);
+        let (start, _) = schedule(next, t0, 4 * MIB, rate);
+        assert_eq!(start, t0 + Duration::from_millis(125));
+    }
+
+    #[test]
+    fn deeper_interactive_queues_shrink_bulk_admission_down_to_a_floor() {
+        let rate = |d| pressured_rate(d, 2) / MIB as f64;
+        assert_eq!(rate(1), 32.0);
+        assert_eq!(rate(2), 16.0);
+        assert_eq!(rate(4), 8.0);
+        assert_eq!(
+            rate(1000),
+            8.0,
+            "never below the floor: bulk still progresses"
+        );
+        assert_eq!(
+            pressured_rate(1, 4),
+            2.0 * pressured_rate(1, 2),
+            "scaled per CPU"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_block_waiting_on_interactive_requests_goes_once_the_node_turns_quiet() {
+        let pressure = Pressure::with_quiet(Duration::ZERO);
+        let bulk = bulk(&pressure, None);
+        let write = pressure.enter();
+        // A huge first block pushes the next slot days away: only quiet can release it.
+        assert!(admitted_at_once(&bulk, 1 << 43));
+        let next = bulk.admit(4 * MIB);
+        tokio::pin!(next);
+        assert!(next.as_mut().now_or_never().is_none());
+        drop(write);
+        assert!(next.now_or_never().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_request_that_just_ended_still_holds_bulk_back_for_the_quiet_window() {
+        let pressure = Pressure::with_quiet(HOUR);
+        let bulk = bulk(&pressure, None);
+        drop(pressure.enter());
+        assert!(admitted_at_once(&bulk, 4 * MIB));
+        assert!(!admitted_at_once(&bulk, 4 * MIB));
+    }
+
+    #[tokio::test]
+    async fn a_hard_cap_paces_blocks_even_on_a_quiet_node() {
+        let pressure = Pressure::new();
+        let bulk = bulk(&pressure, Some(4.0));
+        assert!(admitted_at_once(&bulk, 2 * MIB));
+        assert!(!admitted_at_once(&bulk, 2 * MIB));
     }
 }

@@ -156,8 +156,9 @@ pub struct ServeArgs {
     /// Artifact blocks hashed and written at once on this node (bulk admission) [default: 2].
     #[arg(long, env = "NOKV_BULK_PARALLEL")]
     pub bulk_parallel: Option<usize>,
-    /// Cap on the node's artifact-block bandwidth in MiB/s, leaving the rest of the machine to
-    /// interactive requests; 0 = no cap [default: 16 per CPU, e.g. 32 on 2 CPUs].
+    /// Optional hard cap on the node's artifact-block bandwidth in MiB/s. Without it bulk work
+    /// runs at full speed on a quiet node and yields to interactive requests on a busy one
+    /// (see the README); 0 = no cap [default: no cap].
     #[arg(long, env = "NOKV_BULK_MIB_PER_S")]
     pub bulk_mib_per_s: Option<f64>,
     /// Node-wide budget of artifact-block bytes held in memory by ReadBlock and PutBlock, e.g.
@@ -246,16 +247,6 @@ pub struct ServeArgs {
 #[derive(Debug, thiserror::Error)]
 #[error("configuration: {0}")]
 pub struct ConfigError(pub String);
-
-/// Default bulk budget per CPU. Measured with the interference probe on a 2-CPU machine where
-/// the uploading agent, the daemon and the provider share the cores: uncapped (70-120 MiB/s)
-/// the other agents' small-write p50 rose 1.3-1.8x; at 48 MiB/s it sat at the 1.2x bound
-/// (1.18-1.21x), at 32 MiB/s clearly inside it (1.13x).
-pub const DEFAULT_BULK_MIB_PER_CPU: f64 = 16.0;
-
-fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
 
 /// The largest `inline_max` a `Write` can carry: the transport's message limit less the room
 /// it keeps for framing and the request's other fields (path, workspace, request id).
@@ -541,7 +532,9 @@ impl ServeArgs {
                     return Err(ConfigError("bulk_mib_per_s must be >= 0".into()));
                 }
                 Some(r) => (r > 0.0).then_some(r),
-                None => Some(DEFAULT_BULK_MIB_PER_CPU * cpus() as f64),
+                // No default cap: interactive-first scheduling (crate::bulk) keeps an upload
+                // from slowing interactive requests without slowing a lone upload.
+                None => None,
             },
             block_memory,
             block_memory_wait,
@@ -745,6 +738,22 @@ mod tests {
     }
 
     #[test]
+    fn bulk_bandwidth_has_no_cap_unless_one_is_asked_for() {
+        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
+        assert_eq!(s.bulk_mib_per_s, None);
+        let s = Cli::parse_from(["nokv-server", "--bulk-mib-per-s=0"])
+            .serve
+            .resolve()
+            .unwrap();
+        assert_eq!(s.bulk_mib_per_s, None);
+        let s = Cli::parse_from(["nokv-server", "--bulk-mib-per-s=48"])
+            .serve
+            .resolve()
+            .unwrap();
+        assert_eq!(s.bulk_mib_per_s, Some(48.0));
+    }
+
+    #[test]
     fn the_block_memory_budget_comes_from_flag_file_or_default_and_must_hold_one_block() {
         let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
         assert_eq!(s.block_memory, 256 * 1024 * 1024);
@@ -901,20 +910,6 @@ mod tests {
             let cli = Cli::parse_from(["nokv-server", bad[0], bad[1]]);
             assert!(cli.serve.resolve().is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn the_bulk_budget_defaults_per_cpu_and_zero_turns_it_off() {
-        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
-        assert_eq!(
-            s.bulk_mib_per_s,
-            Some(DEFAULT_BULK_MIB_PER_CPU * cpus() as f64)
-        );
-        let s = Cli::parse_from(["nokv-server", "--bulk-mib-per-s", "0"])
-            .serve
-            .resolve()
-            .unwrap();
-        assert_eq!(s.bulk_mib_per_s, None);
     }
 
     fn resolve(args: &[&str]) -> Result<Settings, ConfigError> {

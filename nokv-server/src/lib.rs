@@ -26,6 +26,7 @@ pub mod node;
 pub mod object;
 pub mod pki;
 pub mod placement;
+pub mod pressure;
 pub mod provider_bench;
 pub mod route;
 pub mod server;

@@ -20,8 +20,8 @@
 //! * `nokv_gate_queue_wait_seconds`: a write session's wait from enqueue to the committer
 //!   running it; `nokv_gate_batch_sessions`: sessions per committed batch (its count is the
 //!   number of batches, its sum the number of sessions).
-//! * `nokv_bulk_bytes_total`, `nokv_bulk_admission_wait_seconds` (bandwidth pacing plus the
-//!   wait for a bulk slot), `nokv_block_memory_wait_seconds` and
+//! * `nokv_bulk_bytes_total`, `nokv_bulk_admission_wait_seconds` (yielding to interactive
+//!   requests and the optional bandwidth cap, plus the wait for a bulk slot), `nokv_block_memory_wait_seconds` and
 //!   `nokv_block_memory_refused_total` (the block-memory budget, see [`crate::memory`]).
 //! * `nokv_reconcile_duration_seconds` and `nokv_reconcile_passes_total{outcome}` (`ok` |
 //!   `error`), one per shard pass.

@@ -99,6 +99,11 @@ impl Node {
         Self::empty(data_dir, parts, store)
     }
 
+    /// The interactive pressure this node's bulk work yields to (see [`crate::bulk`]).
+    pub fn pressure(&self) -> Arc<crate::pressure::Pressure> {
+        self.bulk.pressure()
+    }
+
     fn empty(data_dir: &Path, parts: NodeParts, store: MetaStore) -> Result<Node> {
         let (parallel, cap) = parts.bulk;
         let bulk = Arc::new(

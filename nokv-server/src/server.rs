@@ -196,6 +196,8 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let router = Server::builder()
         // Per-RPC counts and latencies (see crate::metrics); cheap whether or not scraped.
         .layer(crate::metrics::RpcMetricsLayer)
+        // Interactive requests in flight: bulk work yields to them (see crate::bulk).
+        .layer(crate::pressure::PressureLayer(node.pressure()))
         // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
         // round trips. One block per stream and a few blocks per connection bound the memory
         // a connection can make the server buffer (see MAX_STREAMS_PER_CONNECTION).

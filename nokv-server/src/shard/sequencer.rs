@@ -377,9 +377,10 @@ impl Shard {
                 let mut keys = Vec::with_capacity(upload.block_count as usize);
                 for i in 0..upload.block_count {
                     match blocks.iter().find(|(idx, _)| *idx == i) {
-                        Some((_, b)) if b.state == BlockState::Uploaded as i32 => {
-                            keys.push(b.key.clone())
-                        }
+                        Some((_, b)) if b.state == BlockState::Uploaded as i32 => keys.push((
+                            b.key.clone(),
+                            block_len(upload.size, i, self.cfg.block_size),
+                        )),
                         _ => return Ok(None),
                     }
                 }
@@ -393,11 +394,13 @@ impl Shard {
         let mut renewed = tokio::time::Instant::now();
         self.extend_lease(claims.clone(), upload_id.clone()).await?;
         let mut hasher = Sha256::new();
-        for k in &keys {
+        for (k, length) in &keys {
             if renewed.elapsed() >= renew_every {
                 self.extend_lease(claims.clone(), upload_id.clone()).await?;
                 renewed = tokio::time::Instant::now();
             }
+            // Reading back and hashing is bulk work: it yields to interactive requests.
+            self.bulk.admit(*length).await;
             let (object, k) = (self.object.clone(), k.clone());
             hasher = self
                 .bulk
@@ -414,7 +417,7 @@ impl Shard {
                     .into(),
             ));
         }
-        Ok(Some(keys))
+        Ok(Some(keys.into_iter().map(|(k, _)| k).collect()))
     }
 
     /// Publishes atomically: every block recorded → one session creates the immutable
@@ -643,6 +646,8 @@ impl Shard {
                     .ok_or_else(|| Error::NotFound(format!("block {index} not found")))
             })
             .await?;
+        // A restore's block read is bulk work: it yields to interactive requests.
+        self.bulk.admit(length).await;
         let reserved = memory.reserve(length).await?;
         Ok(reserved.hold(self.object.get(&key).await?))
     }
