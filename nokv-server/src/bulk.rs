@@ -3,7 +3,7 @@
 //!
 //! Where it runs: on its own small runtime whose threads have a lower CPU priority (nice 10)
 //! and the lowest best-effort I/O class, at most `--bulk-parallel` blocks at a time. The
-//! metadata sessions of an upload stay on the shard's committer like every other write
+//! metadata sessions of an upload stay on the node's committer like every other write
 //! session; only the byte-heavy steps move here.
 //!
 //! When it runs: every block step first passes [`Bulk::admit`], which reads the node's
