@@ -523,13 +523,13 @@ impl Outage {
         if self.since.is_none() {
             self.since = Some(std::time::Instant::now());
             tracing::error!(
-                shard = name,
+                store = name,
                 error = reason,
-                "metadata store failed; the shard answers Unavailable, reopens its store and \
-                 reports not serving until a commit succeeds again"
+                "metadata store failed; its shards answer Unavailable, the store is reopened and \
+                 they report not serving until a commit succeeds again"
             );
         } else {
-            tracing::debug!(shard = name, error = reason, "metadata store still failing");
+            tracing::debug!(store = name, error = reason, "metadata store still failing");
         }
     }
 
@@ -538,10 +538,10 @@ impl Outage {
         if self.failing {
             self.failing = false;
             slot.serving.send_replace(true);
-            tracing::debug!(shard = name, "metadata store commits again");
+            tracing::debug!(store = name, "metadata store commits again");
         }
         if by_caller && let Some(since) = self.since.take() {
-            tracing::info!(shard = name, after = ?since.elapsed(), "metadata store recovered");
+            tracing::info!(store = name, after = ?since.elapsed(), "metadata store recovered");
         }
     }
 
@@ -592,10 +592,10 @@ fn recover(
         match reopen.open() {
             Ok(store) => {
                 slot.set(Some(Arc::new(store)));
-                tracing::debug!(shard = name, "metadata store reopened");
+                tracing::debug!(store = name, "metadata store reopened");
                 return true;
             }
-            Err(e) => tracing::debug!(shard = name, error = %e, "reopen failed"),
+            Err(e) => tracing::debug!(store = name, error = %e, "reopen failed"),
         }
         std::thread::sleep(outage.next_delay());
     }
