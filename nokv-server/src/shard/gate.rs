@@ -6,13 +6,16 @@
 //! provider I/O can ever happen while the gate is held. Callers that need provider I/O (the
 //! upload sequencer) split their work into two sessions with the I/O between them.
 //!
-//! **Group commit.** The committer takes every session queued at that moment as one batch: each
-//! session is its own redb transaction (a failing one aborts alone and changes nothing), all
-//! but the last commit deferred, the last durably (or an empty durable commit flushes the
-//! batch). Nobody is answered before that fsync, so every acknowledged mutation is durable, and
-//! one fsync serves the whole batch. A mutation that depends on another one's outcome is
+//! **Group commit.** The committer takes every session queued at that moment as one batch and
+//! runs them all in **one redb transaction**, committed durably once at the end: one page
+//! write-back and one fsync serve the whole batch. Each session still runs as if alone: a
+//! session that fails has its writes undone inside the transaction before the next one runs
+//! (every insert and remove records how to put the row back, see [`crate::meta`]'s `undo`), so
+//! it changes nothing and fails alone. Nobody is answered before that fsync, so every
+//! acknowledged mutation is durable. A mutation that depends on another one's outcome is
 //! submitted after it was answered, hence lands in a later batch: a crash can never keep a
-//! dependent mutation and lose what it depended on.
+//! dependent mutation and lose what it depended on. Work on a whole namespace (a checkpoint's
+//! copy, a load's import) runs alone between batches ([`Committer::exclusive`]).
 //!
 //! **One committer and one fsync for every shard of a node.** A node keeps all the shards it
 //! holds in one redb file, each in its own namespace of tables ([`crate::meta::Tables`]), and
