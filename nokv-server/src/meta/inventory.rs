@@ -66,11 +66,11 @@ macro_rules! inventory_reads {
 }
 
 inventory_reads!(ReadView);
-inventory_reads!(WriteView);
+inventory_reads!(WriteView<'_>);
 
-impl WriteView {
+impl WriteView<'_> {
     pub fn put_inventory(&mut self, rec: &InventoryRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.inventory)?;
+        let mut t = self.table(self.t.inventory)?;
         t.insert(SCAN_KEY, rec.encode_to_vec().as_slice())?;
         Ok(())
     }
@@ -81,8 +81,7 @@ impl WriteView {
         let old = self.observation(key)?;
         let first_seen_ms = old.as_ref().map_or(now_ms, |o| o.first_seen_ms);
         if let Some(old) = &old {
-            self.txn
-                .open_table(self.t.quarantine_seen)?
+            self.table(self.t.quarantine_seen)?
                 .remove((old.last_seen_ms, key))?;
         }
         let rec = QuarantineRecord {
@@ -91,11 +90,9 @@ impl WriteView {
             last_seen_ms: now_ms,
             seen_scan: scan,
         };
-        self.txn
-            .open_table(self.t.quarantine)?
+        self.table(self.t.quarantine)?
             .insert(key, rec.encode_to_vec().as_slice())?;
-        self.txn
-            .open_table(self.t.quarantine_seen)?
+        self.table(self.t.quarantine_seen)?
             .insert((now_ms, key), ())?;
         Ok(())
     }
@@ -105,10 +102,9 @@ impl WriteView {
         let Some(old) = self.observation(key)? else {
             return Ok(false);
         };
-        self.txn
-            .open_table(self.t.quarantine_seen)?
+        self.table(self.t.quarantine_seen)?
             .remove((old.last_seen_ms, key))?;
-        self.txn.open_table(self.t.quarantine)?.remove(key)?;
+        self.table(self.t.quarantine)?.remove(key)?;
         Ok(true)
     }
 
@@ -117,15 +113,15 @@ impl WriteView {
     pub fn prune_observations(&mut self, cutoff_ms: i64, limit: usize) -> MetaResult<usize> {
         let mut victims = Vec::new();
         {
-            let seen = self.txn.open_table(self.t.quarantine_seen)?;
+            let seen = self.table(self.t.quarantine_seen)?;
             for item in seen.range((i64::MIN, "")..(cutoff_ms, ""))?.take(limit) {
                 let (k, _) = item?;
                 let (ms, key) = k.value();
                 victims.push((ms, key.to_string()));
             }
         }
-        let mut seen = self.txn.open_table(self.t.quarantine_seen)?;
-        let mut quarantine = self.txn.open_table(self.t.quarantine)?;
+        let mut seen = self.table(self.t.quarantine_seen)?;
+        let mut quarantine = self.table(self.t.quarantine)?;
         for (ms, key) in &victims {
             seen.remove((*ms, key.as_str()))?;
             quarantine.remove(key.as_str())?;

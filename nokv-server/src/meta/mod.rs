@@ -15,6 +15,7 @@ mod open;
 pub mod records;
 mod snapshot;
 mod tables;
+mod undo;
 mod usage;
 
 use std::ops::Bound;
@@ -251,7 +252,7 @@ impl MetaStore {
     /// first session.
     pub fn prepare(&self, ns: Namespace) -> MetaResult<()> {
         self.write_in(ns, Commit::Durable, |w| {
-            ns.create_all(&w.txn)?;
+            ns.create_all(w.txn)?;
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
@@ -364,9 +365,8 @@ impl MetaStore {
             txn.set_durability(redb::Durability::None)
                 .map_err(|e| self.fail(e))?;
         }
-        let mut view = WriteView { txn, t: ns };
-        let out = f(&mut view)?;
-        self.commit(view.txn)?;
+        let out = f(&mut WriteView::new(&txn, ns))?;
+        self.commit(txn)?;
         if commit == Commit::Durable {
             self.count_durable();
         }
@@ -384,12 +384,71 @@ impl MetaStore {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Begins a batch: one transaction for many sessions (see [`Batch`]).
+    pub fn batch(&self) -> MetaResult<Batch<'_>> {
+        Ok(Batch {
+            store: self,
+            txn: self.begin_write()?,
+            poisoned: None,
+        })
+    }
+
     /// Makes every deferred commit durable (an empty durable commit: redb writes and fsyncs
     /// the header regardless of content).
     pub fn flush(&self) -> MetaResult<()> {
         let txn = self.begin_write()?;
         self.commit(txn)?;
         self.count_durable();
+        Ok(())
+    }
+}
+
+/// The sessions of one batch in one transaction, committed durably once at the end.
+///
+/// Each session runs as if alone: one that fails has its writes undone before the next runs
+/// (see [`undo`]), so it changes nothing. If an undo itself fails the batch is poisoned: later
+/// sessions are refused and the commit fails, so nothing of the batch is acknowledged.
+pub struct Batch<'s> {
+    store: &'s MetaStore,
+    txn: redb::WriteTransaction,
+    poisoned: Option<String>,
+}
+
+impl Batch<'_> {
+    /// Runs `f` as one session of the batch on namespace `ns`.
+    pub fn session<T, E: From<MetaError>>(
+        &mut self,
+        ns: Namespace,
+        f: impl FnOnce(&mut WriteView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        if let Some(reason) = &self.poisoned {
+            return Err(MetaError::Failed(reason.clone()).into());
+        }
+        let mut view = WriteView::new(&self.txn, ns);
+        let out = f(&mut view);
+        if out.is_err() {
+            let steps = view.undo.into_inner();
+            for step in steps.into_iter().rev() {
+                if let Err(e) = step(&self.txn) {
+                    self.poisoned = Some(format!("undoing a failed session: {e}"));
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Commits every session that succeeded, durably (one fsync). A poisoned batch is
+    /// aborted and fails the store (its handle must be replaced).
+    pub fn commit(self) -> MetaResult<()> {
+        if let Some(reason) = self.poisoned {
+            drop(self.txn);
+            return Err(self
+                .store
+                .fail(redb::StorageError::Io(std::io::Error::other(reason))));
+        }
+        self.store.commit(self.txn)?;
+        self.store.count_durable();
         Ok(())
     }
 }
@@ -420,9 +479,30 @@ pub struct ReadView {
     t: Namespace,
 }
 
-pub struct WriteView {
-    txn: redb::WriteTransaction,
+pub struct WriteView<'a> {
+    txn: &'a redb::WriteTransaction,
     t: Namespace,
+    /// How to undo what this session wrote so far (see [`undo`]).
+    undo: std::cell::RefCell<Vec<undo::UndoStep>>,
+}
+
+impl<'a> WriteView<'a> {
+    fn new(txn: &'a redb::WriteTransaction, t: Namespace) -> Self {
+        WriteView {
+            txn,
+            t,
+            undo: Default::default(),
+        }
+    }
+
+    /// Opens one of the session's tables for writing: every insert and remove through it
+    /// records its undo step first.
+    fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        def: redb::TableDefinition<'static, K, V>,
+    ) -> MetaResult<undo::UndoTable<'_, K, V>> {
+        undo::UndoTable::open(self.txn, def, &self.undo)
+    }
 }
 
 /// Point reads and scans shared by both views: a write session must see its own writes, so it
@@ -707,7 +787,7 @@ macro_rules! readable {
 }
 
 readable!(ReadView);
-readable!(WriteView);
+readable!(WriteView<'_>);
 
 /// Reads of the workspace-deletion state, shared by both views.
 macro_rules! workspace_reads {
@@ -764,7 +844,7 @@ macro_rules! workspace_reads {
 }
 
 workspace_reads!(ReadView);
-workspace_reads!(WriteView);
+workspace_reads!(WriteView<'_>);
 
 /// Reads of the operations ledger, shared by both views.
 macro_rules! ledger_reads {
@@ -876,7 +956,7 @@ macro_rules! ledger_reads {
 }
 
 ledger_reads!(ReadView);
-ledger_reads!(WriteView);
+ledger_reads!(WriteView<'_>);
 
 /// How an operation shows in the counters and indexes: its state, creation and end time.
 #[derive(Clone, Copy)]
@@ -907,7 +987,7 @@ impl Tracked {
 /// Writes of the operations ledger. Every change of an operation's state goes through
 /// `put_upload`/`remove_upload` or `put_operation`/`remove_operation`, which keep the per-state
 /// counters, the unresolved index, the deleted index and the queues in the same session.
-impl WriteView {
+impl WriteView<'_> {
     /// Moves operation `id` from `old` to `new` in the counters and indexes.
     fn track(
         &mut self,
@@ -916,7 +996,7 @@ impl WriteView {
         new: Option<Tracked>,
         delete: bool,
     ) -> MetaResult<()> {
-        let mut states = self.txn.open_table(self.t.op_states)?;
+        let mut states = self.table(self.t.op_states)?;
         if let Some(o) = old {
             let n = states.get(o.state.name())?.map_or(0, |v| v.value());
             states.insert(o.state.name(), n.saturating_sub(1))?;
@@ -926,7 +1006,7 @@ impl WriteView {
             states.insert(n.state.name(), c + 1)?;
         }
         drop(states);
-        let mut unresolved = self.txn.open_table(self.t.unresolved_ops)?;
+        let mut unresolved = self.table(self.t.unresolved_ops)?;
         if let Some(o) = old.filter(|o| o.state.unresolved()) {
             unresolved.remove((o.created_ms, id))?;
         }
@@ -935,7 +1015,7 @@ impl WriteView {
         }
         drop(unresolved);
         if delete {
-            let mut deleted = self.txn.open_table(self.t.deleted_ops)?;
+            let mut deleted = self.table(self.t.deleted_ops)?;
             if let Some(o) = old.filter(|o| o.state == OpState::Deleted) {
                 deleted.remove((o.ended_ms, id))?;
             }
@@ -953,8 +1033,7 @@ impl WriteView {
             upload_id: upload_id.to_string(),
             ..Default::default()
         };
-        self.txn
-            .open_table(self.t.operations)?
+        self.table(self.t.operations)?
             .insert(id, rec.encode_to_vec().as_slice())?;
         Ok(id)
     }
@@ -964,8 +1043,7 @@ impl WriteView {
     /// dead-letter set exactly while `dead_letter`.
     pub fn put_operation(&mut self, id: u64, rec: &OperationRecord) -> MetaResult<()> {
         let old = self.operation(id)?;
-        self.txn
-            .open_table(self.t.operations)?
+        self.table(self.t.operations)?
             .insert(id, rec.encode_to_vec().as_slice())?;
         self.track(
             id,
@@ -976,14 +1054,14 @@ impl WriteView {
         let state = rec.op_state();
         let key = rec.key.as_str();
         if rec.kind == DeleteKind::Block as i32 {
-            let mut q = self.txn.open_table(self.t.collectable)?;
+            let mut q = self.table(self.t.collectable)?;
             if state == OpState::Deleting {
                 q.insert(key, id)?;
             } else if q.get(key)?.is_some_and(|v| v.value() == id) {
                 q.remove(key)?;
             }
         }
-        let mut dead = self.txn.open_table(self.t.dead_letters)?;
+        let mut dead = self.table(self.t.dead_letters)?;
         if state == OpState::DeadLetter {
             dead.insert(key, id)?;
         } else if dead.get(key)?.is_some_and(|v| v.value() == id) {
@@ -997,7 +1075,7 @@ impl WriteView {
     pub fn remove_operation(&mut self, id: u64) -> MetaResult<()> {
         if let Some(old) = self.operation(id)? {
             self.track(id, Some(Tracked::delete(&old)), None, !old.is_upload())?;
-            self.txn.open_table(self.t.operations)?.remove(id)?;
+            self.table(self.t.operations)?.remove(id)?;
         }
         Ok(())
     }
@@ -1011,7 +1089,7 @@ impl WriteView {
         bytes: u64,
         now_ms: i64,
     ) -> MetaResult<u64> {
-        if let Some(v) = self.txn.open_table(self.t.collectable)?.get(key)? {
+        if let Some(v) = self.table(self.t.collectable)?.get(key)? {
             return Ok(v.value());
         }
         let id = self.next_sequence(OPERATION_SEQ)?;
@@ -1064,19 +1142,19 @@ impl WriteView {
     /// existed its ledger row, once; a no-op afterwards (and on a new store). Returns how
     /// many rows it created.
     pub fn backfill_operations(&mut self, now_ms: i64) -> MetaResult<u64> {
-        let mut seq = self.txn.open_table(self.t.sequences)?;
+        let mut seq = self.table(self.t.sequences)?;
         if seq.get(OPERATIONS_MARKER)?.is_some() {
             return Ok(0);
         }
         seq.insert(OPERATIONS_MARKER, 1)?;
         drop(seq);
         let mut uploads = Vec::new();
-        for item in self.txn.open_table(self.t.uploads)?.iter()? {
+        for item in self.table(self.t.uploads)?.iter()? {
             let (k, v) = item?;
             uploads.push((k.value().to_string(), decode::<UploadRecord>(v.value())?));
         }
         let mut collectable = Vec::new();
-        for item in self.txn.open_table(self.t.collectable)?.iter()? {
+        for item in self.table(self.t.collectable)?.iter()? {
             let (k, v) = item?;
             collectable.push((k.value().to_string(), v.value()));
         }
@@ -1098,9 +1176,7 @@ impl WriteView {
                 }
                 None => (String::new(), 0),
             };
-            self.txn
-                .open_table(self.t.collectable)?
-                .remove(key.as_str())?;
+            self.table(self.t.collectable)?.remove(key.as_str())?;
             self.queue_delete(key, &workspace, bytes, now_ms)?;
             created += 1;
         }
@@ -1108,36 +1184,34 @@ impl WriteView {
     }
 }
 
-impl WriteView {
+impl WriteView<'_> {
     pub fn put_entry(&mut self, ws: &str, path: &str, rec: &EntryRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.entries)?;
+        let mut t = self.table(self.t.entries)?;
         t.insert((ws, path), rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 
     /// Removes the entry and any inline body; the path's generation counter stays.
     pub fn remove_entry(&mut self, ws: &str, path: &str) -> MetaResult<()> {
-        self.txn.open_table(self.t.entries)?.remove((ws, path))?;
-        self.txn.open_table(self.t.inline)?.remove((ws, path))?;
+        self.table(self.t.entries)?.remove((ws, path))?;
+        self.table(self.t.inline)?.remove((ws, path))?;
         Ok(())
     }
 
     pub fn put_inline(&mut self, ws: &str, path: &str, data: &[u8]) -> MetaResult<()> {
-        self.txn
-            .open_table(self.t.inline)?
-            .insert((ws, path), data)?;
+        self.table(self.t.inline)?.insert((ws, path), data)?;
         Ok(())
     }
 
     pub fn remove_inline(&mut self, ws: &str, path: &str) -> MetaResult<()> {
-        self.txn.open_table(self.t.inline)?.remove((ws, path))?;
+        self.table(self.t.inline)?.remove((ws, path))?;
         Ok(())
     }
 
     /// Issues the path's next generation: strictly greater than every generation the path
     /// ever had, including deleted ones.
     pub fn next_generation(&mut self, ws: &str, path: &str) -> MetaResult<u64> {
-        let mut t = self.txn.open_table(self.t.generations)?;
+        let mut t = self.table(self.t.generations)?;
         let next = t.get((ws, path))?.map(|v| v.value()).unwrap_or(0) + 1;
         t.insert((ws, path), next)?;
         Ok(next)
@@ -1150,24 +1224,22 @@ impl WriteView {
         if epoch < current {
             return Err(MetaError::EpochRegression { current, epoch });
         }
-        self.txn
-            .open_table(self.t.ownership)?
-            .insert(EPOCH_KEY, epoch)?;
+        self.table(self.t.ownership)?.insert(EPOCH_KEY, epoch)?;
         Ok(())
     }
 
     /// Issues the next value of a named sequence (starting at 1, never reused).
     pub fn next_sequence(&mut self, name: &str) -> MetaResult<u64> {
-        let mut t = self.txn.open_table(self.t.sequences)?;
+        let mut t = self.table(self.t.sequences)?;
         let next = t.get(name)?.map(|v| v.value()).unwrap_or(0) + 1;
         t.insert(name, next)?;
         Ok(next)
     }
 
     pub fn put_replay(&mut self, ws: &str, request_id: &str, rec: &ReplayRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.requests)?;
+        let mut t = self.table(self.t.requests)?;
         t.insert((ws, request_id), rec.encode_to_vec().as_slice())?;
-        let mut age = self.txn.open_table(self.t.request_age)?;
+        let mut age = self.table(self.t.request_age)?;
         age.insert((rec.created_ms.max(0) as u64, ws, request_id), ())?;
         Ok(())
     }
@@ -1175,7 +1247,7 @@ impl WriteView {
     /// Removes up to `limit` replay records created before `cutoff_ms`, oldest first.
     /// Returns how many were removed; a short page means nothing older is left.
     pub fn prune_replays(&mut self, cutoff_ms: i64, limit: usize) -> MetaResult<usize> {
-        let mut age = self.txn.open_table(self.t.request_age)?;
+        let mut age = self.table(self.t.request_age)?;
         let mut victims = Vec::new();
         for item in age.range(..(cutoff_ms.max(0) as u64, "", ""))? {
             if victims.len() == limit {
@@ -1185,7 +1257,7 @@ impl WriteView {
             let (ms, ws, id) = k.value();
             victims.push((ms, ws.to_string(), id.to_string()));
         }
-        let mut requests = self.txn.open_table(self.t.requests)?;
+        let mut requests = self.table(self.t.requests)?;
         for (ms, ws, id) in &victims {
             age.remove((*ms, ws.as_str(), id.as_str()))?;
             requests.remove((ws.as_str(), id.as_str()))?;
@@ -1217,7 +1289,7 @@ impl WriteView {
             Some(Tracked::upload(&rec)),
             false,
         )?;
-        let mut t = self.txn.open_table(self.t.uploads)?;
+        let mut t = self.table(self.t.uploads)?;
         t.insert(id, rec.encode_to_vec().as_slice())?;
         drop(t);
         self.index_upload(id, &rec)
@@ -1230,18 +1302,15 @@ impl WriteView {
             self.unindex_upload(id, &old)?;
             if old.operation != 0 {
                 self.track(old.operation, Some(Tracked::upload(&old)), None, false)?;
-                self.txn
-                    .open_table(self.t.operations)?
-                    .remove(old.operation)?;
+                self.table(self.t.operations)?.remove(old.operation)?;
             }
-            self.txn.open_table(self.t.uploads)?.remove(id)?;
+            self.table(self.t.uploads)?.remove(id)?;
             if !old.receipt.is_empty()
                 && self
                     .receipt(&old.workspace, &old.receipt)?
                     .is_some_and(|r| r.upload_id == id)
             {
-                self.txn
-                    .open_table(self.t.receipts)?
+                self.table(self.t.receipts)?
                     .remove((old.workspace.as_str(), old.receipt.as_str()))?;
             }
         }
@@ -1250,7 +1319,7 @@ impl WriteView {
 
     /// Removes up to `limit` receipt records of workspace `ws`; returns how many.
     pub fn remove_receipts(&mut self, ws: &str, limit: usize) -> MetaResult<usize> {
-        let mut t = self.txn.open_table(self.t.receipts)?;
+        let mut t = self.table(self.t.receipts)?;
         let mut names = Vec::new();
         for item in t.range((ws, "")..)? {
             let (k, _) = item?;
@@ -1267,30 +1336,26 @@ impl WriteView {
     }
 
     pub fn put_receipt(&mut self, ws: &str, receipt: &str, rec: &ReceiptRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.receipts)?;
+        let mut t = self.table(self.t.receipts)?;
         t.insert((ws, receipt), rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 
     fn index_upload(&mut self, id: &str, rec: &UploadRecord) -> MetaResult<()> {
         if rec.state == UploadState::Open as i32 {
-            self.txn
-                .open_table(self.t.open_uploads)?
+            self.table(self.t.open_uploads)?
                 .insert((rec.lease_expires_ms, id), ())?;
         } else if rec.is_ended() {
-            self.txn
-                .open_table(self.t.ended_uploads)?
+            self.table(self.t.ended_uploads)?
                 .insert((ended_at(rec), id), ())?;
         }
         Ok(())
     }
 
     fn unindex_upload(&mut self, id: &str, rec: &UploadRecord) -> MetaResult<()> {
-        self.txn
-            .open_table(self.t.open_uploads)?
+        self.table(self.t.open_uploads)?
             .remove((rec.lease_expires_ms, id))?;
-        self.txn
-            .open_table(self.t.ended_uploads)?
+        self.table(self.t.ended_uploads)?
             .remove((ended_at(rec), id))?;
         Ok(())
     }
@@ -1298,14 +1363,14 @@ impl WriteView {
     /// Indexes every upload record once, for data directories written before the indexes
     /// existed; a no-op afterwards. Returns how many records were indexed.
     pub fn index_uploads(&mut self) -> MetaResult<u64> {
-        let mut seq = self.txn.open_table(self.t.sequences)?;
+        let mut seq = self.table(self.t.sequences)?;
         if seq.get(UPLOAD_INDEX_MARKER)?.is_some() {
             return Ok(0);
         }
         seq.insert(UPLOAD_INDEX_MARKER, 1)?;
         drop(seq);
         let mut all = Vec::new();
-        for item in self.txn.open_table(self.t.uploads)?.iter()? {
+        for item in self.table(self.t.uploads)?.iter()? {
             let (k, v) = item?;
             all.push((k.value().to_string(), decode::<UploadRecord>(v.value())?));
         }
@@ -1316,7 +1381,7 @@ impl WriteView {
     }
 
     pub fn put_block(&mut self, upload: &str, index: u32, rec: &BlockRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.blocks)?;
+        let mut t = self.table(self.t.blocks)?;
         t.insert((upload, index), rec.encode_to_vec().as_slice())?;
         Ok(())
     }
@@ -1324,46 +1389,42 @@ impl WriteView {
     /// Removes every block record of an upload (after its keys moved to a revision or to
     /// the collectable set).
     pub fn remove_blocks(&mut self, upload: &str) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.blocks)?;
-        t.retain_in((upload, 0u32)..=(upload, u32::MAX), |_, _| false)?;
+        let mut t = self.table(self.t.blocks)?;
+        t.remove_range((upload, 0u32)..=(upload, u32::MAX))?;
         Ok(())
     }
 
     pub fn put_revision(&mut self, rev: u64, rec: &RevisionRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.revisions)?;
+        let mut t = self.table(self.t.revisions)?;
         t.insert(rev, rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 
     pub fn remove_revision(&mut self, rev: u64) -> MetaResult<()> {
-        self.txn.open_table(self.t.revisions)?.remove(rev)?;
+        self.table(self.t.revisions)?.remove(rev)?;
         Ok(())
     }
 
     pub fn put_guard(&mut self, key: &str, rec: &GuardRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.guards)?;
+        let mut t = self.table(self.t.guards)?;
         t.insert(key, rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 
     pub fn remove_guard(&mut self, key: &str) -> MetaResult<()> {
-        self.txn.open_table(self.t.guards)?.remove(key)?;
+        self.table(self.t.guards)?.remove(key)?;
         Ok(())
     }
 
     /// Records that no entry points at `rev` any more (it stays stored and readable).
     pub fn retire_revision(&mut self, rev: u64, now_ms: i64) -> MetaResult<()> {
-        self.txn
-            .open_table(self.t.retired)?
-            .insert((now_ms, rev), ())?;
+        self.table(self.t.retired)?.insert((now_ms, rev), ())?;
         Ok(())
     }
 
     /// Forgets a retired revision's index entry (once its keys were released).
     pub fn remove_retired(&mut self, retired_ms: i64, rev: u64) -> MetaResult<()> {
-        self.txn
-            .open_table(self.t.retired)?
-            .remove((retired_ms, rev))?;
+        self.table(self.t.retired)?.remove((retired_ms, rev))?;
         Ok(())
     }
 
@@ -1377,12 +1438,7 @@ impl WriteView {
     /// Settles the queued delete of `key` as deleted (its operation keeps its last update
     /// time): prefer recording the attempt through [`crate::shard::operations`].
     pub fn remove_collectable(&mut self, key: &str) -> MetaResult<()> {
-        let Some(id) = self
-            .txn
-            .open_table(self.t.collectable)?
-            .get(key)?
-            .map(|v| v.value())
-        else {
+        let Some(id) = self.table(self.t.collectable)?.get(key)?.map(|v| v.value()) else {
             return Ok(());
         };
         match self.operation(id)? {
@@ -1391,20 +1447,20 @@ impl WriteView {
                 self.put_operation(id, &op)?;
             }
             _ => {
-                self.txn.open_table(self.t.collectable)?.remove(key)?;
+                self.table(self.t.collectable)?.remove(key)?;
             }
         }
         Ok(())
     }
 
     pub fn put_workspace(&mut self, ws: &str, rec: &WorkspaceRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.workspaces)?;
+        let mut t = self.table(self.t.workspaces)?;
         t.insert(ws, rec.encode_to_vec().as_slice())?;
         Ok(())
     }
 
     pub fn remove_workspace(&mut self, ws: &str) -> MetaResult<()> {
-        self.txn.open_table(self.t.workspaces)?.remove(ws)?;
+        self.table(self.t.workspaces)?.remove(ws)?;
         Ok(())
     }
 

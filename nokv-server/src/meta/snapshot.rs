@@ -37,7 +37,7 @@ impl MetaStore {
         {
             let copy = MetaStore::create(dest)?;
             copy.write_in(Tables::canonical(), Commit::Durable, |w| {
-                ns.copy_all(&snapshot, Tables::canonical(), &w.txn)
+                ns.copy_all(&snapshot, Tables::canonical(), w.txn)
             })?;
         }
         Ok(std::fs::metadata(dest).map_err(io)?.len())
@@ -53,8 +53,8 @@ impl MetaStore {
         let source = MetaStore::open(src)?;
         let snapshot = source.db.begin_read()?;
         self.write_in(ns, Commit::Durable, |w| {
-            ns.delete_all(&w.txn)?;
-            Tables::canonical().copy_all(&snapshot, ns, &w.txn)
+            ns.delete_all(w.txn)?;
+            Tables::canonical().copy_all(&snapshot, ns, w.txn)
         })?;
         self.prepare(ns)
     }

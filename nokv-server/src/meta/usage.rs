@@ -125,9 +125,9 @@ macro_rules! usage_reads {
 }
 
 usage_reads!(ReadView);
-usage_reads!(WriteView);
+usage_reads!(WriteView<'_>);
 
-impl WriteView {
+impl WriteView<'_> {
     /// Applies `d` to the counters of `ws` and to the shard's totals (never below 0); drops
     /// the row once it is empty. Returns the new row.
     pub fn change_usage(&mut self, ws: &str, d: UsageDelta) -> MetaResult<UsageRecord> {
@@ -136,7 +136,7 @@ impl WriteView {
         rec.reserved_bytes = apply(rec.reserved_bytes, d.reserved_bytes);
         rec.reservations = apply(rec.reservations, d.reservations);
         self.put_usage(ws, &rec)?;
-        let mut totals = self.txn.open_table(self.t.usage_totals)?;
+        let mut totals = self.table(self.t.usage_totals)?;
         for (name, delta) in [
             (USED, d.used_bytes),
             (RESERVED, d.reserved_bytes),
@@ -159,7 +159,7 @@ impl WriteView {
     }
 
     fn put_usage(&mut self, ws: &str, rec: &UsageRecord) -> MetaResult<()> {
-        let mut t = self.txn.open_table(self.t.usage)?;
+        let mut t = self.table(self.t.usage)?;
         if rec.is_empty() {
             t.remove(ws)?;
         } else {

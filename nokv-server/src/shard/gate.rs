@@ -6,13 +6,16 @@
 //! provider I/O can ever happen while the gate is held. Callers that need provider I/O (the
 //! upload sequencer) split their work into two sessions with the I/O between them.
 //!
-//! **Group commit.** The committer takes every session queued at that moment as one batch: each
-//! session is its own redb transaction (a failing one aborts alone and changes nothing), all
-//! but the last commit deferred, the last durably (or an empty durable commit flushes the
-//! batch). Nobody is answered before that fsync, so every acknowledged mutation is durable, and
-//! one fsync serves the whole batch. A mutation that depends on another one's outcome is
+//! **Group commit.** The committer takes every session queued at that moment as one batch and
+//! runs them all in **one redb transaction**, committed durably once at the end: one page
+//! write-back and one fsync serve the whole batch. Each session still runs as if alone: a
+//! session that fails has its writes undone inside the transaction before the next one runs
+//! (every insert and remove records how to put the row back, see [`crate::meta`]'s `undo`), so
+//! it changes nothing and fails alone. Nobody is answered before that fsync, so every
+//! acknowledged mutation is durable. A mutation that depends on another one's outcome is
 //! submitted after it was answered, hence lands in a later batch: a crash can never keep a
-//! dependent mutation and lose what it depended on.
+//! dependent mutation and lose what it depended on. Work on a whole namespace (a checkpoint's
+//! copy, a load's import) runs alone between batches ([`Committer::exclusive`]).
 //!
 //! **One committer and one fsync for every shard of a node.** A node keeps all the shards it
 //! holds in one redb file, each in its own namespace of tables ([`crate::meta::Tables`]), and
@@ -71,7 +74,7 @@ use parking_lot::RwLock;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{Error, Result};
-use crate::meta::{Commit, MetaStore, Namespace, ReadView, Tables, WriteView};
+use crate::meta::{Batch, Commit, MetaStore, Namespace, ReadView, Tables, WriteView};
 use crate::shard::fence::Fence;
 
 /// Sessions taken into one batch at most (bounds the latency of the batch's first session).
@@ -84,7 +87,26 @@ const REOPEN_CAP: Duration = Duration::from_secs(1);
 /// (or, given `None`, is refused without running because the store is out of service), and
 /// returns whether it committed and how to answer its caller once the batch's durability is
 /// known.
-type Job = Box<dyn FnOnce(Option<(&MetaStore, Commit)>) -> (bool, Answer) + Send>;
+/// A write session: runs inside the batch's transaction (or, given `None`, is refused without
+/// running) and returns whether it committed and how to answer its caller.
+type SessionJob = Box<dyn FnOnce(Option<&mut Batch<'_>>) -> (bool, Answer) + Send>;
+/// Work on the whole store between batches (no transaction open).
+type ExclusiveJob = Box<dyn FnOnce(Option<&MetaStore>) -> Answer + Send>;
+
+enum Job {
+    Session(SessionJob),
+    Exclusive(ExclusiveJob),
+}
+
+impl Job {
+    /// Refuses the job without running it (the store is out of service).
+    fn refuse(self) -> Answer {
+        match self {
+            Job::Session(j) => j(None).1,
+            Job::Exclusive(j) => j(None),
+        }
+    }
+}
 /// Delivers a session's outcome given the batch's flush result.
 type Answer = Box<dyn FnOnce(&std::result::Result<(), String>) + Send>;
 
@@ -230,18 +252,17 @@ impl Committer {
         f: impl FnOnce(&MetaStore) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |store| {
+        let job = Job::Exclusive(Box::new(move |store| {
             let outcome = match store {
-                Some((meta, _)) => f(meta),
+                Some(meta) => f(meta),
                 None => Err(out_of_service()),
             };
-            // The outcome does not depend on how the rest of the batch ends: `f` makes what it
-            // relies on durable itself.
+            // `f` makes what it relies on durable itself.
             let answer: Answer = Box::new(move |_| {
                 let _ = tx.send(outcome);
             });
-            (false, answer)
-        });
+            answer
+        }));
         self.send(job)?;
         rx.await
             .map_err(|_| Error::Internal("exclusive job was dropped".into()))?
@@ -340,17 +361,17 @@ impl Gate {
         let ns = self.ns;
         let (tx, rx) = oneshot::channel();
         let enqueued = std::time::Instant::now();
-        let job: Job = Box::new(move |store| {
+        let job = Job::Session(Box::new(move |batch| {
             crate::metrics::metrics()
                 .gate_queue_wait
                 .observe(enqueued.elapsed().as_secs_f64());
-            let Some((meta, commit)) = store else {
+            let Some(batch) = batch else {
                 let answer: Answer = Box::new(move |_| {
                     let _ = tx.send(Err(out_of_service()));
                 });
                 return (false, answer);
             };
-            let outcome = meta.write_in(ns, commit, f);
+            let outcome = batch.session(ns, f);
             let committed = outcome.is_ok();
             let answer: Answer = Box::new(move |flushed| {
                 let _ = tx.send(match (outcome, flushed) {
@@ -365,7 +386,7 @@ impl Gate {
                 });
             });
             (committed, answer)
-        });
+        }));
         self.committer.send(job)?;
         rx.await
             .map_err(|_| Error::Internal("write session was dropped".into()))?
@@ -391,8 +412,12 @@ impl Gate {
 /// that has not failed; a failure takes it out of service until [`recover`] reopened it.
 fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let mut outage = Outage::default();
+    // An exclusive job met while a batch was being taken: it runs next, alone.
+    let mut carry: Option<Job> = None;
     loop {
-        let first = if outage.failing() {
+        let first = if let Some(job) = carry.take() {
+            Some(job)
+        } else if outage.failing() {
             match jobs.try_recv() {
                 Ok(job) => Some(job),
                 Err(mpsc::error::TryRecvError::Disconnected) => return,
@@ -430,39 +455,22 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
             }
             continue;
         };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+        let (answers, flushed, committed_sessions) = match first {
+            Job::Exclusive(job) => (vec![job(Some(&meta))], Ok(()), 0),
+            Job::Session(job) => {
+                let mut batch = vec![job];
+                while batch.len() < MAX_BATCH {
+                    match jobs.try_recv() {
+                        Ok(Job::Session(job)) => batch.push(job),
+                        Ok(other) => {
+                            carry = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                run_batch(&meta, batch)
             }
-        }
-        let last = batch.len() - 1;
-        let mut answers = Vec::with_capacity(batch.len());
-        let mut deferred_pending = false;
-        let mut any_committed = false;
-        let mut committed_sessions = 0;
-        for (i, job) in batch.into_iter().enumerate() {
-            let commit = if i == last {
-                Commit::Durable
-            } else {
-                Commit::Deferred
-            };
-            let (committed, answer) = job(Some((&meta, commit)));
-            any_committed |= committed;
-            committed_sessions += u64::from(committed);
-            // A durable commit also makes every earlier deferred commit durable.
-            deferred_pending = match commit {
-                Commit::Deferred => deferred_pending || committed,
-                Commit::Durable => deferred_pending && !committed,
-            };
-            answers.push(answer);
-        }
-        // The last session failed (so did not commit) after deferred ones did: flush them.
-        let flushed = if deferred_pending {
-            meta.flush().map_err(|e| e.to_string())
-        } else {
-            Ok(())
         };
         let failure = meta.failure();
         if let Some(reason) = &failure {
@@ -470,7 +478,7 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
             // health) see a consistent state from then on.
             slot.set(None);
             outage.begin(slot, name, reason);
-        } else if any_committed {
+        } else if committed_sessions > 0 {
             outage.end(slot, name, true);
         }
         let stats = &slot.stats;
@@ -486,8 +494,8 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
                 .acknowledged
                 .fetch_add(committed_sessions, Ordering::AcqRel);
         }
-        // Only now, after the batch's fsync (the last durable commit or the flush), is anyone
-        // answered: every success handed out below is durable.
+        // Only now, after the batch's fsync, is anyone answered: every success handed out
+        // below is durable.
         for answer in answers {
             answer(&flushed);
         }
@@ -495,6 +503,35 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
             return;
         }
     }
+}
+
+/// Runs the sessions of one batch in one transaction and commits it durably if any session
+/// committed (a failed session was undone inside it, see [`Batch`]). Returns the answers, the
+/// commit's outcome and how many sessions committed.
+type BatchOutcome = (Vec<Answer>, std::result::Result<(), String>, u64);
+fn run_batch(meta: &MetaStore, sessions: Vec<SessionJob>) -> BatchOutcome {
+    let mut batch = match meta.batch() {
+        Ok(b) => b,
+        Err(e) => {
+            let answers = sessions.into_iter().map(|s| s(None).1).collect();
+            return (answers, Err(e.to_string()), 0);
+        }
+    };
+    let mut answers = Vec::with_capacity(sessions.len());
+    let mut committed = 0;
+    for session in sessions {
+        let (ok, answer) = session(Some(&mut batch));
+        committed += u64::from(ok);
+        answers.push(answer);
+    }
+    let flushed = if committed > 0 {
+        batch.commit().map_err(|e| e.to_string())
+    } else {
+        // Nothing to keep: dropping the transaction aborts it, and no fsync is owed.
+        drop(batch);
+        Ok(())
+    };
+    (answers, flushed, committed)
 }
 
 /// The committer's view of a storage outage (see the module doc).
@@ -567,7 +604,7 @@ fn recover(
     let reopen = failed.reopener();
     let refuse_queued = |jobs: &mut mpsc::UnboundedReceiver<Job>| loop {
         match jobs.try_recv() {
-            Ok(job) => job(None).1(&Ok(())),
+            Ok(job) => job.refuse()(&Ok(())),
             Err(mpsc::error::TryRecvError::Empty) => return true,
             Err(mpsc::error::TryRecvError::Disconnected) => return false,
         }

@@ -1,0 +1,160 @@
+//! Rollback of one write session inside a transaction shared by a whole batch.
+//!
+//! The committer runs every session of a batch in one redb transaction, so the batch costs one
+//! page write-back and one fsync instead of one transaction per session. A failing session must
+//! still change nothing and fail alone, and redb has no savepoint once a table was opened; so
+//! every insert and remove a session makes through [`UndoTable`] first records how to put the
+//! row back (its previous value, or its absence), and a failed session's steps are replayed in
+//! reverse before the next session runs.
+//!
+//! Invariant: inside a write session, every mutation goes through an [`UndoTable`] (the
+//! session's tables come from `WriteView::table`); reads may use the bare transaction.
+
+use std::borrow::Borrow;
+use std::cell::RefCell;
+use std::ops::{Deref, RangeBounds};
+
+use redb::{Key, ReadableTable, TableDefinition, Value, WriteTransaction};
+
+use super::MetaResult;
+
+/// Puts one row back as it was before the session touched it.
+pub(super) type UndoStep = Box<dyn FnOnce(&WriteTransaction) -> MetaResult<()>>;
+
+/// A table opened by a write session: reads pass through, writes record their undo step.
+pub(super) struct UndoTable<'t, K: Key + 'static, V: Value + 'static> {
+    inner: redb::Table<'t, K, V>,
+    def: TableDefinition<'static, K, V>,
+    log: &'t RefCell<Vec<UndoStep>>,
+}
+
+impl<'t, K: Key + 'static, V: Value + 'static> Deref for UndoTable<'t, K, V> {
+    type Target = redb::Table<'t, K, V>;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
+    }
+}
+
+impl<'t, K: Key + 'static, V: Value + 'static> UndoTable<'t, K, V> {
+    pub(super) fn open(
+        txn: &'t WriteTransaction,
+        def: TableDefinition<'static, K, V>,
+        log: &'t RefCell<Vec<UndoStep>>,
+    ) -> MetaResult<Self> {
+        Ok(UndoTable {
+            inner: txn.open_table(def)?,
+            def,
+            log,
+        })
+    }
+
+    /// Records how to restore the row of `key` as it is now.
+    fn remember(&self, key: &K::SelfType<'_>) -> MetaResult<()> {
+        let old: Option<Vec<u8>> = self
+            .inner
+            .get(key)?
+            .map(|g| V::as_bytes(&g.value()).as_ref().to_vec());
+        let key: Vec<u8> = K::as_bytes(key).as_ref().to_vec();
+        let def = self.def;
+        self.log.borrow_mut().push(Box::new(move |txn| {
+            let mut t = txn.open_table(def)?;
+            let k = K::from_bytes(&key);
+            match &old {
+                Some(v) => {
+                    t.insert(k, V::from_bytes(v))?;
+                }
+                None => {
+                    t.remove(k)?;
+                }
+            }
+            Ok(())
+        }));
+        Ok(())
+    }
+
+    pub(super) fn insert<'k, 'v>(
+        &mut self,
+        key: impl Borrow<K::SelfType<'k>>,
+        value: impl Borrow<V::SelfType<'v>>,
+    ) -> MetaResult<()> {
+        self.remember(key.borrow())?;
+        self.inner.insert(key.borrow(), value)?;
+        Ok(())
+    }
+
+    /// Removes `key`; returns whether a row was there.
+    pub(super) fn remove<'k>(&mut self, key: impl Borrow<K::SelfType<'k>>) -> MetaResult<bool> {
+        self.remember(key.borrow())?;
+        Ok(self.inner.remove(key.borrow())?.is_some())
+    }
+
+    /// Removes every row whose key is in `range`.
+    pub(super) fn remove_range<'a, KR>(
+        &mut self,
+        range: impl RangeBounds<KR> + 'a,
+    ) -> MetaResult<()>
+    where
+        KR: Borrow<K::SelfType<'a>> + 'a,
+    {
+        let keys: Vec<Vec<u8>> = self
+            .inner
+            .range(range)?
+            .map(|item| item.map(|(k, _)| K::as_bytes(&k.value()).as_ref().to_vec()))
+            .collect::<Result<_, _>>()?;
+        for k in keys {
+            self.remove(K::from_bytes(&k))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::meta::{MetaError, MetaStore};
+
+    // Catches: an insert or remove that records no undo step, undo steps replayed in the
+    // wrong order (the row written twice would keep its first new value), and a batch that
+    // commits per session.
+    #[test]
+    fn a_failed_session_in_a_batch_is_undone_row_by_row_and_the_others_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetaStore::create(&dir.path().join("u.redb")).unwrap();
+        store
+            .write(|w| {
+                w.put_inline("ws", "a", b"old")?;
+                w.put_inline("ws", "b", b"keep")
+            })
+            .unwrap();
+        let ns = crate::meta::Tables::canonical();
+        let fsyncs = store.durable_commits();
+
+        let mut batch = store.batch().unwrap();
+        batch
+            .session(ns, |w| w.put_inline("ws", "c", b"1"))
+            .unwrap();
+        let failed = batch.session(ns, |w| {
+            w.put_inline("ws", "a", b"new")?;
+            w.put_inline("ws", "a", b"newer")?;
+            w.remove_inline("ws", "b")?;
+            w.put_inline("ws", "d", b"x")?;
+            Err::<(), _>(MetaError::Failed("this session fails".into()))
+        });
+        assert!(failed.is_err());
+        batch
+            .session(ns, |w| w.put_inline("ws", "e", b"2"))
+            .unwrap();
+        batch.commit().unwrap();
+
+        let read = |name: &str| store.read(|r| r.inline("ws", name)).unwrap();
+        assert_eq!(read("a"), Some(b"old".to_vec()), "overwrites undone");
+        assert_eq!(read("b"), Some(b"keep".to_vec()), "remove undone");
+        assert_eq!(read("d"), None, "insert undone");
+        assert_eq!(read("c"), Some(b"1".to_vec()));
+        assert_eq!(read("e"), Some(b"2".to_vec()));
+        assert_eq!(
+            store.durable_commits() - fsyncs,
+            1,
+            "one fsync for the batch"
+        );
+    }
+}
