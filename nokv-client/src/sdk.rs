@@ -67,7 +67,7 @@ macro_rules! routed {
 }
 routed!(with StatRequest, ListRequest, ReadRequest, WriteRequest, DeleteRequest,
     BeginUploadRequest, GetManifestRequest, ReadBlockRequest, DeleteWorkspaceRequest,
-    RouteRequest; without PutBlockRequest, RenewUploadRequest, CommitUploadRequest,
+    RouteRequest, EditRequest, AppendRequest, FindRequest, GrepRequest; without PutBlockRequest, RenewUploadRequest, CommitUploadRequest,
     AbortUploadRequest);
 
 /// The largest body the CLI sends as a small file in one `Write`: the server's default
@@ -399,6 +399,69 @@ impl Client {
         }
         let r = unary!(self, delete, req)?;
         Ok(r.generation)
+    }
+
+    /// Replaces exactly one occurrence of `req.old` with `req.new` in a small file on the
+    /// server, in one write session. `request_id` defaults to a fresh random id.
+    pub async fn edit(&self, mut req: pb::EditRequest) -> Result<pb::Entry> {
+        if req.request_id.is_empty() {
+            req.request_id = new_request_id();
+        }
+        let r = unary!(self, edit, req)?;
+        Ok(r.entry.unwrap_or_default())
+    }
+
+    /// Appends to a small file (creating it) atomically on the server. `request_id` defaults
+    /// to a fresh random id.
+    pub async fn append(&self, mut req: pb::AppendRequest) -> Result<pb::Entry> {
+        if req.request_id.is_empty() {
+            req.request_id = new_request_id();
+        }
+        let r = unary!(self, append, req)?;
+        Ok(r.entry.unwrap_or_default())
+    }
+
+    /// One page of the paths of `ws` matching `glob`.
+    pub async fn find(
+        &self,
+        ws: &str,
+        glob: &str,
+        limit: u32,
+        cursor: &str,
+    ) -> Result<pb::FindResponse> {
+        let req = pb::FindRequest {
+            workspace: ws.into(),
+            glob: glob.into(),
+            limit,
+            cursor: cursor.into(),
+        };
+        unary!(self, find, req)
+    }
+
+    /// Runs a server-side grep and gathers its stream: every match, and the summary the
+    /// server sends last (default when the server sent none).
+    pub async fn grep(
+        &self,
+        req: pb::GrepRequest,
+    ) -> Result<(Vec<pb::GrepMatch>, pb::GrepSummary)> {
+        let ws = req.workspace.clone();
+        self.retrying_for("grep", Some(&ws), |conn| {
+            let mut c = conn.ws;
+            let req = req.clone();
+            async move {
+                let mut stream = c.grep(req).await?.into_inner();
+                let mut matches = Vec::new();
+                let mut summary = pb::GrepSummary::default();
+                while let Some(chunk) = stream.message().await? {
+                    matches.extend(chunk.matches);
+                    if let Some(s) = chunk.summary {
+                        summary = s;
+                    }
+                }
+                Ok((matches, summary))
+            }
+        })
+        .await
     }
 
     /// The accounting check: every provider object classified (admin token scoped to `*`).

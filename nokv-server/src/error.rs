@@ -69,6 +69,10 @@ pub enum Error {
     /// (unlike `ResourceExhausted`): it clears only when uploads are committed or aborted.
     #[error("{0}")]
     AdmissionCapReached(String),
+    /// An edit's `old` text does not occur exactly once in the file (`count` times instead):
+    /// the edit changed nothing.
+    #[error("the text to replace occurs {count} times in {what}; it must occur exactly once")]
+    MatchCount { count: u64, what: String },
 }
 
 impl Error {
@@ -91,6 +95,7 @@ impl Error {
             Error::ResourceExhausted(_) => "ResourceExhausted",
             Error::Internal(_) => "Internal",
             Error::AdmissionCapReached(_) => "AdmissionCapReached",
+            Error::MatchCount { .. } => "MatchCount",
         }
     }
 
@@ -113,6 +118,7 @@ impl Error {
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Internal(_) => Code::Internal,
             Error::AdmissionCapReached(_) => Code::ResourceExhausted,
+            Error::MatchCount { .. } => Code::FailedPrecondition,
         }
     }
 }

@@ -159,6 +159,31 @@ impl Workspace for Fake {
     ) -> Result<Response<pb::DeleteWorkspaceResponse>, Status> {
         Err(unused())
     }
+    async fn edit(
+        &self,
+        _: Request<pb::EditRequest>,
+    ) -> Result<Response<pb::EditResponse>, Status> {
+        Err(unused())
+    }
+    async fn append(
+        &self,
+        _: Request<pb::AppendRequest>,
+    ) -> Result<Response<pb::AppendResponse>, Status> {
+        Err(unused())
+    }
+    async fn find(
+        &self,
+        _: Request<pb::FindRequest>,
+    ) -> Result<Response<pb::FindResponse>, Status> {
+        Err(unused())
+    }
+    type GrepStream = futures::stream::Empty<Result<pb::GrepChunk, Status>>;
+    async fn grep(
+        &self,
+        _: Request<pb::GrepRequest>,
+    ) -> Result<Response<Self::GrepStream>, Status> {
+        Err(unused())
+    }
 }
 
 impl Fake {

@@ -339,4 +339,33 @@ impl Workspace for WorkspaceService {
             .await,
         )
     }
+    async fn edit(
+        &self,
+        _req: Request<pb::EditRequest>,
+    ) -> Result<Response<pb::EditResponse>, Status> {
+        Err(Status::unimplemented("Edit is not implemented yet"))
+    }
+
+    async fn append(
+        &self,
+        _req: Request<pb::AppendRequest>,
+    ) -> Result<Response<pb::AppendResponse>, Status> {
+        Err(Status::unimplemented("Append is not implemented yet"))
+    }
+
+    async fn find(
+        &self,
+        _req: Request<pb::FindRequest>,
+    ) -> Result<Response<pb::FindResponse>, Status> {
+        Err(Status::unimplemented("Find is not implemented yet"))
+    }
+
+    type GrepStream = Pin<Box<dyn Stream<Item = Result<pb::GrepChunk, Status>> + Send>>;
+
+    async fn grep(
+        &self,
+        _req: Request<pb::GrepRequest>,
+    ) -> Result<Response<Self::GrepStream>, Status> {
+        Err(Status::unimplemented("Grep is not implemented yet"))
+    }
 }
