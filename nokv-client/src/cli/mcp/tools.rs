@@ -306,7 +306,7 @@ impl NokvMcp {
                     .append(pb::AppendRequest {
                         workspace: ws,
                         path: a.path,
-                        data: a.content.into_bytes().into(),
+                        data: a.content.into_bytes(),
                         request_id: String::new(),
                     })
                     .await?;
