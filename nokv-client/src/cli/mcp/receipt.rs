@@ -55,7 +55,14 @@ mod tests {
         assert!(first.len() <= 128 && first.bytes().all(|b| b.is_ascii_graphic()));
         assert_ne!(first, derive("ws", "b.bin", &file).unwrap());
         assert_ne!(first, derive("ws2", "a.bin", &file).unwrap());
+        // Same size, new content: only the modification time tells them apart.
+        std::fs::write(&file, b"two").unwrap();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(10);
+        let f = std::fs::File::options().write(true).open(&file).unwrap();
+        f.set_modified(later).unwrap();
+        assert_ne!(first, derive("ws", "a.bin", &file).unwrap());
         std::fs::write(&file, b"three").unwrap();
+        f.set_modified(later).unwrap();
         assert_ne!(first, derive("ws", "a.bin", &file).unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
     }
