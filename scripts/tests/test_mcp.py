@@ -268,10 +268,10 @@ class McpServerTest(unittest.TestCase):
                 gen = e["generation"]
                 text = await self.fails(s, "nokv_edit", {"path": "ed/a.py", "old": "w = 9",
                                                          "new": "w = 0"}, "MatchCount")
-                self.assertIn("0", text)
+                self.assertIn("occurs 0 times", text)
                 text = await self.fails(s, "nokv_edit", {"path": "ed/a.py", "old": "= 1",
                                                          "new": "= 3"}, "MatchCount")
-                self.assertIn("2", text)
+                self.assertIn("occurs 2 times", text)
                 e2 = await self.ok(s, "nokv_edit", {"path": "ed/a.py", "old": "z = 2",
                                                     "new": "z = 3",
                                                     "expected_generation": gen})
