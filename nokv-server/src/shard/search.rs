@@ -175,7 +175,7 @@ impl GrepSearch {
             .case_insensitive(req.ignore_case)
             .size_limit(REGEX_SIZE_LIMIT)
             .build()
-            .map_err(|e| Error::InvalidArgument(format!("regex is not valid: {e}")))?;
+            .map_err(regex_refusal)?;
         let glob = match req.path_glob.as_str() {
             "" => None,
             g => Some(Glob::new(g)?),
@@ -264,6 +264,30 @@ impl GrepSearch {
             generation: e.generation,
         }
     }
+}
+
+/// A regex the builder refused, in one line (the crate's syntax errors span several lines,
+/// drawing a caret under the pattern; the last line names the problem).
+fn regex_refusal(e: regex::Error) -> Error {
+    let msg = match e {
+        regex::Error::CompiledTooBig(limit) => format!(
+            "regex compiles to more than {limit} bytes of program; simplify it (e.g. smaller \
+             repetition counts)"
+        ),
+        e => {
+            let text = e.to_string();
+            let problem = text
+                .lines()
+                .rev()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .unwrap_or("")
+                .trim_start_matches("error: ")
+                .to_string();
+            format!("regex is not valid: {problem}")
+        }
+    };
+    Error::InvalidArgument(msg)
 }
 
 /// `line` cut to at most [`MAX_LINE_BYTES`], at a character boundary.
