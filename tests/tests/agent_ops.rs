@@ -56,9 +56,9 @@ fn assert_reason<T: std::fmt::Debug>(r: Result<T, ClientError>, reason: &str) {
 const CLIENTS: usize = 8;
 const LINES: usize = 100;
 
-// Catches: an append that reads the body in one session and writes it in another (appends
-// lost when two interleave), or one that writes a partial line. (Verified red: Append as a
-// client-side read + unconditional Write loses lines.)
+// Catches: an append that reads the body in one snapshot and writes it in another session
+// (appends lost when two interleave), or one that writes a partial line. (Verified red: with
+// the body read before the write session, 173 of 800 lines survived.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eight_clients_appending_a_hundred_lines_each_leave_800_whole_lines_in_each_clients_order()
 {
@@ -112,7 +112,8 @@ async fn eight_clients_appending_a_hundred_lines_each_leave_800_whole_lines_in_e
 }
 
 // Catches: the generation check done outside the write session that applies the edit (two
-// edits both pass it), or edits that ignore `expected_generation`. (Verified red.)
+// edits both pass it), or edits that ignore `expected_generation`. (Verified red: with the
+// check dropped, the losers see MatchCount instead.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_edits_with_the_same_expected_generation_let_exactly_one_win() {
     let d = Daemon::start(&[]);
@@ -502,7 +503,8 @@ fn cli_grep_prints_grep_lines_and_json_matches_with_a_summary() {
 }
 
 // Catches: the new RPCs admitted with the wrong role (a read token editing) or without the
-// workspace scope (a token for another workspace searching).
+// workspace scope (a token for another workspace searching). (Verified red with Edit admitted
+// as Role::Read.)
 #[test]
 fn a_read_token_cannot_edit_or_append_and_a_token_for_another_workspace_cannot_search() {
     let d = Daemon::start(&[]);

@@ -61,8 +61,8 @@ async fn entry(f: &Fixture, path: &str) -> pb::Entry {
     f.shard.stat("ws", path).await.unwrap()
 }
 
-// Catches: replacing every occurrence (`replace` instead of `replacen(.., 1)`), or an answer
-// whose entry is not the stored one (stale generation or digest). (Verified red.)
+// Catches: the edited body not stored (`w.put_inline` dropped from `put_file`), or an answer
+// whose entry is not the stored one. (Verified red.)
 #[tokio::test]
 async fn an_edit_with_exactly_one_match_replaces_it_and_answers_the_new_entry() {
     let f = fixture();
@@ -165,7 +165,8 @@ async fn a_retried_edit_refused_for_its_match_count_answers_the_refusal_after_th
     assert_eq!(body(&f, "a.txt").await, b"a needle");
 }
 
-// Catches: a retried successful edit applied again (it would answer a newer generation).
+// Catches: a retried successful edit applied again (it would answer a newer generation and
+// replace the `1` of `11`).
 #[tokio::test]
 async fn a_retried_edit_answers_its_recorded_entry_without_editing_again() {
     let f = fixture();

@@ -308,8 +308,9 @@ async fn grep_skips_artifacts_and_non_utf8_files_and_searches_only_paths_the_glo
     assert_eq!(summary.files_skipped, 1);
 }
 
-// Catches: a regex engine that backtracks (this would not finish), or a missing size limit
-// (the huge repetition would compile to hundreds of MiB). No timing: it answers or hangs.
+// Catches: a regex engine that backtracks (`(a*)*b` would not finish: no timing, it answers
+// or hangs), or the size limit not set (`a{50000}` builds within the regex crate's default
+// 10 MiB limit but not within our 1 MiB). (Verified red for the size limit.)
 #[tokio::test]
 async fn pathological_and_huge_regexes_are_answered_or_refused() {
     let f = fixture();
@@ -321,6 +322,8 @@ async fn pathological_and_huge_regexes_are_answered_or_refused() {
 
     for bad in [
         "a{1000}{1000}".to_string(),
+        // Within the regex crate's default limit (10 MiB), past ours (1 MiB).
+        "a{50000}".to_string(),
         "x".repeat(super::MAX_REGEX_BYTES + 1),
         "(unclosed".to_string(),
     ] {
