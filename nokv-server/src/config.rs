@@ -402,6 +402,7 @@ impl ServeArgs {
             },
             delete_attempts: self.delete_attempts.unwrap_or(defaults.delete_attempts),
             history_retention: duration(self.history_retention, defaults.history_retention)?,
+            search: defaults.search,
         };
         if shard.delete_attempts == 0 {
             return Err(ConfigError(

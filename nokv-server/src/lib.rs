@@ -16,6 +16,7 @@ pub mod control;
 pub mod dir_lock;
 pub mod error;
 pub mod events;
+pub mod glob;
 pub mod ids;
 pub mod inventory;
 pub mod memory;

@@ -96,6 +96,27 @@ pub fn prefix(p: &str) -> Result<Cow<'_, str>> {
     Ok(p)
 }
 
+/// A path glob (Find, Grep): NFC like paths, so its literal parts compare equal to the keys
+/// they spell; relative, no control or format characters, non-empty. Its syntax is checked
+/// where it is compiled ([`crate::glob::Glob::new`]).
+pub fn glob(p: &str) -> Result<Cow<'_, str>> {
+    let p = nfc(p);
+    if p.is_empty() {
+        return Err(invalid("glob is empty (use ** for every path)"));
+    }
+    if p.len() > crate::glob::MAX_GLOB_BYTES {
+        return Err(invalid(format!(
+            "glob is longer than {} bytes",
+            crate::glob::MAX_GLOB_BYTES
+        )));
+    }
+    if p.starts_with('/') {
+        return Err(invalid("glob must be relative (starts with '/')"));
+    }
+    check_chars(&p, "glob")?;
+    Ok(p)
+}
+
 /// `s` in Unicode Normalization Form C; borrowed when it already is (the common case, checked
 /// without allocating).
 fn nfc(s: &str) -> Cow<'_, str> {
@@ -204,6 +225,7 @@ mod tests {
         assert_eq!(path(composed).unwrap(), composed);
         assert!(matches!(path(composed).unwrap(), Cow::Borrowed(_)));
         assert_eq!(prefix("cafe\u{301}/").unwrap(), "caf\u{e9}/");
+        assert_eq!(glob("cafe\u{301}/*").unwrap(), "caf\u{e9}/*");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Interactive pressure: how many interactive requests (the Workspace small-file RPCs `Stat`,
-//! `List`, `Read`, `Write`, `Delete`) this node is serving right now, and when the last one
-//! ended. Bulk work (see [`crate::bulk`]) reads it to decide whether to run at full speed or
+//! `List`, `Read`, `Write`, `Delete`, and the agent operations `Edit`, `Append`, `Find`,
+//! `Grep`) this node is serving right now, and when the last one ended. Bulk work (see [`crate::bulk`]) reads it to decide whether to run at full speed or
 //! yield.
 //!
 //! Counted by one tower layer ([`PressureLayer`], installed in `server.rs`), so no handler
@@ -146,6 +146,10 @@ pub fn is_interactive(path: &str) -> bool {
             | "/nokv.v1.Workspace/Read"
             | "/nokv.v1.Workspace/Write"
             | "/nokv.v1.Workspace/Delete"
+            | "/nokv.v1.Workspace/Edit"
+            | "/nokv.v1.Workspace/Append"
+            | "/nokv.v1.Workspace/Find"
+            | "/nokv.v1.Workspace/Grep"
     )
 }
 
@@ -246,8 +250,10 @@ mod tests {
     const HOUR: Duration = Duration::from_secs(3600);
 
     #[test]
-    fn only_the_workspace_small_file_rpcs_are_interactive() {
-        for m in ["Stat", "List", "Read", "Write", "Delete"] {
+    fn only_the_workspace_small_file_rpcs_and_agent_operations_are_interactive() {
+        for m in [
+            "Stat", "List", "Read", "Write", "Delete", "Edit", "Append", "Find", "Grep",
+        ] {
             assert!(is_interactive(&format!("/nokv.v1.Workspace/{m}")), "{m}");
         }
         for m in [

@@ -182,17 +182,6 @@ class McpServerTest(unittest.TestCase):
         self.assertTrue(text_of(r).startswith(reason + ":"), text_of(r))
         return text_of(r)
 
-    async def has_agent_operations(self, s) -> bool:
-        """False while the daemon answers Unimplemented for Edit, Append, Find and Grep (their
-        server side lands on its own branch, i13-ops): the calling test is skipped then.
-        Remove once merged."""
-        r = await s.call_tool("nokv_find", {"glob": "**"})
-        return not (r.is_error and r.structured_content["error"]["reason"] == "Unimplemented")
-
-    def skip_without_agent_operations(self, ran: bool):
-        if not ran:
-            self.skipTest("the daemon does not implement Edit/Append/Find/Grep yet (i13-ops)")
-
     def test_every_tool_is_listed_with_an_object_input_schema_and_a_description(self):
         async def go():
             record = []
@@ -261,8 +250,6 @@ class McpServerTest(unittest.TestCase):
     def test_edit_replaces_exactly_one_match_and_refuses_zero_two_or_a_stale_generation(self):
         async def go():
             async with self.session("--workspace", "agent") as s:
-                if not await self.has_agent_operations(s):
-                    return False
                 e = await self.ok(s, "nokv_write", {"path": "ed/a.py",
                                                     "content": "x = 1\ny = 1\nz = 2\n"})
                 gen = e["generation"]
@@ -281,15 +268,12 @@ class McpServerTest(unittest.TestCase):
                                  "GenerationMismatch")
                 r = await self.ok(s, "nokv_read", {"path": "ed/a.py"})
                 self.assertEqual(r["content"], "x = 1\ny = 1\nz = 3\n")
-                return True
 
-        self.skip_without_agent_operations(asyncio.run(go()))
+        asyncio.run(go())
 
     def test_append_find_and_grep_work_on_the_server(self):
         async def go():
             async with self.session("--workspace", "agent") as s:
-                if not await self.has_agent_operations(s):
-                    return False
                 await self.ok(s, "nokv_append", {"path": "fg/log.txt", "content": "one\n"})
                 e = await self.ok(s, "nokv_append", {"path": "fg/log.txt", "content": "two\n"})
                 self.assertEqual(e["size"], len("one\ntwo\n"))
@@ -310,9 +294,8 @@ class McpServerTest(unittest.TestCase):
                                                         "max_matches": 1})
                 self.assertEqual(len(capped["matches"]), 1)
                 self.assertEqual(capped["summary"]["truncated_by"], "max_matches")
-                return True
 
-        self.skip_without_agent_operations(asyncio.run(go()))
+        asyncio.run(go())
 
     def test_read_only_mode_lists_no_writing_tool_and_refuses_a_call_to_one(self):
         async def go():

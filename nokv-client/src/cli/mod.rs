@@ -6,6 +6,7 @@
 //! up first.
 
 mod admin;
+mod agent_ops;
 mod artifacts;
 mod bench;
 mod crash_point;
@@ -104,6 +105,62 @@ enum Command {
         /// most once (default: random; printed when the outcome is unknown).
         #[arg(long)]
         request_id: Option<String>,
+    },
+    /// Replace exactly one occurrence of --old with --new in a small text file, on the
+    /// server in one step. Fails with MatchCount (naming the count) when --old occurs zero or
+    /// several times; nothing changes then.
+    Edit {
+        target: Target,
+        /// The text to replace; it must occur exactly once.
+        #[arg(long, allow_hyphen_values = true)]
+        old: String,
+        /// The replacement (may be empty).
+        #[arg(long, allow_hyphen_values = true)]
+        new: String,
+        /// Edit only if the current generation is N (N >= 1; GenerationMismatch otherwise).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        if_generation: Option<u64>,
+        /// Request id: resending a request with the id it was first sent with applies it at
+        /// most once (default: random; printed when the outcome is unknown).
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Append FILE or stdin to a small file atomically (creating it); refused past the
+    /// inline limit.
+    Append {
+        target: Target,
+        /// Source file; `-` or omitted reads stdin.
+        file: Option<PathBuf>,
+        /// Request id: resending a request with the id it was first sent with applies it at
+        /// most once (default: random; printed when the outcome is unknown).
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Paths matching a glob: `*` and `?` within one segment, `**` across segments, `[abc]`
+    /// classes (e.g. `ws:src/**/*.rs`).
+    Find {
+        /// WS:GLOB
+        target: Target,
+        /// At most N paths (default: every match).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: Option<u32>,
+    },
+    /// Search the small files of a workspace on the server, grep-style: `path:line:text`
+    /// (context lines `path-line-text`). Artifacts and non-UTF-8 files are skipped.
+    Grep {
+        /// Regular expression (Rust `regex` syntax), matched line by line.
+        regex: String,
+        /// WS (every path) or WS:GLOB.
+        scope: agent_ops::Scope,
+        /// Case-insensitive.
+        #[arg(short = 'i', long)]
+        ignore_case: bool,
+        /// Lines of context around each match (0-10).
+        #[arg(short = 'C', long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=10))]
+        context: u32,
+        /// Stop after N matches (1-10000) [server default: 100].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        max_matches: Option<u32>,
     },
     /// Publish a large file as an artifact, in 4 MiB blocks.
     Publish {
@@ -348,6 +405,35 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
             if_generation,
             request_id,
         } => files::rm(client, out, &target, if_generation, request_id).await,
+        Command::Edit {
+            target,
+            old,
+            new,
+            if_generation,
+            request_id,
+        } => agent_ops::edit(client, out, &target, old, new, if_generation, request_id).await,
+        Command::Append {
+            target,
+            file,
+            request_id,
+        } => agent_ops::append(client, out, &target, file, request_id).await,
+        Command::Find { target, limit } => agent_ops::find(client, out, &target, limit).await,
+        Command::Grep {
+            regex,
+            scope,
+            ignore_case,
+            context,
+            max_matches,
+        } => {
+            let args = agent_ops::GrepArgs {
+                regex,
+                scope,
+                ignore_case,
+                context,
+                max_matches: max_matches.unwrap_or(0),
+            };
+            agent_ops::grep(client, out, args).await
+        }
         Command::Publish {
             file,
             target,

@@ -49,6 +49,11 @@ pub struct ReplayRecord {
     pub expected: u64,
     #[prost(uint64, tag = "7")]
     pub current: u64,
+    /// `MatchCount` refusals (Edit): how often the text occurred, and in what.
+    #[prost(uint64, tag = "8")]
+    pub match_count: u64,
+    #[prost(string, tag = "9")]
+    pub match_subject: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]

@@ -32,24 +32,8 @@ impl Shard {
         limit: u32,
         cursor: &str,
     ) -> Result<pb::ListResponse> {
-        let limit = match limit {
-            0 => LIST_DEFAULT,
-            1..=LIST_MAX => limit,
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "limit must be 1..={LIST_MAX}"
-                )));
-            }
-        } as usize;
-        let after = if cursor.is_empty() {
-            None
-        } else {
-            let raw = hex::decode(cursor)
-                .ok()
-                .and_then(|b| String::from_utf8(b).ok())
-                .ok_or_else(|| Error::InvalidArgument("cursor is not valid".into()))?;
-            Some(raw)
-        };
+        let limit = page_limit(limit)?;
+        let after = page_after(cursor)?;
         // Fetch one extra entry to learn whether another page exists.
         let mut page = self
             .gate
@@ -58,7 +42,7 @@ impl Shard {
         let more = page.len() > limit;
         page.truncate(limit);
         let next_cursor = match (more, page.last()) {
-            (true, Some((p, _))) => hex::encode(p),
+            (true, Some((p, _))) => page_cursor(p),
             _ => String::new(),
         };
         Ok(pb::ListResponse {
@@ -186,6 +170,34 @@ impl Shard {
     }
 }
 
+/// A page size as List and Find take it: 0 is the default, past the maximum is refused.
+pub(super) fn page_limit(limit: u32) -> Result<usize> {
+    match limit {
+        0 => Ok(LIST_DEFAULT as usize),
+        1..=LIST_MAX => Ok(limit as usize),
+        _ => Err(Error::InvalidArgument(format!(
+            "limit must be 1..={LIST_MAX}"
+        ))),
+    }
+}
+
+/// The path a page cursor continues after (`None`: the first page). A cursor is the hex of
+/// a path, so it stays valid while entries come and go between pages.
+pub(super) fn page_after(cursor: &str) -> Result<Option<String>> {
+    if cursor.is_empty() {
+        return Ok(None);
+    }
+    hex::decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .map(Some)
+        .ok_or_else(|| Error::InvalidArgument("cursor is not valid".into()))
+}
+
+pub(super) fn page_cursor(last_path: &str) -> String {
+    hex::encode(last_path)
+}
+
 /// Releases what an entry being replaced or deleted held. An artifact's revision is retired,
 /// not dropped: it stays readable for the shard's retired grace (`--retired-grace`), so a
 /// restore that started before the overwrite completes from its revision; after the grace
@@ -205,7 +217,13 @@ pub(crate) fn not_found(ws: &str, path: &str) -> Error {
 /// A small file's body must hash to the sha256 its entry recorded at write time: the store
 /// does not checksum values on read, so this is the only thing between a flipped bit on disk
 /// and an agent reading wrong bytes with success.
-fn verify_body(shard: u32, ws: &str, path: &str, e: &EntryRecord, data: &[u8]) -> Result<()> {
+pub(super) fn verify_body(
+    shard: u32,
+    ws: &str,
+    path: &str,
+    e: &EntryRecord,
+    data: &[u8],
+) -> Result<()> {
     if Sha256::digest(data).as_slice() == e.sha256.as_slice() {
         return Ok(());
     }

@@ -9,6 +9,7 @@ pub mod admission;
 pub mod checkpoint;
 pub mod claims;
 pub mod clock;
+pub mod edit;
 pub mod fence;
 pub mod files;
 #[cfg(test)]
@@ -20,6 +21,7 @@ pub mod quota;
 pub mod receipts;
 pub mod reconciler;
 pub mod replay;
+pub mod search;
 pub mod sequencer;
 pub mod workspaces;
 
@@ -57,6 +59,8 @@ pub struct ShardConfig {
     /// How long terminal operations stay in the ledger (`--history-retention`; never less
     /// than `replay_ttl`, see [`operations`]).
     pub history_retention: Duration,
+    /// Work bounds of Find and Grep (see [`search`]).
+    pub search: search::SearchLimits,
 }
 
 impl Default for ShardConfig {
@@ -71,6 +75,7 @@ impl Default for ShardConfig {
             admission: admission::Caps::default(),
             delete_attempts: 8,
             history_retention: Duration::from_secs(30 * 24 * 3600),
+            search: search::SearchLimits::default(),
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Request-id replay: the outcome of every mutation is recorded under (workspace, request id)
 //! together with the request's fingerprint, inside the same write session as the mutation.
 //! A retry with the same id and fingerprint gets the recorded outcome — the response, or the
-//! refusal (AlreadyExists, NotFound, GenerationMismatch) the state gave at the time — and
-//! changes nothing; the same id with another fingerprint is refused.
+//! refusal (AlreadyExists, NotFound, GenerationMismatch, MatchCount) the state gave at the
+//! time — and changes nothing; the same id with another fingerprint is refused.
 
 use prost::Message;
 use sha2::{Digest, Sha256};
@@ -99,18 +99,22 @@ impl RequestKey {
 
 /// The refusals that are outcomes of the state (and so are replayed), as records.
 fn refusal_record(e: &Error) -> Option<ReplayRecord> {
-    let (expected, current) = match e {
-        Error::GenerationMismatch { expected, current } => (*expected, *current),
-        Error::AlreadyExists(_) | Error::NotFound(_) => (0, 0),
-        _ => return None,
-    };
-    Some(ReplayRecord {
+    let mut rec = ReplayRecord {
         refusal: e.reason().to_string(),
         refusal_message: e.to_string(),
-        expected,
-        current,
         ..Default::default()
-    })
+    };
+    match e {
+        Error::GenerationMismatch { expected, current } => {
+            (rec.expected, rec.current) = (*expected, *current);
+        }
+        Error::MatchCount { count, what } => {
+            (rec.match_count, rec.match_subject) = (*count, what.clone());
+        }
+        Error::AlreadyExists(_) | Error::NotFound(_) => {}
+        _ => return None,
+    }
+    Some(rec)
 }
 
 fn refusal_from_record(rec: &ReplayRecord) -> Error {
@@ -121,6 +125,10 @@ fn refusal_from_record(rec: &ReplayRecord) -> Error {
         "GenerationMismatch" => Error::GenerationMismatch {
             expected: rec.expected,
             current: rec.current,
+        },
+        "MatchCount" => Error::MatchCount {
+            count: rec.match_count,
+            what: rec.match_subject.clone(),
         },
         other => Error::Internal(format!("recorded refusal {other:?} is unknown")),
     }

@@ -26,7 +26,7 @@ pub struct BenchEnv {
 }
 
 impl BenchEnv {
-    fn daemon(&self, scratch: &Scratch, extra: &[String]) -> Result<Daemon> {
+    pub(super) fn daemon(&self, scratch: &Scratch, extra: &[String]) -> Result<Daemon> {
         let dir = scratch.0.join("nokv");
         Daemon::start(&self.server_bin, &dir, extra)
     }

@@ -1,5 +1,6 @@
 //! `nokv bench`: the probe's workers (`session`, `upload`) and the side-by-side benchmarks.
 
+mod agent_loop;
 mod cluster;
 mod compare;
 mod cpu;
@@ -89,6 +90,23 @@ pub enum BenchCommand {
         /// Small files (1 KiB) written into the moved shard before the moves.
         #[arg(long, default_value_t = 400)]
         files: u32,
+    },
+    /// An agent's loop (grep a regex, read the matching file, edit it, stat it) with grep and
+    /// edit done by the server vs the same loop done client-side (list + read every file + a
+    /// local regex, then a conditional write), at each session count: p50/p99 per tool.
+    /// Starts its own daemon. With --json, prints one JSON document instead of the table.
+    AgentLoop {
+        #[command(flatten)]
+        env: EnvArgs,
+        /// Concurrent sessions per measurement, each on its own workspace.
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        sessions: Vec<usize>,
+        /// Files in each session's workspace.
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+        files: u64,
+        /// Approximate size of each file, in bytes.
+        #[arg(long, default_value_t = 4096)]
+        file_size: usize,
     },
     /// Every comparison above but cluster, in one run.
     All {
@@ -191,6 +209,24 @@ pub async fn run(
             });
             Ok(())
         }
+        BenchCommand::AgentLoop {
+            env,
+            sessions,
+            files,
+            file_size,
+        } => {
+            let bench = agent_loop::AgentLoopBench {
+                sessions,
+                files: files as usize,
+                file_size,
+            };
+            let (report, text) = agent_loop::run(&env.env(), &bench).await?;
+            let path = harness::save_report(&env.out, "agent-loop", &report)?;
+            out.emit(report, || {
+                format!("{text}\nreport written to {}", path.display())
+            });
+            Ok(())
+        }
         BenchCommand::All { env } => {
             let e = env.env();
             let all = json!({
@@ -224,6 +260,33 @@ mod tests {
         assert_eq!(
             clients_of(&["nokv", "bench", "put-vs-etcd", "--clients", "1,8,64"]),
             vec![1, 8, 64]
+        );
+    }
+
+    #[test]
+    fn bench_agent_loop_defaults_to_one_and_eight_sessions_and_takes_a_session_list() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).expect("parses");
+            let Command::Bench(BenchCommand::AgentLoop {
+                sessions, files, ..
+            }) = cli.command
+            else {
+                panic!("not bench agent-loop: {:?}", cli.command);
+            };
+            (sessions, files)
+        };
+        assert_eq!(parse(&["nokv", "bench", "agent-loop"]), (vec![1, 8], 200));
+        assert_eq!(
+            parse(&[
+                "nokv",
+                "bench",
+                "agent-loop",
+                "--sessions",
+                "2,4",
+                "--files",
+                "3"
+            ]),
+            (vec![2, 4], 3)
         );
     }
 

@@ -206,3 +206,30 @@ fn an_unknown_recorded_refusal_is_an_internal_error_not_a_guessed_answer() {
     }
     assert_eq!(applied.get(), 0);
 }
+
+// Catches: `refusal_record` returning `None` for `MatchCount` (the refusal not recorded, so a
+// retried Edit could apply after the file changed), or `refusal_from_record` losing the count
+// or the file. (Verified red.)
+#[test]
+fn a_recorded_match_count_replays_the_count_and_the_file_it_was_refused_with() {
+    let (_d, meta) = store();
+    let k = key("r1", "a");
+    let applied = Cell::new(0);
+    let refusal = || {
+        Err(Error::MatchCount {
+            count: 2,
+            what: "ws:a".into(),
+        })
+    };
+    execute(&meta, &k, refusal, 1, &applied)
+        .unwrap()
+        .unwrap_err();
+    let again = execute(&meta, &k, || Ok(()), 1, &applied).unwrap();
+    match again {
+        Err(Error::MatchCount { count, what }) => {
+            assert_eq!((count, what.as_str()), (2, "ws:a"));
+        }
+        other => panic!("expected the recorded MatchCount, got {other:?}"),
+    }
+    assert_eq!(applied.get(), 0);
+}
