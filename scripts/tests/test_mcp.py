@@ -281,6 +281,9 @@ class McpServerTest(unittest.TestCase):
                                                 "content": "fn main() {\n    todo!()\n}\n"})
                 await self.ok(s, "nokv_write", {"path": "fg/src/n.rs",
                                                 "content": "// TODO later\n"})
+                # Outside path_glob: must not be searched.
+                await self.ok(s, "nokv_write", {"path": "elsewhere/todo.rs",
+                                                "content": "todo outside\n"})
                 found = await self.ok(s, "nokv_find", {"glob": "fg/**/*.rs"})
                 self.assertEqual(sorted(x["path"] for x in found["entries"]),
                                  ["fg/src/m.rs", "fg/src/n.rs"])
