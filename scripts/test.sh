@@ -50,14 +50,27 @@ install_moto() {
     moto_ok || { echo "scripts/test.sh: moto_server still not runnable after install" >&2; exit 1; }
 }
 
+# The MCP client from PyPI that scripts/tests/test_mcp.py drives `nokv mcp` with.
+install_mcp() {
+    if python3 -c 'import mcp.client.stdio' >/dev/null 2>&1; then
+        echo "scripts/test.sh: python mcp present, skipping install"
+        return
+    fi
+    echo "scripts/test.sh: installing mcp"
+    python3 -m pip install --quiet mcp
+    python3 -c 'import mcp.client.stdio' || { echo "scripts/test.sh: mcp still not importable after install" >&2; exit 1; }
+}
+
 install_etcd
 install_moto
+install_mcp
 
 cargo build --workspace --bins
 cargo test --workspace
 
 if [ -d scripts/tests ]; then
-    python3 -m unittest discover -s scripts/tests -v
+    # Required here: a missing `mcp` package or binary fails the MCP test instead of skipping it.
+    NOKV_TEST_REQUIRE_MCP=1 python3 -m unittest discover -s scripts/tests -v
 fi
 
 if [ -f scripts/probe_smoke.sh ]; then

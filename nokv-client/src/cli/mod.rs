@@ -11,6 +11,7 @@ mod artifacts;
 mod bench;
 mod crash_point;
 mod files;
+mod mcp;
 mod output;
 mod progress;
 mod spool;
@@ -191,6 +192,9 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Serve the workspace tools to an agent host over MCP (stdio): `nokv_read`,
+    /// `nokv_edit`, `nokv_grep`, ... See the README, "Use nokv from an agent host".
+    Mcp(mcp::McpArgs),
     /// Benchmarks and the interference probe's workers.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -469,5 +473,6 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         }
         Command::Admin(AdminCommand::Quota(cmd)) => admin::quota(client, out, cmd).await,
         Command::Workspace(cmd) => workspaces::run(client, out, cmd).await,
+        Command::Mcp(args) => mcp::run(client.clone(), args).await,
     }
 }

@@ -1,0 +1,167 @@
+//! `nokv mcp`: an MCP server over stdio that gives an agent host (an LLM tool loop) the
+//! workspace operations as tools, on top of the SDK — so every tool call is one SDK call with
+//! its retries, request ids and owner routing.
+//!
+//! stdout carries the protocol and nothing else: logs go to stderr (the CLI's subscriber
+//! writes there), and no tool prints. Protocol version negotiation is the `rmcp` SDK's.
+//!
+//! Two switches shape what a model can do, decided when the host starts the server:
+//! * `--workspace WS` pins the workspace: the `workspace` argument disappears from every
+//!   schema and a call naming another workspace is refused (`Usage`).
+//! * `--read-only` removes the tools that change the workspace from the tool list, and a call
+//!   to one anyway is a tool error with reason `ReadOnly` (a host may call a tool it cached
+//!   from an earlier session). `nokv_restore` stays: it reads the workspace (it writes only a
+//!   local file).
+
+mod params;
+mod receipt;
+mod reply;
+mod tools;
+
+use std::sync::Arc;
+
+use nokv_client::{Client, ClientError};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, Implementation, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool_handler};
+
+/// The tools that change a workspace: absent in `--read-only` mode.
+const WRITING_TOOLS: [&str; 5] = [
+    "nokv_write",
+    "nokv_edit",
+    "nokv_append",
+    "nokv_delete",
+    "nokv_publish",
+];
+
+const INSTRUCTIONS: &str = "nokv stores agent workspaces: small text files (read, write, \
+    edit, append, grep, find) and large artifacts (publish a local file, restore it to a local \
+    file). Every entry has a generation that grows on each change: pass the generation you read \
+    back (if_generation, expected_generation) so a concurrent change is refused \
+    (GenerationMismatch) instead of overwritten. Prefer nokv_edit over rewriting a file, and \
+    nokv_grep / nokv_find over listing and reading everything. A failed call's text starts \
+    with its reason (NotFound, GenerationMismatch, MatchCount, PermissionDenied, ...) and a \
+    hint.";
+
+#[derive(Debug, clap::Args)]
+pub struct McpArgs {
+    /// Pin every tool to workspace WS: tools take no workspace argument and refuse another.
+    #[arg(long, value_name = "WS")]
+    workspace: Option<String>,
+    /// Expose only the tools that do not change the workspace (stat, read, list, find, grep,
+    /// restore, health).
+    #[arg(long)]
+    read_only: bool,
+}
+
+/// The MCP server: the SDK client plus what the host fixed at start.
+#[derive(Clone)]
+pub struct NokvMcp {
+    client: Client,
+    pinned: Option<String>,
+    read_only: bool,
+    tool_router: ToolRouter<NokvMcp>,
+}
+
+impl NokvMcp {
+    pub fn new(client: Client, args: McpArgs) -> NokvMcp {
+        let mut tool_router = Self::tool_router();
+        if args.read_only {
+            for name in WRITING_TOOLS {
+                tool_router.remove_route(name);
+            }
+        }
+        if args.workspace.is_some() {
+            for route in tool_router.map.values_mut() {
+                drop_workspace_argument(&mut route.attr);
+            }
+        }
+        NokvMcp {
+            client,
+            pinned: args.workspace,
+            read_only: args.read_only,
+            tool_router,
+        }
+    }
+
+    /// The workspace a call acts on: the pinned one, or the one it names.
+    fn workspace(&self, given: Option<String>) -> Result<String, ClientError> {
+        self.workspace_if_any(given)?.ok_or_else(|| {
+            ClientError::usage(
+                "no workspace: pass `workspace` (this server is not pinned to one with \
+                 --workspace)",
+            )
+        })
+    }
+
+    /// As [`Self::workspace`], for tools that can do without one.
+    fn workspace_if_any(&self, given: Option<String>) -> Result<Option<String>, ClientError> {
+        match (&self.pinned, given) {
+            (Some(p), Some(g)) if *p != g => Err(ClientError::usage(format!(
+                "this server is pinned to workspace {p:?} (nokv mcp --workspace): {g:?} is \
+                 refused; omit `workspace`"
+            ))),
+            (Some(p), _) => Ok(Some(p.clone())),
+            (None, g) => Ok(g),
+        }
+    }
+}
+
+/// Removes the `workspace` property from a tool's input schema (the server is pinned).
+fn drop_workspace_argument(tool: &mut Tool) {
+    let mut schema = (*tool.input_schema).clone();
+    if let Some(serde_json::Value::Object(props)) = schema.get_mut("properties") {
+        props.remove("workspace");
+    }
+    if let Some(serde_json::Value::Array(required)) = schema.get_mut("required") {
+        required.retain(|v| v != "workspace");
+    }
+    tool.input_schema = Arc::new(schema);
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for NokvMcp {
+    fn get_info(&self) -> ServerConfig {
+        let instructions = match &self.pinned {
+            Some(ws) => format!("{INSTRUCTIONS} Every tool acts on workspace {ws:?}."),
+            None => INSTRUCTIONS.to_string(),
+        };
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("nokv", env!("CARGO_PKG_VERSION")))
+            .with_instructions(instructions)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if self.read_only && WRITING_TOOLS.contains(&request.name.as_ref()) {
+            return Ok(reply::refused(
+                reply::READ_ONLY,
+                format!(
+                    "{} changes the workspace and this server is read-only",
+                    request.name
+                ),
+            )
+            .into());
+        }
+        let call = ToolCallContext::new(self, request, context);
+        self.tool_router.call(call).await
+    }
+}
+
+/// Serves MCP on stdin/stdout until the host closes stdin.
+pub async fn run(client: Client, args: McpArgs) -> Result<(), ClientError> {
+    let mcp = |e: String| ClientError::local(format!("MCP: {e}"));
+    let service = NokvMcp::new(client, args)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| mcp(e.to_string()))?;
+    service.waiting().await.map_err(|e| mcp(e.to_string()))?;
+    Ok(())
+}

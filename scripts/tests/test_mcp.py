@@ -1,0 +1,396 @@
+"""`nokv mcp` driven by the real MCP client from PyPI (`mcp`) against a real daemon.
+
+A daemon (local provider) is started on a temporary data directory; every test spawns
+`nokv mcp` over stdio, initializes a session and calls tools as an agent host would.
+
+Run: python3 -m unittest discover -s scripts/tests -v   (after `cargo build --workspace --bins`)
+
+scripts/test.sh installs `mcp` and sets NOKV_TEST_REQUIRE_MCP=1, so there the test always runs;
+elsewhere it is skipped, saying why, when `mcp` cannot be imported or the binaries are missing.
+With NOKV_MCP_TRANSCRIPT=FILE the JSON-RPC messages of one short session are written to FILE.
+"""
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import tomllib
+import unittest
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER_BIN = REPO / "target" / "debug" / "nokv-server"
+CLI_BIN = REPO / "target" / "debug" / "nokv"
+REQUIRED = os.environ.get("NOKV_TEST_REQUIRE_MCP") == "1"
+LISTENING_PREFIX = "nokv-server listening on "
+MIB = 1024 * 1024
+
+try:
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    MCP_IMPORT_ERROR = None
+except ImportError as e:  # pragma: no cover - depends on the machine
+    if REQUIRED:
+        raise
+    MCP_IMPORT_ERROR = e
+
+TOOLS = {
+    "nokv_stat", "nokv_read", "nokv_write", "nokv_edit", "nokv_append", "nokv_list",
+    "nokv_find", "nokv_grep", "nokv_delete", "nokv_publish", "nokv_restore", "nokv_health",
+}
+WRITING_TOOLS = {"nokv_write", "nokv_edit", "nokv_append", "nokv_delete", "nokv_publish"}
+
+
+class Recorded:
+    """A transport stream that records every JSON-RPC message passing through it."""
+
+    def __init__(self, inner, direction: str, log: list):
+        self.inner, self.direction, self.log = inner, direction, log
+
+    def _record(self, item):
+        msg = getattr(item, "message", None)
+        if msg is not None:
+            dump = getattr(msg, "model_dump", None)
+            doc = dump(by_alias=True, exclude_none=True, mode="json") if dump else str(msg)
+            self.log.append({"dir": self.direction, "msg": doc})
+
+    async def receive(self):
+        item = await self.inner.receive()
+        self._record(item)
+        return item
+
+    async def send(self, item):
+        self._record(item)
+        await self.inner.send(item)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            return await self.receive()
+        except Exception as e:
+            if type(e).__name__ in ("EndOfStream", "ClosedResourceError"):
+                raise StopAsyncIteration from e
+            raise
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()
+        return None
+
+
+def clean_env(extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOKV_")}
+    env.update(extra)
+    return env
+
+
+def text_of(result) -> str:
+    return "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
+
+
+@unittest.skipIf(MCP_IMPORT_ERROR is not None, f"the `mcp` package is not installed "
+                 f"({MCP_IMPORT_ERROR}); scripts/test.sh installs it")
+class McpServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        for b in (SERVER_BIN, CLI_BIN):
+            if not b.exists():
+                msg = f"{b} missing: run cargo build --workspace --bins first"
+                if REQUIRED:
+                    raise AssertionError(msg)
+                raise unittest.SkipTest(msg)
+        cls.tmp = tempfile.TemporaryDirectory(prefix="nokv-mcp-test-")
+        cls.dir = Path(cls.tmp.name)
+        data = cls.dir / "data"
+        cls.daemon = subprocess.Popen(
+            [str(SERVER_BIN), "--data-dir", str(data), "--listen", "127.0.0.1:0", "--log", "warn"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, env=clean_env({}),
+        )
+        endpoint = None
+        for line in cls.daemon.stdout:  # ends when the daemon exits
+            if line.startswith(LISTENING_PREFIX):
+                endpoint = line[len(LISTENING_PREFIX):].strip()
+                break
+        if endpoint is None:
+            cls.daemon.wait()
+            raise AssertionError(f"nokv-server exited ({cls.daemon.returncode}) before listening")
+        # Keep draining stdout so the daemon never blocks on a full pipe.
+        threading.Thread(target=cls.daemon.stdout.read, daemon=True).start()
+        client = tomllib.loads((data / "client.toml").read_text())
+        cls.endpoint, cls.ca, cls.admin = endpoint, client["ca"], client["token"]
+        cls.token = cls.issue(data, "agent")
+        cls.other_token = cls.issue(data, "other")
+        cls.transcript = None
+
+    @classmethod
+    def issue(cls, data: Path, workspace: str) -> str:
+        out = subprocess.run(
+            [str(SERVER_BIN), "token", "issue", "--data-dir", str(data), "--workspace", workspace,
+             "--role", "write", "--ttl", "1d"],
+            check=True, capture_output=True, text=True, env=clean_env({}),
+        ).stdout
+        return out.strip().splitlines()[-1].strip()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.terminate()
+        cls.daemon.wait(timeout=30)
+        path = os.environ.get("NOKV_MCP_TRANSCRIPT")
+        if path and cls.transcript:
+            Path(path).write_text("\n".join(json.dumps(m) for m in cls.transcript) + "\n")
+        cls.tmp.cleanup()
+
+    @contextlib.asynccontextmanager
+    async def session(self, *args: str, token: str | None = None, env: dict | None = None,
+                      record: list | None = None):
+        extra = {"NOKV_ENDPOINT": self.endpoint, "NOKV_CA": self.ca,
+                 "NOKV_TOKEN": token or self.token, **(env or {})}
+        params = StdioServerParameters(command=str(CLI_BIN), args=["mcp", *args],
+                                       env=clean_env(extra))
+        with open(self.dir / "mcp.stderr.log", "a") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                if record is not None:
+                    read, write = Recorded(read, "<-", record), Recorded(write, "->", record)
+                async with ClientSession(read, write, read_timeout_seconds=120) as s:
+                    await s.initialize()
+                    yield s
+
+    async def ok(self, s, tool: str, args: dict) -> dict:
+        r = await s.call_tool(tool, args)
+        self.assertFalse(r.is_error, f"{tool} failed: {text_of(r)}")
+        self.assertIsInstance(r.structured_content, dict)
+        return r.structured_content
+
+    async def fails(self, s, tool: str, args: dict, reason: str) -> str:
+        r = await s.call_tool(tool, args)
+        self.assertTrue(r.is_error, f"{tool} should have failed with {reason}: {text_of(r)}")
+        self.assertEqual(r.structured_content["error"]["reason"], reason, text_of(r))
+        self.assertTrue(text_of(r).startswith(reason + ":"), text_of(r))
+        return text_of(r)
+
+    def test_every_tool_is_listed_with_an_object_input_schema_and_a_description(self):
+        async def go():
+            record = []
+            async with self.session(record=record) as s:
+                tools = (await s.list_tools()).tools
+                await self.ok(s, "nokv_write", {"workspace": "agent", "path": "hello.txt",
+                                                "content": "hello, agent\n"})
+                await self.fails(s, "nokv_stat", {"workspace": "agent", "path": "nope.txt"},
+                                 "NotFound")
+            type(self).transcript = record
+            return tools
+
+        tools = asyncio.run(go())
+        self.assertEqual({t.name for t in tools}, TOOLS)
+        for t in tools:
+            self.assertEqual(t.input_schema.get("type"), "object", t.name)
+            self.assertIsInstance(t.input_schema.get("properties"), dict, t.name)
+            self.assertIn("workspace", t.input_schema["properties"], t.name)
+            self.assertGreater(len(t.description or ""), 40, t.name)
+
+    def test_files_round_trip_and_stale_generations_or_existing_paths_are_typed_tool_errors(self):
+        async def go():
+            async with self.session() as s:
+                ws = {"workspace": "agent"}
+                body = "".join(f"line {i}\n" for i in range(1, 11))
+                e = await self.ok(s, "nokv_write", {**ws, "path": "rt/notes.txt",
+                                                    "content": body, "mode": "create_only"})
+                self.assertEqual(e["size"], len(body))
+                gen = e["generation"]
+                await self.fails(s, "nokv_write", {**ws, "path": "rt/notes.txt",
+                                                   "content": "x", "mode": "create_only"},
+                                 "AlreadyExists")
+
+                r = await self.ok(s, "nokv_read", {**ws, "path": "rt/notes.txt",
+                                                   "offset": 2, "limit": 3})
+                self.assertEqual(r["content"], "line 3\nline 4\nline 5\n")
+                self.assertEqual((r["total_lines"], r["truncated"]), (10, True))
+                self.assertEqual(r["entry"]["generation"], gen)
+
+                st = await self.ok(s, "nokv_stat", {**ws, "path": "rt/notes.txt"})
+                self.assertEqual(st["sha256"], hashlib.sha256(body.encode()).hexdigest())
+
+                e2 = await self.ok(s, "nokv_write", {**ws, "path": "rt/notes.txt",
+                                                     "content": "v2\n", "if_generation": gen})
+                self.assertGreater(e2["generation"], gen)
+                # A writer still holding the old generation is refused, and told why.
+                text = await self.fails(s, "nokv_write", {**ws, "path": "rt/notes.txt",
+                                                          "content": "lost update\n",
+                                                          "if_generation": gen},
+                                        "GenerationMismatch")
+                self.assertIn("read it again", text)
+                r = await self.ok(s, "nokv_read", {**ws, "path": "rt/notes.txt"})
+                self.assertEqual(r["content"], "v2\n")
+
+                page = await self.ok(s, "nokv_list", {**ws, "prefix": "rt/"})
+                self.assertEqual([x["path"] for x in page["entries"]], ["rt/notes.txt"])
+
+                await self.fails(s, "nokv_delete", {**ws, "path": "rt/notes.txt",
+                                                    "if_generation": gen}, "GenerationMismatch")
+                d = await self.ok(s, "nokv_delete", {**ws, "path": "rt/notes.txt"})
+                self.assertEqual(d["deleted_generation"], e2["generation"])
+                await self.fails(s, "nokv_read", {**ws, "path": "rt/notes.txt"}, "NotFound")
+
+        asyncio.run(go())
+
+    def test_edit_replaces_exactly_one_match_and_refuses_zero_two_or_a_stale_generation(self):
+        async def go():
+            async with self.session("--workspace", "agent") as s:
+                e = await self.ok(s, "nokv_write", {"path": "ed/a.py",
+                                                    "content": "x = 1\ny = 1\nz = 2\n"})
+                gen = e["generation"]
+                text = await self.fails(s, "nokv_edit", {"path": "ed/a.py", "old": "w = 9",
+                                                         "new": "w = 0"}, "MatchCount")
+                self.assertIn("occurs 0 times", text)
+                text = await self.fails(s, "nokv_edit", {"path": "ed/a.py", "old": "= 1",
+                                                         "new": "= 3"}, "MatchCount")
+                self.assertIn("occurs 2 times", text)
+                e2 = await self.ok(s, "nokv_edit", {"path": "ed/a.py", "old": "z = 2",
+                                                    "new": "z = 3",
+                                                    "expected_generation": gen})
+                self.assertGreater(e2["generation"], gen)
+                await self.fails(s, "nokv_edit", {"path": "ed/a.py", "old": "z = 3",
+                                                  "new": "z = 4", "expected_generation": gen},
+                                 "GenerationMismatch")
+                r = await self.ok(s, "nokv_read", {"path": "ed/a.py"})
+                self.assertEqual(r["content"], "x = 1\ny = 1\nz = 3\n")
+
+        asyncio.run(go())
+
+    def test_append_find_and_grep_work_on_the_server(self):
+        async def go():
+            async with self.session("--workspace", "agent") as s:
+                await self.ok(s, "nokv_append", {"path": "fg/log.txt", "content": "one\n"})
+                e = await self.ok(s, "nokv_append", {"path": "fg/log.txt", "content": "two\n"})
+                self.assertEqual(e["size"], len("one\ntwo\n"))
+                await self.ok(s, "nokv_write", {"path": "fg/src/m.rs",
+                                                "content": "fn main() {\n    todo!()\n}\n"})
+                await self.ok(s, "nokv_write", {"path": "fg/src/n.rs",
+                                                "content": "// TODO later\n"})
+                # Outside path_glob: must not be searched.
+                await self.ok(s, "nokv_write", {"path": "elsewhere/todo.rs",
+                                                "content": "todo outside\n"})
+                found = await self.ok(s, "nokv_find", {"glob": "fg/**/*.rs"})
+                self.assertEqual(sorted(x["path"] for x in found["entries"]),
+                                 ["fg/src/m.rs", "fg/src/n.rs"])
+                g = await self.ok(s, "nokv_grep", {"regex": "todo", "path_glob": "fg/**",
+                                                   "ignore_case": True, "context_lines": 1})
+                hits = sorted((m["path"], m["line_number"]) for m in g["matches"])
+                self.assertEqual(hits, [("fg/src/m.rs", 2), ("fg/src/n.rs", 1)])
+                m = next(m for m in g["matches"] if m["path"] == "fg/src/m.rs")
+                self.assertEqual((m["before"], m["after"]), (["fn main() {"], ["}"]))
+                capped = await self.ok(s, "nokv_grep", {"regex": "o", "path_glob": "fg/**",
+                                                        "max_matches": 1})
+                self.assertEqual(len(capped["matches"]), 1)
+                self.assertEqual(capped["summary"]["truncated_by"], "max_matches")
+
+        asyncio.run(go())
+
+    def test_read_only_mode_lists_no_writing_tool_and_refuses_a_call_to_one(self):
+        async def go():
+            async with self.session("--workspace", "agent") as s:
+                await self.ok(s, "nokv_write", {"path": "ro/kept.txt", "content": "kept\n"})
+            async with self.session("--workspace", "agent", "--read-only") as s:
+                names = {t.name for t in (await s.list_tools()).tools}
+                await self.fails(s, "nokv_write", {"path": "ro/kept.txt", "content": "gone\n"},
+                                 "ReadOnly")
+                await self.fails(s, "nokv_delete", {"path": "ro/kept.txt"}, "ReadOnly")
+                r = await self.ok(s, "nokv_read", {"path": "ro/kept.txt"})
+            return names, r
+
+        names, r = asyncio.run(go())
+        self.assertEqual(names, TOOLS - WRITING_TOOLS)
+        self.assertEqual(r["content"], "kept\n")
+
+    def test_a_token_for_another_workspace_gets_permission_denied_as_a_tool_error(self):
+        async def go():
+            async with self.session(token=self.other_token) as s:
+                await self.fails(s, "nokv_read", {"workspace": "agent", "path": "hello.txt"},
+                                 "PermissionDenied")
+                await self.fails(s, "nokv_write", {"workspace": "agent", "path": "x.txt",
+                                                   "content": "x"}, "PermissionDenied")
+                # The same token still works where it is valid: the session survived.
+                await self.ok(s, "nokv_write", {"workspace": "other", "path": "x.txt",
+                                                "content": "x"})
+
+        asyncio.run(go())
+
+    def test_a_pinned_workspace_drops_the_argument_and_refuses_another_workspace(self):
+        async def go():
+            async with self.session("--workspace", "agent") as s:
+                tools = (await s.list_tools()).tools
+                text = await self.fails(s, "nokv_stat", {"workspace": "other", "path": "x"},
+                                        "Usage")
+                return tools, text
+
+        tools, text = asyncio.run(go())
+        for t in tools:
+            self.assertNotIn("workspace", t.input_schema.get("properties", {}), t.name)
+        self.assertIn("pinned", text)
+
+    def test_health_says_whether_it_made_the_admin_check_or_the_route_check(self):
+        async def go():
+            async with self.session(token=self.admin) as s:
+                admin = await self.ok(s, "nokv_health", {})
+            async with self.session("--workspace", "agent") as s:
+                route = await self.ok(s, "nokv_health", {})
+            return admin, route
+
+        admin, route = asyncio.run(go())
+        self.assertEqual((admin["check"], admin["status"]), ("admin_health", "SERVING"))
+        self.assertEqual((route["check"], route["workspace"]), ("route", "agent"))
+
+    def test_a_publish_interrupted_mid_upload_resumes_when_the_same_call_is_retried(self):
+        source = self.dir / "model.bin"
+        # 10 blocks of 4 MiB, the last one partial. The tool keeps 4 blocks in flight, so when
+        # the crash point fires on the 2nd acknowledged block at most 5 have been sent: the
+        # retry must still send some, and must skip the acknowledged ones.
+        source.write_bytes(os.urandom(36 * MIB + 12345))
+        args = {"path": "artifacts/model.bin", "local_path": str(source)}
+
+        async def interrupted():
+            async with self.session("--workspace", "agent",
+                                    env={"NOKV_TEST_EXIT_AFTER_BLOCKS": "2"}) as s:
+                await s.call_tool("nokv_publish", args)
+
+        async def retried():
+            async with self.session("--workspace", "agent") as s:
+                first = await self.ok(s, "nokv_publish", args)
+                again = await self.ok(s, "nokv_publish", args)
+                dest = self.dir / "restored.bin"
+                restored = await self.ok(s, "nokv_restore", {"path": args["path"],
+                                                             "local_path": str(dest)})
+                return first, again, restored, dest
+
+        # The crash point kills `nokv mcp` after its 2nd block: the call never answers.
+        with self.assertRaises(Exception):
+            asyncio.run(interrupted())
+        first, again, restored, dest = asyncio.run(retried())
+        self.assertEqual(first["block_count"], 10)
+        self.assertFalse(first["already_committed"])
+        self.assertGreaterEqual(first["blocks_skipped"], 2)
+        self.assertGreaterEqual(first["blocks_sent"], 1)
+        self.assertLess(first["blocks_sent"], first["block_count"])
+        self.assertEqual(first["blocks_sent"] + first["blocks_skipped"], first["block_count"])
+        self.assertTrue(again["already_committed"])
+        self.assertEqual(again["blocks_sent"], 0)
+        self.assertEqual(restored["sha256"], hashlib.sha256(source.read_bytes()).hexdigest())
+        self.assertEqual(dest.read_bytes(), source.read_bytes())
+
+
+if __name__ == "__main__":
+    unittest.main()
