@@ -168,20 +168,25 @@ pub async fn grep(client: &Client, out: Output, a: GrepArgs) -> Result<(), Clien
             summary.truncated_by, summary.matches, summary.files_scanned
         );
     }
-    out.emit(
-        json!({
-            "matches": matches.iter().map(match_json).collect::<Vec<_>>(),
-            "summary": {
-                "files_scanned": summary.files_scanned,
-                "files_skipped": summary.files_skipped,
-                "bytes_scanned": summary.bytes_scanned,
-                "matches": summary.matches,
-                "truncated_by": summary.truncated_by,
-            },
-        }),
-        || grep_lines(&matches, a.context > 0).join("\n"),
-    );
+    out.emit(grep_json(&matches, &summary), || {
+        grep_lines(&matches, a.context > 0).join("\n")
+    });
     Ok(())
+}
+
+/// A grep's answer as JSON (the CLI's `--json` and the MCP tool's structured content):
+/// `matches` [{path, line_number, line, before, after, generation}] and `summary`.
+pub fn grep_json(matches: &[pb::GrepMatch], summary: &pb::GrepSummary) -> Value {
+    json!({
+        "matches": matches.iter().map(match_json).collect::<Vec<_>>(),
+        "summary": {
+            "files_scanned": summary.files_scanned,
+            "files_skipped": summary.files_skipped,
+            "bytes_scanned": summary.bytes_scanned,
+            "matches": summary.matches,
+            "truncated_by": summary.truncated_by,
+        },
+    })
 }
 
 fn match_json(m: &pb::GrepMatch) -> Value {
@@ -199,7 +204,7 @@ fn match_json(m: &pb::GrepMatch) -> Value {
 /// once even where contexts overlap (a line that matches prints as a match even when it
 /// first shows up as another match's context), and `--` between groups that are not
 /// adjacent (with context only).
-fn grep_lines(matches: &[pb::GrepMatch], context: bool) -> Vec<String> {
+pub fn grep_lines(matches: &[pb::GrepMatch], context: bool) -> Vec<String> {
     let hits: HashSet<(&str, u64)> = matches
         .iter()
         .map(|m| (m.path.as_str(), m.line_number))

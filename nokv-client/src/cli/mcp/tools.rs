@@ -15,6 +15,7 @@ use rmcp::model::CallToolResult;
 use rmcp::{tool, tool_router};
 use serde_json::json;
 
+use super::super::agent_ops::{grep_json, grep_lines};
 use super::super::crash_point;
 use super::super::output::{entry_json, human_bytes, kind_name};
 use super::NokvMcp;
@@ -77,26 +78,12 @@ fn line_window(text: &str, offset: u64, limit: Option<u64>) -> (String, u64) {
     (window, total)
 }
 
-/// Grep matches as `grep -n` prints them: `path:N:line` for a match, `path-N-line` for its
-/// context, `--` between groups when context was asked for.
+/// Grep matches as the CLI prints them (`path:N:line`, context `path-N-line`, `--` between
+/// groups), then one summary line saying what was scanned and whether the search stopped early.
 fn grep_text(matches: &[pb::GrepMatch], summary: &pb::GrepSummary, context: bool) -> String {
-    let mut s = String::new();
-    for (i, m) in matches.iter().enumerate() {
-        if context && i > 0 {
-            s.push_str("--\n");
-        }
-        let first_before = m.line_number.saturating_sub(m.before.len() as u64);
-        for (k, line) in m.before.iter().enumerate() {
-            s.push_str(&format!("{}-{}-{line}\n", m.path, first_before + k as u64));
-        }
-        s.push_str(&format!("{}:{}:{}\n", m.path, m.line_number, m.line));
-        for (k, line) in m.after.iter().enumerate() {
-            s.push_str(&format!(
-                "{}-{}-{line}\n",
-                m.path,
-                m.line_number + 1 + k as u64
-            ));
-        }
+    let mut s = grep_lines(matches, context).join("\n");
+    if !s.is_empty() {
+        s.push('\n');
     }
     s.push_str(&format!(
         "{} matching line(s); {} file(s), {} scanned",
@@ -111,13 +98,6 @@ fn grep_text(matches: &[pb::GrepMatch], summary: &pb::GrepSummary, context: bool
         ));
     }
     s
-}
-
-fn grep_match_json(m: &pb::GrepMatch) -> serde_json::Value {
-    json!({
-        "path": m.path, "line_number": m.line_number, "line": m.line,
-        "before": m.before, "after": m.after, "generation": m.generation,
-    })
 }
 
 #[tool_router(router = tool_router, vis = "pub(super)")]
@@ -413,15 +393,7 @@ impl NokvMcp {
                     .await?;
                 Ok(reply::ok(
                     grep_text(&matches, &summary, context > 0),
-                    json!({
-                        "matches": matches.iter().map(grep_match_json).collect::<Vec<_>>(),
-                        "summary": {
-                            "files_scanned": summary.files_scanned,
-                            "bytes_scanned": summary.bytes_scanned,
-                            "matches": summary.matches,
-                            "truncated_by": summary.truncated_by,
-                        },
-                    }),
+                    grep_json(&matches, &summary),
                 ))
             }
             .await,
