@@ -33,7 +33,7 @@ impl BenchEnv {
 }
 
 /// Runs `op` in a loop on every connection for `seconds`, collecting latencies.
-async fn load<C, F, Fut>(conns: Vec<C>, seconds: f64, op: F) -> Summary
+pub(super) async fn load<C, F, Fut>(conns: Vec<C>, seconds: f64, op: F) -> Summary
 where
     C: Clone + Send + 'static,
     F: Fn(C, u64) -> Fut + Clone + Send + 'static,
@@ -101,7 +101,7 @@ pub(super) async fn nokv_clients(d: &Daemon, n: usize) -> Result<Vec<(Client, St
 
 /// `n` nokv clients writing for `seconds`, with the CPU the daemon and this process spent.
 /// Connections are made before the CPU clocks start, so only the writes are counted.
-async fn nokv_writes(d: &Daemon, n: usize, seconds: f64) -> Result<(Summary, CpuPerOp)> {
+pub(super) async fn nokv_writes(d: &Daemon, n: usize, seconds: f64) -> Result<(Summary, CpuPerOp)> {
     let conns = nokv_clients(d, n).await?;
     let cpu = CpuMeter::start(d.pid());
     let s = load(conns, seconds, |(c, ws): (Client, String), i| async move {
@@ -122,12 +122,22 @@ async fn etcd_writes(etcd: &Etcd, n: usize, seconds: f64) -> Result<(Summary, Cp
             .await?;
         chans.push(ch);
     }
+    Ok(etcd_puts_on(etcd, chans, seconds).await)
+}
+
+/// etcd puts over the given channels (one client each) for `seconds`, with the CPU etcd and
+/// this process spent.
+pub(super) async fn etcd_puts_on(
+    etcd: &Etcd,
+    chans: Vec<Channel>,
+    seconds: f64,
+) -> (Summary, CpuPerOp) {
     let cpu = CpuMeter::start(etcd.pid());
     let s = load(chans, seconds, |ch: Channel, i| async move {
         etcd_put(ch, format!("bench/file-{}", i % 64).into_bytes()).await
     })
     .await;
-    Ok((s, cpu.finish(s.ops)))
+    (s, cpu.finish(s.ops))
 }
 
 /// etcd's `KV/Put`, declared by hand (two fields) to call etcd's own gRPC API without a
@@ -181,7 +191,7 @@ pub(super) fn cpu_row(name: &str, clients: usize, s: &Summary, cpu: &CpuPerOp) -
 }
 
 /// Says which processes the CPU columns measure, so a profiler can be attached to them.
-fn print_pids(daemon: &Daemon, etcd: &Etcd) {
+pub(super) fn print_pids(daemon: &Daemon, etcd: &Etcd) {
     println!(
         "nokv-server pid {}, etcd pid {} (server CPU = utime+stime of that pid from /proc; \
          client CPU = this bench process)",

@@ -191,29 +191,47 @@ impl Etcd {
         self._proc.pid()
     }
 
+    /// etcd serving plaintext gRPC (how the cluster mode and the put benchmarks use it).
     pub fn start(dir: &Path) -> Result<Etcd> {
-        let (client, peer) = (free_port(), free_port());
+        Etcd::launch(dir, None)
+    }
+
+    /// etcd serving its clients over TLS with `cert` and `key` (PEM), so a figure can put
+    /// etcd behind the same transport cost nokv always pays. Health is polled on a separate
+    /// plaintext metrics port.
+    pub fn start_tls(dir: &Path, cert: &Path, key: &Path) -> Result<Etcd> {
+        Etcd::launch(dir, Some((cert, key)))
+    }
+
+    fn launch(dir: &Path, tls: Option<(&Path, &Path)>) -> Result<Etcd> {
+        let (client, peer, metrics) = (free_port(), free_port(), free_port());
         let bin = which("etcd").ok_or_else(|| {
             local("etcd is not installed (Debian package etcd-server; scripts/test.sh installs it)")
         })?;
-        let curl = |p: u16| format!("http://127.0.0.1:{p}");
-        let child = Command::new(bin)
-            .args(["--name", "bench", "--data-dir"])
-            .arg(dir.join("etcd"))
-            .args(["--listen-client-urls", &curl(client)])
-            .args(["--advertise-client-urls", &curl(client)])
-            .args(["--listen-peer-urls", &curl(peer)])
-            .args(["--initial-advertise-peer-urls", &curl(peer)])
-            .args(["--initial-cluster", &format!("bench={}", curl(peer))])
+        let url = |scheme: &str, p: u16| format!("{scheme}://127.0.0.1:{p}");
+        let client_url = url(if tls.is_some() { "https" } else { "http" }, client);
+        let mut cmd = Command::new(bin);
+        cmd.args(["--name", "bench", "--data-dir"])
+            .arg(dir.join(if tls.is_some() { "etcd-tls" } else { "etcd" }))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &url("http", peer)])
+            .args(["--initial-advertise-peer-urls", &url("http", peer)])
+            .args(["--initial-cluster", &format!("bench={}", url("http", peer))])
+            .args(["--listen-metrics-urls", &url("http", metrics)]);
+        if let Some((cert, key)) = tls {
+            cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+        }
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| local(format!("etcd: {e}")))?;
         let proc = Proc(child);
-        wait_http(client, "/health", |b| b.contains("true"))?;
+        wait_http(metrics, "/health", |b| b.contains("true"))?;
         Ok(Etcd {
             _proc: proc,
-            endpoint: curl(client),
+            endpoint: client_url,
         })
     }
 }

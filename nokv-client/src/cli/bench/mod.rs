@@ -5,6 +5,7 @@ mod cluster;
 mod compare;
 mod cpu;
 mod harness;
+mod limits;
 mod loops;
 
 use std::path::PathBuf;
@@ -47,6 +48,16 @@ pub enum BenchCommand {
         env: EnvArgs,
         /// Concurrent clients per measurement, e.g. 1,8,64.
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        clients: Vec<usize>,
+    },
+    /// What bounds a 4 KiB put here, at each client count in one run: a bare TLS RPC (the
+    /// transport's ceiling), a refused 4 KiB write (everything but the store), the nokv put,
+    /// etcd's put in plaintext and over TLS, each with server and client CPU per operation.
+    Limits {
+        #[command(flatten)]
+        env: EnvArgs,
+        /// Concurrent clients per measurement, e.g. 1,8,64.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
         clients: Vec<usize>,
     },
     /// nokv Stat p50 vs a bare unary RPC on the same TLS channel.
@@ -171,6 +182,10 @@ pub async fn run(
         BenchCommand::PutVsEtcd { env, clients } => {
             let r = compare::put_vs_etcd(&env.env(), &clients).await?;
             harness::write_report(&env.out, "put-vs-etcd", &r).map(|_| ())
+        }
+        BenchCommand::Limits { env, clients } => {
+            let r = limits::limits(&env.env(), &clients).await?;
+            harness::write_report(&env.out, "limits", &r).map(|_| ())
         }
         BenchCommand::StatVsRpc { env } => {
             let r = compare::stat_vs_rpc(&env.env()).await?;

@@ -1,0 +1,207 @@
+//! `nokv bench limits`: where a 4 KiB durable put's cost goes, and what bounds it on this
+//! machine, at each client count in one run.
+//!
+//! Five loads per client count, one after the other against processes started here (same
+//! disk, same cores):
+//! * **bare TLS RPC** — `grpc.health.v1.Health/Check` on the nokv daemon: TLS + HTTP/2 +
+//!   one unary call and nothing else. No request over gRPC and TLS can be cheaper, so its
+//!   ops/s is the ceiling of any put on this transport, and its server CPU per call the floor
+//!   of the daemon's.
+//! * **refused write** — a 4 KiB `Write` whose path the daemon refuses (`..`): the same
+//!   payload, decoding, authentication and error path as a put, but no store work. The
+//!   difference to a put is what the store costs.
+//! * **nokv put** — the 4 KiB durable write of `put-vs-etcd`.
+//! * **etcd put**, plaintext gRPC (as `put-vs-etcd` compares against), and **etcd put over
+//!   TLS** with the nokv daemon's own certificate: etcd paying the transport nokv always pays.
+//!
+//! Both sides' CPU is measured (the bench's clients share the machine's cores with the
+//! servers), so a bar that asks nokv for more ops/s than the bare RPC reaches is shown to be
+//! out of reach on this transport and machine, not tuned away.
+
+use nokv_client::Client;
+use nokv_client::sdk;
+use nokv_proto::v1 as pb;
+use serde_json::{Value, json};
+use tonic::transport::Certificate;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+use super::compare::{BenchEnv, cpu_row, etcd_puts_on, load, nokv_clients, nokv_writes};
+use super::cpu::{CpuMeter, CpuPerOp};
+use super::harness::{Daemon, Etcd, Result, Scratch, Summary, print_table};
+
+/// One measured load: what it was, its latencies and throughput, and both sides' CPU.
+struct Row {
+    name: &'static str,
+    summary: Summary,
+    cpu: CpuPerOp,
+}
+
+impl Row {
+    fn json(&self) -> Value {
+        json!({
+            "summary": self.summary,
+            "server_cpu_ms_per_op": self.cpu.server_cpu_ms_per_op,
+            "client_cpu_ms_per_op": self.cpu.client_cpu_ms_per_op,
+            "total_cpu_ms_per_op": total_cpu(&self.cpu),
+        })
+    }
+}
+
+/// Server + client CPU per operation: what one operation costs the machine.
+fn total_cpu(cpu: &CpuPerOp) -> Option<f64> {
+    Some(cpu.server_cpu_ms_per_op? + cpu.client_cpu_ms_per_op?)
+}
+
+/// `n` health-check calls in flight at a time, each client on its own TLS connection.
+async fn bare_rpcs(d: &Daemon, n: usize, seconds: f64) -> Result<(Summary, CpuPerOp)> {
+    let ca = read_ca(d)?;
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        let ch = sdk::tls_channel(&d.endpoint, ca.clone())?;
+        let mut h = HealthClient::new(ch);
+        // Connect (and handshake) before the clocks start, as the put loads do.
+        h.check(HealthCheckRequest::default()).await?;
+        conns.push(h);
+    }
+    let cpu = CpuMeter::start(d.pid());
+    let s = load(conns, seconds, |mut h: HealthClient<_>, _| async move {
+        h.check(HealthCheckRequest::default()).await.is_ok()
+    })
+    .await;
+    Ok((s, cpu.finish(s.ops)))
+}
+
+/// `n` clients sending 4 KiB writes the daemon must refuse (a `..` path), counted when the
+/// refusal arrives as the expected `InvalidArgument`.
+async fn refused_writes(d: &Daemon, n: usize, seconds: f64) -> Result<(Summary, CpuPerOp)> {
+    let conns = nokv_clients(d, n).await?;
+    let cpu = CpuMeter::start(d.pid());
+    let s = load(conns, seconds, |(c, ws): (Client, String), _| async move {
+        let req = pb::WriteRequest {
+            workspace: ws,
+            path: "../outside".into(),
+            data: vec![b'x'; 4096].into(),
+            ..Default::default()
+        };
+        matches!(c.write(req).await, Err(e) if e.code == Some(tonic::Code::InvalidArgument))
+    })
+    .await;
+    Ok((s, cpu.finish(s.ops)))
+}
+
+/// `n` etcd clients, one HTTP/2 connection each (TLS when `ca` is given).
+async fn etcd_channels(
+    etcd: &Etcd,
+    n: usize,
+    ca: Option<&Certificate>,
+) -> Result<Vec<tonic::transport::Channel>> {
+    let mut chans = Vec::new();
+    for _ in 0..n {
+        let ch = match ca {
+            Some(ca) => sdk::tls_channel(&etcd.endpoint, ca.clone())?,
+            None => tonic::transport::Endpoint::from_shared(etcd.endpoint.clone())
+                .map_err(|e| nokv_client::ClientError::local(e.to_string()))?
+                .connect_lazy(),
+        };
+        chans.push(ch);
+    }
+    Ok(chans)
+}
+
+fn read_ca(d: &Daemon) -> Result<Certificate> {
+    let pem = std::fs::read(&d.ca)
+        .map_err(|e| nokv_client::ClientError::local(format!("{}: {e}", d.ca.display())))?;
+    Ok(Certificate::from_pem(pem))
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    a / b
+}
+
+pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
+    let scratch = Scratch::new(&env.work_dir, "limits")?;
+    let daemon = env.daemon(&scratch, &[])?;
+    let etcd = Etcd::start(&scratch.0)?;
+    let tls = daemon.data_dir.join("tls");
+    let etcd_tls = Etcd::start_tls(&scratch.0, &tls.join("server.pem"), &tls.join("server.key"))?;
+    let ca = read_ca(&daemon)?;
+    println!(
+        "nokv-server pid {}, etcd pid {}, etcd (TLS) pid {} (server CPU = utime+stime of that \
+         pid from /proc; client CPU = this bench process)",
+        daemon.pid(),
+        etcd.pid(),
+        etcd_tls.pid()
+    );
+    let mut table = Vec::new();
+    let mut results = Vec::new();
+    for &n in client_counts {
+        let s = env.seconds;
+        let mut rows = Vec::new();
+        let (summary, cpu) = bare_rpcs(&daemon, n, s).await?;
+        rows.push(Row { name: "bare TLS RPC (health check)", summary, cpu });
+        let (summary, cpu) = refused_writes(&daemon, n, s).await?;
+        rows.push(Row { name: "nokv 4 KiB write, refused", summary, cpu });
+        let (summary, cpu) = nokv_writes(&daemon, n, s).await?;
+        rows.push(Row { name: "nokv 4 KiB put", summary, cpu });
+        let (summary, cpu) = etcd_puts_on(&etcd, etcd_channels(&etcd, n, None).await?, s).await;
+        rows.push(Row { name: "etcd put (plaintext)", summary, cpu });
+        let chans = etcd_channels(&etcd_tls, n, Some(&ca)).await?;
+        let (summary, cpu) = etcd_puts_on(&etcd_tls, chans, s).await;
+        rows.push(Row { name: "etcd put (TLS)", summary, cpu });
+        for r in &rows {
+            let mut row = cpu_row(r.name, n, &r.summary, &r.cpu);
+            row.push(super::cpu::cell(total_cpu(&r.cpu)));
+            table.push(row);
+        }
+        let [bare, refused, put, etcd_plain, etcd_tls_row] = &rows[..] else {
+            unreachable!("five loads per client count")
+        };
+        let ops = |r: &Row| r.summary.ops_per_s;
+        results.push(json!({
+            "clients": n,
+            "bare_rpc": bare.json(),
+            "refused_write": refused.json(),
+            "nokv_put": put.json(),
+            "etcd_put": etcd_plain.json(),
+            "etcd_tls_put": etcd_tls_row.json(),
+            "bare_rpc_ops_over_etcd_put": ratio(ops(bare), ops(etcd_plain)),
+            "nokv_put_ops_over_bare_rpc": ratio(ops(put), ops(bare)),
+            "nokv_put_ops_over_etcd_put": ratio(ops(put), ops(etcd_plain)),
+            "nokv_put_ops_over_etcd_tls_put": ratio(ops(put), ops(etcd_tls_row)),
+            "nokv_put_p50_over_etcd_put": ratio(put.summary.p50_ms, etcd_plain.summary.p50_ms),
+            "nokv_put_p50_over_etcd_tls_put":
+                ratio(put.summary.p50_ms, etcd_tls_row.summary.p50_ms),
+        }));
+    }
+    print_table(
+        "limits: what bounds a 4 KiB durable put here (one run, same disk and cores)",
+        &[
+            "load",
+            "clients",
+            "p50 ms",
+            "p99 ms",
+            "ops/s",
+            "server CPU ms/op",
+            "client CPU ms/op",
+            "total CPU ms/op",
+        ],
+        &table,
+    );
+    for r in &results {
+        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "  {} client(s): bare TLS RPC / etcd put ops/s {:.2} (the transport's ceiling); \
+             nokv put / bare RPC {:.2}; nokv / etcd ops/s {:.2}, vs etcd over TLS {:.2}; \
+             p50 nokv / etcd {:.2}, vs etcd over TLS {:.2}",
+            r["clients"],
+            f("bare_rpc_ops_over_etcd_put"),
+            f("nokv_put_ops_over_bare_rpc"),
+            f("nokv_put_ops_over_etcd_put"),
+            f("nokv_put_ops_over_etcd_tls_put"),
+            f("nokv_put_p50_over_etcd_put"),
+            f("nokv_put_p50_over_etcd_tls_put"),
+        );
+    }
+    Ok(json!({"bench": "limits", "seconds": env.seconds, "results": results}))
+}
