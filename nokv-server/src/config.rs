@@ -54,6 +54,20 @@ pub enum Command {
         #[arg(long, default_value_t = 4)]
         parallel: usize,
     },
+    /// Measure the store alone: 4 KiB small-file writes through the shard write path and the
+    /// node committer from tasks in this process (no gRPC, TLS or client), at each session
+    /// count. Opens its own node under --data-dir (not a running daemon's). Prints one JSON
+    /// line per session count.
+    StoreBench {
+        #[command(flatten)]
+        serve: Box<ServeArgs>,
+        /// Concurrent writers per measurement, each on its own workspace.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+        sessions: Vec<usize>,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
 }
 
 #[derive(Debug, Subcommand)]

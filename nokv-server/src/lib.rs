@@ -33,4 +33,5 @@ pub mod route;
 pub mod server;
 pub mod service;
 pub mod shard;
+pub mod store_bench;
 pub mod token;

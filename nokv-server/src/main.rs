@@ -23,7 +23,18 @@ fn main() -> ExitCode {
             serve,
             blocks,
             parallel,
-        }) => provider_bench(*serve, blocks, parallel),
+        }) => measure("provider-bench", *serve, |s| async move {
+            nokv_server::provider_bench::run(&s, blocks, parallel)
+                .await
+                .map(|r| vec![r])
+        }),
+        Some(Command::StoreBench {
+            serve,
+            sessions,
+            seconds,
+        }) => measure("store-bench", *serve, |s| async move {
+            nokv_server::store_bench::run(&s, &sessions, seconds).await
+        }),
         None => serve(cli.serve),
     }
 }
@@ -96,7 +107,16 @@ fn cluster(command: ClusterCommand) -> ExitCode {
     }
 }
 
-fn provider_bench(args: nokv_server::config::ServeArgs, blocks: u32, parallel: usize) -> ExitCode {
+/// Runs a measurement subcommand: resolves the daemon settings it shares (data dir, provider,
+/// shards), runs `bench` on a runtime and prints each report as one JSON line.
+fn measure<R: serde::Serialize, F>(
+    name: &str,
+    args: nokv_server::config::ServeArgs,
+    bench: impl FnOnce(nokv_server::config::Settings) -> F,
+) -> ExitCode
+where
+    F: std::future::Future<Output = Result<Vec<R>, String>>,
+{
     let settings = match args.resolve() {
         Ok(s) => s,
         Err(e) => {
@@ -108,18 +128,15 @@ fn provider_bench(args: nokv_server::config::ServeArgs, blocks: u32, parallel: u
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(nokv_server::provider_bench::run(
-        &settings, blocks, parallel,
-    )) {
-        Ok(report) => {
-            println!(
-                "{}",
-                serde_json::to_string(&report).expect("report serialises")
-            );
+    match runtime.block_on(bench(settings)) {
+        Ok(reports) => {
+            for r in reports {
+                println!("{}", serde_json::to_string(&r).expect("report serialises"));
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("nokv-server provider-bench: {e}");
+            eprintln!("nokv-server {name}: {e}");
             ExitCode::FAILURE
         }
     }

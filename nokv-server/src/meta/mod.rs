@@ -110,6 +110,34 @@ const OPERATION_SEQ: &str = "operation";
 /// from before the ledger are backfilled once at open, by [`WriteView::backfill_operations`]).
 const OPERATIONS_MARKER: &str = "operations-v1";
 
+/// How far a self-dated request id's time may be from the shard clock at its recording.
+const SELF_DATED_SKEW_MS: i64 = 10 * 60 * 1000;
+
+/// True if `request_id` dates itself: the SDK's form, 32 lowercase hex digits whose first 12
+/// are a millisecond time, within [`SELF_DATED_SKEW_MS`] of `created_ms` (the shard clock when
+/// it was recorded).
+///
+/// Such a record needs no row in the pruning order (`request_age`), which saves every
+/// acknowledged write one table in its batch's commit: the pruning pass finds it by scanning
+/// each workspace's ids below the cutoff's prefix plus the skew
+/// ([`ReadView::self_dated_replays_before`]). Invariant: a record without an age row has an
+/// id time at most `created_ms + skew`, so once `created_ms` is past a cutoff its key sorts
+/// below that bound and the scan reaches it; the scan deletes by the record's own
+/// `created_ms`, never by the id's claim, so no record is pruned early.
+fn self_dated(request_id: &str, created_ms: i64) -> bool {
+    request_id.len() == 32
+        && request_id
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && i64::from_str_radix(&request_id[..12], 16)
+            .is_ok_and(|t| (t - created_ms).abs() <= SELF_DATED_SKEW_MS)
+}
+
+/// The 12-hex-digit time prefix of a self-dated request id at `ms` (0 below the epoch).
+fn time_prefix(ms: i64) -> String {
+    format!("{:012x}", ms.clamp(0, 0xffff_ffff_ffff))
+}
+
 fn decode<R: Message + Default>(bytes: &[u8]) -> MetaResult<R> {
     Ok(R::decode(bytes)?)
 }
@@ -710,13 +738,51 @@ macro_rules! readable {
 
             /// True if some replay record was created before `cutoff_ms` (pruning has work).
             pub fn has_replays_before(&self, cutoff_ms: i64) -> MetaResult<bool> {
-                match optional(self.txn.open_table(self.t.request_age))? {
-                    Some(t) => Ok(t
+                let aged = match optional(self.txn.open_table(self.t.request_age))? {
+                    Some(t) => t
                         .range(..(cutoff_ms.max(0) as u64, "", ""))?
                         .next()
-                        .is_some()),
-                    None => Ok(false),
+                        .is_some(),
+                    None => false,
+                };
+                Ok(aged || !self.self_dated_replays_before(cutoff_ms, 1)?.is_empty())
+            }
+
+            /// Up to `limit` replay records created before `cutoff_ms` that may have no
+            /// pruning row (see [`self_dated`]): per workspace, the request ids that sort
+            /// below the cutoff's time prefix (plus the skew), checked against the record's
+            /// own creation time. Returns (workspace, request id, created ms).
+            pub fn self_dated_replays_before(
+                &self,
+                cutoff_ms: i64,
+                limit: usize,
+            ) -> MetaResult<Vec<(String, String, i64)>> {
+                let Some(t) = optional(self.txn.open_table(self.t.requests))? else {
+                    return Ok(Vec::new());
+                };
+                let bound = time_prefix(cutoff_ms.saturating_add(SELF_DATED_SKEW_MS));
+                let mut out = Vec::new();
+                let mut next_ws: Option<String> = Some(String::new());
+                while let Some(from) = next_ws.take() {
+                    // The first workspace at or after `from`.
+                    let Some(first) = t.range((from.as_str(), "")..)?.next() else {
+                        break;
+                    };
+                    let ws = first?.0.value().0.to_string();
+                    for item in t.range((ws.as_str(), "")..(ws.as_str(), bound.as_str()))? {
+                        if out.len() == limit {
+                            return Ok(out);
+                        }
+                        let (k, v) = item?;
+                        let created = decode::<ReplayRecord>(v.value())?.created_ms;
+                        if created < cutoff_ms {
+                            out.push((ws.clone(), k.value().1.to_string(), created));
+                        }
+                    }
+                    // Every key of `ws` sorts below `ws` followed by NUL.
+                    next_ws = Some(format!("{ws}\0"));
                 }
+                Ok(out)
             }
 
             /// The fencing epoch this shard's data was last owned under (0 if never raised).
@@ -1191,9 +1257,19 @@ impl WriteView<'_> {
         Ok(())
     }
 
-    /// Removes the entry and any inline body; the path's generation counter stays.
+    /// Removes the entry and any inline body. The entry's generation moves to the
+    /// generations table, so the path's next generation still exceeds it (see
+    /// [`WriteView::next_generation`]).
     pub fn remove_entry(&mut self, ws: &str, path: &str) -> MetaResult<()> {
+        let removed = self.entry(ws, path)?;
         self.table(self.t.entries)?.remove((ws, path))?;
+        if let Some(EntryRecord { generation, .. }) = removed {
+            let mut t = self.table(self.t.generations)?;
+            let kept = t.get((ws, path))?.map_or(0, |v| v.value());
+            if generation > kept {
+                t.insert((ws, path), generation)?;
+            }
+        }
         self.table(self.t.inline)?.remove((ws, path))?;
         Ok(())
     }
@@ -1209,12 +1285,21 @@ impl WriteView<'_> {
     }
 
     /// Issues the path's next generation: strictly greater than every generation the path
-    /// ever had, including deleted ones.
+    /// ever had, including deleted ones. The caller stores it in the path's entry in the
+    /// same session.
+    ///
+    /// Invariant: a path's highest generation so far is the larger of its live entry's and
+    /// its generations row — a live entry carries its own, and [`WriteView::remove_entry`]
+    /// moves it to the row when the entry goes. So a write, the common case, touches no
+    /// generations row (one table fewer per put); files written before this rule kept a row
+    /// for live paths too, which the maximum reads correctly.
     pub fn next_generation(&mut self, ws: &str, path: &str) -> MetaResult<u64> {
-        let mut t = self.table(self.t.generations)?;
-        let next = t.get((ws, path))?.map(|v| v.value()).unwrap_or(0) + 1;
-        t.insert((ws, path), next)?;
-        Ok(next)
+        let live = self.entry(ws, path)?.map_or(0, |e| e.generation);
+        let kept = self
+            .table(self.t.generations)?
+            .get((ws, path))?
+            .map_or(0, |v| v.value());
+        Ok(live.max(kept) + 1)
     }
 
     /// Records that the shard is now owned under `epoch`. Epochs only grow: a lower one is
@@ -1236,18 +1321,23 @@ impl WriteView<'_> {
         Ok(next)
     }
 
+    /// Records a request's outcome. Its pruning row is written only when the request id does
+    /// not carry its own time (see [`self_dated`]): an SDK id is found by its prefix.
     pub fn put_replay(&mut self, ws: &str, request_id: &str, rec: &ReplayRecord) -> MetaResult<()> {
         let mut t = self.table(self.t.requests)?;
         t.insert((ws, request_id), rec.encode_to_vec().as_slice())?;
-        let mut age = self.table(self.t.request_age)?;
-        age.insert((rec.created_ms.max(0) as u64, ws, request_id), ())?;
+        if !self_dated(request_id, rec.created_ms) {
+            let mut age = self.table(self.t.request_age)?;
+            age.insert((rec.created_ms.max(0) as u64, ws, request_id), ())?;
+        }
         Ok(())
     }
 
-    /// Removes up to `limit` replay records created before `cutoff_ms`, oldest first.
-    /// Returns how many were removed; a short page means nothing older is left.
+    /// Removes up to `limit` replay records created before `cutoff_ms`: those in the pruning
+    /// order oldest first, then self-dated ones (see [`self_dated`]). Returns how many were
+    /// removed; a short page means nothing older is left.
     pub fn prune_replays(&mut self, cutoff_ms: i64, limit: usize) -> MetaResult<usize> {
-        let mut age = self.table(self.t.request_age)?;
+        let age = self.table(self.t.request_age)?;
         let mut victims = Vec::new();
         for item in age.range(..(cutoff_ms.max(0) as u64, "", ""))? {
             if victims.len() == limit {
@@ -1257,8 +1347,27 @@ impl WriteView<'_> {
             let (ms, ws, id) = k.value();
             victims.push((ms, ws.to_string(), id.to_string()));
         }
+        drop(age);
+        if victims.len() < limit {
+            // The scan also meets ids that have an age row (their prefix happens to sort
+            // low): those found above are not counted twice.
+            let aged: std::collections::HashSet<(String, String)> = victims
+                .iter()
+                .map(|(_, ws, id)| (ws.clone(), id.clone()))
+                .collect();
+            for (ws, id, ms) in self.self_dated_replays_before(cutoff_ms, limit)? {
+                if victims.len() == limit {
+                    break;
+                }
+                if !aged.contains(&(ws.clone(), id.clone())) {
+                    victims.push((ms.max(0) as u64, ws, id));
+                }
+            }
+        }
+        let mut age = self.table(self.t.request_age)?;
         let mut requests = self.table(self.t.requests)?;
         for (ms, ws, id) in &victims {
+            // A self-dated record has no age row; removing the absent row is a no-op.
             age.remove((*ms, ws.as_str(), id.as_str()))?;
             requests.remove((ws.as_str(), id.as_str()))?;
         }
@@ -1497,13 +1606,25 @@ mod tests {
         let (_d, s) = store();
         let g: Vec<u64> = s
             .write(|w| {
-                let a = w.next_generation("ws", "p")?;
+                let mut gens = Vec::new();
+                for _ in 0..2 {
+                    let generation = w.next_generation("ws", "p")?;
+                    w.put_entry(
+                        "ws",
+                        "p",
+                        &EntryRecord {
+                            generation,
+                            ..Default::default()
+                        },
+                    )?;
+                    gens.push(generation);
+                }
                 w.remove_entry("ws", "p")?;
-                let b = w.next_generation("ws", "p")?;
-                Ok::<_, MetaError>(vec![a, b])
+                gens.push(w.next_generation("ws", "p")?);
+                Ok::<_, MetaError>(gens)
             })
             .unwrap();
-        assert_eq!(g, vec![1, 2]);
+        assert_eq!(g, vec![1, 2, 3]);
     }
 
     #[test]
@@ -1548,6 +1669,69 @@ mod tests {
         assert_eq!(s.write(|w| w.prune_replays(35, 2)).unwrap(), 0);
         assert!(s.read(|r| r.replay("ws", "r3")).unwrap().is_some());
         assert!(s.read(|r| r.replay("ws", "r0")).unwrap().is_none());
+    }
+
+    /// An SDK-style request id: `ms` as 12 hex digits, then 20 more.
+    fn sdk_id(ms: i64, tail: u8) -> String {
+        format!("{ms:012x}{}", format!("{tail:02x}").repeat(10))
+    }
+
+    fn age_rows(s: &MetaStore) -> usize {
+        s.read(|r| Ok::<_, MetaError>(r.txn.open_table(r.t.request_age)?.len()? as usize))
+            .unwrap()
+    }
+
+    #[test]
+    fn self_dated_request_ids_skip_the_age_row_and_are_pruned_by_their_recorded_time() {
+        let (_d, s) = store();
+        let t = 1_700_000_000_000i64;
+        let min = 60 * 1000;
+        let (on_time, claims_later, claims_older, custom) = (
+            sdk_id(t, 1),
+            sdk_id(t + 9 * min, 2),
+            sdk_id(t + 5 * min, 3),
+            "my-retry-1".to_string(),
+        );
+        s.write(|w| {
+            let at = |created_ms| ReplayRecord {
+                created_ms,
+                ..Default::default()
+            };
+            w.put_replay("ws", &on_time, &at(t))?;
+            w.put_replay("ws", &claims_later, &at(t))?;
+            // Recorded 12 minutes after the others, its id 7 minutes older than that.
+            w.put_replay("ws", &claims_older, &at(t + 12 * min))?;
+            w.put_replay("other", &custom, &at(t))?;
+            // Not self-dated: its id's time is an hour from the record's.
+            w.put_replay("ws", &sdk_id(t - 60 * min, 4), &at(t))?;
+            Ok::<_, MetaError>(())
+        })
+        .unwrap();
+        assert_eq!(
+            age_rows(&s),
+            2,
+            "only the custom id and the far-off one get an age row"
+        );
+
+        // Nothing was recorded before t: nothing goes, whatever the ids claim.
+        assert!(!s.read(|r| r.has_replays_before(t)).unwrap());
+        assert_eq!(s.write(|w| w.prune_replays(t, 10)).unwrap(), 0);
+
+        // Past t + 1: the four recorded at t go, including the one whose id claims t + 9 min;
+        // the one recorded at t + 12 min stays although its id claims t + 5 min (the scan
+        // meets it and keeps it by its recorded time).
+        assert!(s.read(|r| r.has_replays_before(t + 1)).unwrap());
+        assert_eq!(s.write(|w| w.prune_replays(t + 1, 10)).unwrap(), 4);
+        for (ws, id) in [("ws", &on_time), ("ws", &claims_later), ("other", &custom)] {
+            assert!(s.read(|r| r.replay(ws, id)).unwrap().is_none(), "{id} kept");
+        }
+        assert!(s.read(|r| r.replay("ws", &claims_older)).unwrap().is_some());
+        assert_eq!(age_rows(&s), 0);
+        assert_eq!(
+            s.write(|w| w.prune_replays(t + 12 * min + 1, 10)).unwrap(),
+            1
+        );
+        assert!(!s.read(|r| r.has_replays_before(i64::MAX / 2)).unwrap());
     }
 
     #[test]

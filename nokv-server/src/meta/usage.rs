@@ -132,6 +132,11 @@ impl WriteView<'_> {
     /// the row once it is empty. Returns the new row.
     pub fn change_usage(&mut self, ws: &str, d: UsageDelta) -> MetaResult<UsageRecord> {
         let mut rec = self.usage(ws)?;
+        // A rewrite of the same size changes no counter: writing the rows anyway would cost a
+        // put two more tables in the batch's commit for nothing.
+        if d == UsageDelta::default() {
+            return Ok(rec);
+        }
         rec.used_bytes = apply(rec.used_bytes, d.used_bytes);
         rec.reserved_bytes = apply(rec.reserved_bytes, d.reserved_bytes);
         rec.reservations = apply(rec.reservations, d.reservations);

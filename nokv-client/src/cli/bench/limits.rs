@@ -1,8 +1,10 @@
 //! `nokv bench limits`: where a 4 KiB durable put's cost goes, and what bounds it on this
 //! machine, at each client count in one run.
 //!
-//! Five loads per client count, one after the other against processes started here (same
-//! disk, same cores):
+//! First the **store alone** (`nokv-server store-bench`: the shard write path and the node
+//! committer driven from tasks inside one process, no gRPC, TLS or client) at every client
+//! count: the ceiling of any put the daemon can serve here. Then five loads per client count,
+//! one after the other against processes started here (same disk, same cores):
 //! * **bare TLS RPC** — `grpc.health.v1.Health/Check` on the nokv daemon: TLS + HTTP/2 +
 //!   one unary call and nothing else. No request over gRPC and TLS can be cheaper, so its
 //!   ops/s is the ceiling of any put on this transport, and its server CPU per call the floor
@@ -115,12 +117,62 @@ fn read_ca(d: &Daemon) -> Result<Certificate> {
     Ok(Certificate::from_pem(pem))
 }
 
+/// The store alone, at each session count: `nokv-server store-bench` on its own data dir.
+/// Its CPU column is the whole process's (no client exists), reported as server CPU.
+fn store_alone(env: &BenchEnv, scratch: &Scratch, counts: &[usize]) -> Result<Vec<Row>> {
+    let list = counts
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = std::process::Command::new(&env.server_bin)
+        .arg("store-bench")
+        .arg("--data-dir")
+        .arg(scratch.0.join("store-alone"))
+        .args(["--sessions", &list, "--seconds", &env.seconds.to_string()])
+        .output()
+        .map_err(|e| local(format!("{}: {e}", env.server_bin.display())))?;
+    if !out.status.success() {
+        return Err(local(format!(
+            "store-bench failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line)
+                .map_err(|e| local(format!("store-bench printed {line:?}: {e}")))?;
+            let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+            Ok(Row {
+                name: "nokv store alone (in-process)",
+                summary: Summary {
+                    ops: v["ops"].as_u64().unwrap_or(0) as usize,
+                    ops_per_s: f("ops_per_s"),
+                    p50_ms: f("p50_ms"),
+                    p90_ms: f64::NAN,
+                    p99_ms: f("p99_ms"),
+                },
+                cpu: CpuPerOp {
+                    server_cpu_ms_per_op: v["cpu_ms_per_op"].as_f64(),
+                    client_cpu_ms_per_op: Some(0.0),
+                },
+            })
+        })
+        .collect()
+}
+
+fn local(msg: impl Into<String>) -> nokv_client::ClientError {
+    nokv_client::ClientError::local(msg)
+}
+
 fn ratio(a: f64, b: f64) -> f64 {
     a / b
 }
 
 pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
     let scratch = Scratch::new(&env.work_dir, "limits")?;
+    let mut alone = store_alone(env, &scratch, client_counts)?.into_iter();
     let daemon = env.daemon(&scratch, &[])?;
     let etcd = Etcd::start(&scratch.0)?;
     let tls = daemon.data_dir.join("tls");
@@ -138,34 +190,61 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
     for &n in client_counts {
         let s = env.seconds;
         let mut rows = Vec::new();
+        rows.push(
+            alone
+                .next()
+                .ok_or_else(|| local("store-bench printed too few lines"))?,
+        );
         let (summary, cpu) = bare_rpcs(&daemon, n, s).await?;
-        rows.push(Row { name: "bare TLS RPC (health check)", summary, cpu });
+        rows.push(Row {
+            name: "bare TLS RPC (health check)",
+            summary,
+            cpu,
+        });
         let (summary, cpu) = refused_writes(&daemon, n, s).await?;
-        rows.push(Row { name: "nokv 4 KiB write, refused", summary, cpu });
+        rows.push(Row {
+            name: "nokv 4 KiB write, refused",
+            summary,
+            cpu,
+        });
         let (summary, cpu) = nokv_writes(&daemon, n, s).await?;
-        rows.push(Row { name: "nokv 4 KiB put", summary, cpu });
+        rows.push(Row {
+            name: "nokv 4 KiB put",
+            summary,
+            cpu,
+        });
         let (summary, cpu) = etcd_puts_on(&etcd, etcd_channels(&etcd, n, None).await?, s).await;
-        rows.push(Row { name: "etcd put (plaintext)", summary, cpu });
+        rows.push(Row {
+            name: "etcd put (plaintext)",
+            summary,
+            cpu,
+        });
         let chans = etcd_channels(&etcd_tls, n, Some(&ca)).await?;
         let (summary, cpu) = etcd_puts_on(&etcd_tls, chans, s).await;
-        rows.push(Row { name: "etcd put (TLS)", summary, cpu });
+        rows.push(Row {
+            name: "etcd put (TLS)",
+            summary,
+            cpu,
+        });
         for r in &rows {
             let mut row = cpu_row(r.name, n, &r.summary, &r.cpu);
             row.push(super::cpu::cell(total_cpu(&r.cpu)));
             table.push(row);
         }
-        let [bare, refused, put, etcd_plain, etcd_tls_row] = &rows[..] else {
-            unreachable!("five loads per client count")
+        let [store, bare, refused, put, etcd_plain, etcd_tls_row] = &rows[..] else {
+            unreachable!("six rows per client count")
         };
         let ops = |r: &Row| r.summary.ops_per_s;
         results.push(json!({
             "clients": n,
+            "store_alone": store.json(),
             "bare_rpc": bare.json(),
             "refused_write": refused.json(),
             "nokv_put": put.json(),
             "etcd_put": etcd_plain.json(),
             "etcd_tls_put": etcd_tls_row.json(),
             "bare_rpc_ops_over_etcd_put": ratio(ops(bare), ops(etcd_plain)),
+            "store_alone_ops_over_etcd_put": ratio(ops(store), ops(etcd_plain)),
             "nokv_put_ops_over_bare_rpc": ratio(ops(put), ops(bare)),
             "nokv_put_ops_over_etcd_put": ratio(ops(put), ops(etcd_plain)),
             "nokv_put_ops_over_etcd_tls_put": ratio(ops(put), ops(etcd_tls_row)),
@@ -191,10 +270,11 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
     for r in &results {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         println!(
-            "  {} client(s): bare TLS RPC / etcd put ops/s {:.2} (the transport's ceiling); \
+            "  {} client(s): ceilings over etcd put ops/s: store alone {:.2}, bare TLS RPC {:.2}; \
              nokv put / bare RPC {:.2}; nokv / etcd ops/s {:.2}, vs etcd over TLS {:.2}; \
              p50 nokv / etcd {:.2}, vs etcd over TLS {:.2}",
             r["clients"],
+            f("store_alone_ops_over_etcd_put"),
             f("bare_rpc_ops_over_etcd_put"),
             f("nokv_put_ops_over_bare_rpc"),
             f("nokv_put_ops_over_etcd_put"),

@@ -50,8 +50,9 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         clients: Vec<usize>,
     },
-    /// What bounds a 4 KiB put here, at each client count in one run: a bare TLS RPC (the
-    /// transport's ceiling), a refused 4 KiB write (everything but the store), the nokv put,
+    /// What bounds a 4 KiB put here, at each client count in one run: the store alone
+    /// (`nokv-server store-bench`, no RPC), a bare TLS RPC (the transport's ceiling), a
+    /// refused 4 KiB write (everything but the store), the nokv put,
     /// etcd's put in plaintext and over TLS, each with server and client CPU per operation.
     Limits {
         #[command(flatten)]

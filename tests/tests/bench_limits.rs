@@ -1,0 +1,94 @@
+//! The small-write limit measurements (issue 12): `nokv-server store-bench` (the store alone)
+//! and `nokv bench limits` (the store, the transport's ceiling, the put and etcd side by side).
+//! These assert what the benchmarks measure, never a timing.
+
+use std::process::{Command, Stdio};
+
+use nokv_tests::{Daemon, bin, server_command};
+use serde_json::Value;
+
+#[test]
+fn store_bench_writes_through_the_shard_path_and_reports_each_session_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = server_command(&[
+        "store-bench",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--sessions",
+        "1,3",
+        "--seconds",
+        "0.3",
+    ]);
+    assert_eq!(out.status, 0, "store-bench failed: {}", out.stderr);
+    let reports: Vec<Value> = out
+        .stdout_str()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON report per line"))
+        .collect();
+    assert_eq!(reports.len(), 2, "one report per session count");
+    for (r, sessions) in reports.iter().zip([1, 3]) {
+        assert_eq!(r["sessions"], sessions);
+        assert!(r["ops"].as_u64().unwrap() > 0, "no write completed: {r}");
+        assert!(
+            r["batches"].as_u64().unwrap() > 0,
+            "no batch committed: {r}"
+        );
+        assert!(r["writes_per_batch"].as_f64().unwrap() >= 1.0, "{r}");
+        assert!(r["cpu_ms_per_op"].as_f64().unwrap() > 0.0, "{r}");
+    }
+
+    // The writes went through the real shard path into the node file: a daemon on the same
+    // data dir serves them with the recorded size and a generation.
+    let daemon = Daemon::start_in(&data, &[]);
+    let stat = daemon.cli(&["--json", "stat", "bench-w2:bench/file-0"]);
+    stat.assert_ok();
+    let entry = stat.json();
+    assert_eq!(entry["size"], 4096, "{entry}");
+    assert!(entry["generation"].as_u64().unwrap() >= 1, "{entry}");
+}
+
+#[test]
+fn bench_limits_measures_every_load_beside_etcd_at_each_client_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let status = Command::new(bin("nokv"))
+        .args(["bench", "limits", "--clients", "1,2", "--seconds", "0.3"])
+        .arg("--work-dir")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out_dir)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run nokv bench limits");
+    assert!(status.success(), "nokv bench limits failed");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("limits.json")).unwrap()).unwrap();
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2, "one result per client count");
+    for (r, clients) in results.iter().zip([1, 2]) {
+        assert_eq!(r["clients"], clients);
+        for load in [
+            "store_alone",
+            "bare_rpc",
+            "refused_write",
+            "nokv_put",
+            "etcd_put",
+            "etcd_tls_put",
+        ] {
+            // A load counts only operations that did what it names: a refused write only
+            // when the daemon answered InvalidArgument, an etcd put over TLS only when the
+            // handshake and the put succeeded.
+            let ops = r[load]["summary"]["ops"].as_u64();
+            assert!(ops.unwrap_or(0) > 0, "{load} completed nothing: {r}");
+        }
+        assert!(
+            r["nokv_put_ops_over_etcd_put"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+        assert!(
+            r["store_alone_ops_over_etcd_put"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+    }
+}
