@@ -131,12 +131,12 @@ impl WriteView<'_> {
     /// Applies `d` to the counters of `ws` and to the shard's totals (never below 0); drops
     /// the row once it is empty. Returns the new row.
     pub fn change_usage(&mut self, ws: &str, d: UsageDelta) -> MetaResult<UsageRecord> {
-        let mut rec = self.usage(ws)?;
         // A rewrite of the same size changes no counter: writing the rows anyway would cost a
         // put two more tables in the batch's commit for nothing.
         if d == UsageDelta::default() {
-            return Ok(rec);
+            return self.usage(ws);
         }
+        let mut rec = self.usage(ws)?;
         rec.used_bytes = apply(rec.used_bytes, d.used_bytes);
         rec.reserved_bytes = apply(rec.reserved_bytes, d.reserved_bytes);
         rec.reservations = apply(rec.reservations, d.reservations);

@@ -120,21 +120,25 @@ impl Accounts {
     /// A small-file write of `new` bytes replacing an entry of `old` bytes (0: none): refused
     /// with `QuotaExceeded` when it grows usage past the quota; otherwise counted.
     pub fn charge_write(&self, w: &mut WriteView, ws: &str, old: u64, new: u64) -> Result<()> {
-        let u = w.usage(ws)?;
-        if new > old
-            && let Some(quota) = u.quota
-            && u.used_bytes + u.reserved_bytes + (new - old) > quota
-        {
-            return Err(quota_exceeded(ws, quota, &u, new - old));
+        // Only growth can pass the quota (a put that does not grow usage reads nothing).
+        if new > old {
+            let u = w.usage(ws)?;
+            if let Some(quota) = u.quota
+                && u.used_bytes + u.reserved_bytes + (new - old) > quota
+            {
+                return Err(quota_exceeded(ws, quota, &u, new - old));
+            }
         }
-        self.change(
-            w,
-            ws,
-            UsageDelta {
-                used_bytes: new as i64 - old as i64,
-                ..Default::default()
-            },
-        )?;
+        if new != old {
+            self.change(
+                w,
+                ws,
+                UsageDelta {
+                    used_bytes: new as i64 - old as i64,
+                    ..Default::default()
+                },
+            )?;
+        }
         Ok(())
     }
 
