@@ -119,11 +119,14 @@ const SELF_DATED_SKEW_MS: i64 = 10 * 60 * 1000;
 ///
 /// Such a record needs no row in the pruning order (`request_age`), which saves every
 /// acknowledged write one table in its batch's commit: the pruning pass finds it by scanning
-/// each workspace's ids below the cutoff's prefix plus the skew
-/// ([`ReadView::self_dated_replays_before`]). Invariant: a record without an age row has an
-/// id time at most `created_ms + skew`, so once `created_ms` is past a cutoff its key sorts
-/// below that bound and the scan reaches it; the scan deletes by the record's own
-/// `created_ms`, never by the id's claim, so no record is pruned early.
+/// each workspace's ids below the time prefix of the cutoff minus the skew
+/// ([`ReadView::self_dated_replays_before`]). Invariants: every id in that range dates itself
+/// more than the skew before the cutoff, so a self-dated one was recorded before the cutoff —
+/// the scan meets only records that are due (plus ids that merely sort low, which carry an age
+/// row and are judged by their recorded time like every scanned record), so a pass never
+/// wades through young records; and a self-dated record recorded at `c` is reached once the
+/// cutoff passes `c + 2 × skew`, so it is pruned at most twice the skew later than the
+/// retention says, never earlier.
 fn self_dated(request_id: &str, created_ms: i64) -> bool {
     request_id.len() == 32
         && request_id
@@ -750,8 +753,8 @@ macro_rules! readable {
 
             /// Up to `limit` replay records created before `cutoff_ms` that may have no
             /// pruning row (see [`self_dated`]): per workspace, the request ids that sort
-            /// below the cutoff's time prefix (plus the skew), checked against the record's
-            /// own creation time. Returns (workspace, request id, created ms).
+            /// below the time prefix of the cutoff minus the skew, each checked against the
+            /// record's own creation time. Returns (workspace, request id, created ms).
             pub fn self_dated_replays_before(
                 &self,
                 cutoff_ms: i64,
@@ -760,7 +763,7 @@ macro_rules! readable {
                 let Some(t) = optional(self.txn.open_table(self.t.requests))? else {
                     return Ok(Vec::new());
                 };
-                let bound = time_prefix(cutoff_ms.saturating_add(SELF_DATED_SKEW_MS));
+                let bound = time_prefix(cutoff_ms.saturating_sub(SELF_DATED_SKEW_MS));
                 let mut out = Vec::new();
                 let mut next_ws: Option<String> = Some(String::new());
                 while let Some(from) = next_ws.take() {
@@ -1686,11 +1689,12 @@ mod tests {
         let (_d, s) = store();
         let t = 1_700_000_000_000i64;
         let min = 60 * 1000;
-        let (on_time, claims_later, claims_older, custom) = (
+        let (on_time, claims_later, claims_earlier, custom, far_off) = (
             sdk_id(t, 1),
             sdk_id(t + 9 * min, 2),
             sdk_id(t + 5 * min, 3),
             "my-retry-1".to_string(),
+            sdk_id(t - 60 * min, 4),
         );
         s.write(|w| {
             let at = |created_ms| ReplayRecord {
@@ -1699,11 +1703,12 @@ mod tests {
             };
             w.put_replay("ws", &on_time, &at(t))?;
             w.put_replay("ws", &claims_later, &at(t))?;
-            // Recorded 12 minutes after the others, its id 7 minutes older than that.
-            w.put_replay("ws", &claims_older, &at(t + 12 * min))?;
+            // Recorded 12 minutes after the others, its id 7 minutes earlier than that.
+            w.put_replay("ws", &claims_earlier, &at(t + 12 * min))?;
             w.put_replay("other", &custom, &at(t))?;
-            // Not self-dated: its id's time is an hour from the record's.
-            w.put_replay("ws", &sdk_id(t - 60 * min, 4), &at(t))?;
+            // Not self-dated (its id's time is an hour from the record's), and it sorts
+            // below every bound used here: the scans meet it.
+            w.put_replay("ws", &far_off, &at(t))?;
             Ok::<_, MetaError>(())
         })
         .unwrap();
@@ -1712,24 +1717,31 @@ mod tests {
             2,
             "only the custom id and the far-off one get an age row"
         );
+        let kept = |ws: &str, id: &str| s.read(|r| r.replay(ws, id)).unwrap().is_some();
 
-        // Nothing was recorded before t: nothing goes, whatever the ids claim.
+        // Nothing was recorded before t: nothing goes, although the scan meets the far-off id.
         assert!(!s.read(|r| r.has_replays_before(t)).unwrap());
         assert_eq!(s.write(|w| w.prune_replays(t, 10)).unwrap(), 0);
 
-        // Past t + 1: the four recorded at t go, including the one whose id claims t + 9 min;
-        // the one recorded at t + 12 min stays although its id claims t + 5 min (the scan
-        // meets it and keeps it by its recorded time).
+        // Past t: the two with age rows go at once; the self-dated ones wait for their ids to
+        // be a skew (10 min) behind the cutoff.
         assert!(s.read(|r| r.has_replays_before(t + 1)).unwrap());
-        assert_eq!(s.write(|w| w.prune_replays(t + 1, 10)).unwrap(), 4);
-        for (ws, id) in [("ws", &on_time), ("ws", &claims_later), ("other", &custom)] {
-            assert!(s.read(|r| r.replay(ws, id)).unwrap().is_none(), "{id} kept");
-        }
-        assert!(s.read(|r| r.replay("ws", &claims_older)).unwrap().is_some());
+        assert_eq!(s.write(|w| w.prune_replays(t + 1, 10)).unwrap(), 2);
+        assert!(!kept("other", &custom) && !kept("ws", &far_off));
         assert_eq!(age_rows(&s), 0);
+        assert!(kept("ws", &on_time));
         assert_eq!(
-            s.write(|w| w.prune_replays(t + 12 * min + 1, 10)).unwrap(),
+            s.write(|w| w.prune_replays(t + 10 * min + 1, 10)).unwrap(),
             1
+        );
+        assert!(!kept("ws", &on_time));
+
+        // Past t + 19 min: both remaining ids are a skew behind, and both were recorded
+        // before the cutoff.
+        assert!(kept("ws", &claims_later) && kept("ws", &claims_earlier));
+        assert_eq!(
+            s.write(|w| w.prune_replays(t + 19 * min + 1, 10)).unwrap(),
+            2
         );
         assert!(!s.read(|r| r.has_replays_before(i64::MAX / 2)).unwrap());
     }
