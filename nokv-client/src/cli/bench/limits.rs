@@ -103,7 +103,7 @@ async fn etcd_channels(
         let ch = match ca {
             Some(ca) => sdk::tls_channel(&etcd.endpoint, ca.clone())?,
             None => tonic::transport::Endpoint::from_shared(etcd.endpoint.clone())
-                .map_err(|e| nokv_client::ClientError::local(e.to_string()))?
+                .map_err(|e| local(e.to_string()))?
                 .connect_lazy(),
         };
         chans.push(ch);
@@ -112,8 +112,7 @@ async fn etcd_channels(
 }
 
 fn read_ca(d: &Daemon) -> Result<Certificate> {
-    let pem = std::fs::read(&d.ca)
-        .map_err(|e| nokv_client::ClientError::local(format!("{}: {e}", d.ca.display())))?;
+    let pem = std::fs::read(&d.ca).map_err(|e| local(format!("{}: {e}", d.ca.display())))?;
     Ok(Certificate::from_pem(pem))
 }
 
@@ -164,10 +163,6 @@ fn store_alone(env: &BenchEnv, scratch: &Scratch, counts: &[usize]) -> Result<Ve
 
 fn local(msg: impl Into<String>) -> nokv_client::ClientError {
     nokv_client::ClientError::local(msg)
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    a / b
 }
 
 pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
@@ -243,14 +238,14 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
             "nokv_put": put.json(),
             "etcd_put": etcd_plain.json(),
             "etcd_tls_put": etcd_tls_row.json(),
-            "bare_rpc_ops_over_etcd_put": ratio(ops(bare), ops(etcd_plain)),
-            "store_alone_ops_over_etcd_put": ratio(ops(store), ops(etcd_plain)),
-            "nokv_put_ops_over_bare_rpc": ratio(ops(put), ops(bare)),
-            "nokv_put_ops_over_etcd_put": ratio(ops(put), ops(etcd_plain)),
-            "nokv_put_ops_over_etcd_tls_put": ratio(ops(put), ops(etcd_tls_row)),
-            "nokv_put_p50_over_etcd_put": ratio(put.summary.p50_ms, etcd_plain.summary.p50_ms),
+            "bare_rpc_ops_over_etcd_put": ops(bare) / ops(etcd_plain),
+            "store_alone_ops_over_etcd_put": ops(store) / ops(etcd_plain),
+            "nokv_put_ops_over_bare_rpc": ops(put) / ops(bare),
+            "nokv_put_ops_over_etcd_put": ops(put) / ops(etcd_plain),
+            "nokv_put_ops_over_etcd_tls_put": ops(put) / ops(etcd_tls_row),
+            "nokv_put_p50_over_etcd_put": put.summary.p50_ms / etcd_plain.summary.p50_ms,
             "nokv_put_p50_over_etcd_tls_put":
-                ratio(put.summary.p50_ms, etcd_tls_row.summary.p50_ms),
+                put.summary.p50_ms / etcd_tls_row.summary.p50_ms,
         }));
     }
     print_table(
