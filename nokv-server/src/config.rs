@@ -140,7 +140,8 @@ pub struct ServeArgs {
     /// Largest small file stored inline, in bytes [default: 262144].
     #[arg(long, env = "NOKV_INLINE_MAX")]
     pub inline_max: Option<usize>,
-    /// How long request-id replay records are kept [default: 24h].
+    /// How long request-id replay records are kept at least [default: 24h]. Records of the
+    /// SDK's request ids, which carry their own time, are pruned up to 20 minutes after that.
     #[arg(long, env = "NOKV_REPLAY_TTL")]
     pub replay_ttl: Option<String>,
     /// How long a replaced or deleted artifact's revision stays readable (so a restore that
