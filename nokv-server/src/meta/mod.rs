@@ -1291,18 +1291,21 @@ impl WriteView<'_> {
     /// ever had, including deleted ones. The caller stores it in the path's entry in the
     /// same session.
     ///
-    /// Invariant: a path's highest generation so far is the larger of its live entry's and
+    /// Invariants: a path's highest generation so far is the larger of its live entry's and
     /// its generations row — a live entry carries its own, and [`WriteView::remove_entry`]
-    /// moves it to the row when the entry goes. So a write, the common case, touches no
-    /// generations row (one table fewer per put); files written before this rule kept a row
-    /// for live paths too, which the maximum reads correctly.
+    /// moves it to the row when the entry goes — and a live entry's generation is never below
+    /// the row (an entry created after a removal starts above it; files written before this
+    /// rule kept the row equal to the live entry's). So a rewrite, the common case, reads and
+    /// writes no generations row; only a path without a live entry consults it.
     pub fn next_generation(&mut self, ws: &str, path: &str) -> MetaResult<u64> {
-        let live = self.entry(ws, path)?.map_or(0, |e| e.generation);
+        if let Some(live) = self.entry(ws, path)? {
+            return Ok(live.generation + 1);
+        }
         let kept = self
             .table(self.t.generations)?
             .get((ws, path))?
             .map_or(0, |v| v.value());
-        Ok(live.max(kept) + 1)
+        Ok(kept + 1)
     }
 
     /// Records that the shard is now owned under `epoch`. Epochs only grow: a lower one is
