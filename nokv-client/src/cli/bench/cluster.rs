@@ -27,7 +27,7 @@ use nokv_client::{Client, ClientError};
 use nokv_proto::v1 as pb;
 use serde_json::{Value, json};
 
-use super::compare::{BenchEnv, cpu_row, load_samples, nokv_clients, small_write};
+use super::compare::{BenchEnv, cpu_header, cpu_row, load_samples, nokv_clients, small_write};
 use super::cpu::{CpuMeter, CpuTicks};
 use super::harness::{
     Daemon, Etcd, Moto, Result, Scratch, Summary, f2, free_port, percentile, summarize, table,
@@ -479,15 +479,7 @@ fn text(env: &BenchEnv, bench: &ClusterBench, report: &Value, put_rows: &[Vec<St
              {} x {}s rounds per side, alternating",
             bench.rounds, env.seconds
         ),
-        &[
-            "daemon",
-            "clients",
-            "p50 ms",
-            "p99 ms",
-            "ops/s",
-            "server CPU ms/op",
-            "client CPU ms/op",
-        ],
+        &cpu_header("daemon"),
         put_rows,
     );
     for r in report["put"].as_array().into_iter().flatten() {

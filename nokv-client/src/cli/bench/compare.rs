@@ -12,7 +12,7 @@ use nokv_proto::v1 as pb;
 use serde_json::{Value, json};
 use tonic::Request;
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, Endpoint};
 
 use super::cpu::{self, CpuMeter, CpuPerOp};
 use super::harness::{Daemon, Etcd, Moto, Result, Scratch, Summary, f2, print_table, summarize};
@@ -114,15 +114,35 @@ pub(super) async fn nokv_writes(d: &Daemon, n: usize, seconds: f64) -> Result<(S
 /// `n` etcd clients (one HTTP/2 connection each) putting 4 KiB values for `seconds`, with the
 /// CPU etcd and this process spent.
 async fn etcd_writes(etcd: &Etcd, n: usize, seconds: f64) -> Result<(Summary, CpuPerOp)> {
+    let chans = etcd_channels(etcd, n, None).await?;
+    Ok(etcd_puts_on(etcd, chans, seconds).await)
+}
+
+/// `n` etcd clients, one HTTP/2 connection each (TLS trusting `ca` when given), each
+/// connected and warmed with one put before any clock starts, so connection set-up and the
+/// TLS handshake are never part of a measurement.
+pub(super) async fn etcd_channels(
+    etcd: &Etcd,
+    n: usize,
+    ca: Option<&Certificate>,
+) -> Result<Vec<Channel>> {
     let mut chans = Vec::new();
     for _ in 0..n {
-        let ch = Endpoint::from_shared(etcd.endpoint.clone())
-            .map_err(|e| nokv_client::ClientError::local(e.to_string()))?
-            .connect()
-            .await?;
+        let ch = match ca {
+            Some(ca) => nokv_client::sdk::tls_channel(&etcd.endpoint, ca.clone())?,
+            None => Endpoint::from_shared(etcd.endpoint.clone())
+                .map_err(|e| nokv_client::ClientError::local(e.to_string()))?
+                .connect_lazy(),
+        };
+        if !etcd_put(ch.clone(), b"bench/warm-up".to_vec()).await {
+            return Err(nokv_client::ClientError::local(format!(
+                "etcd at {} refused a put",
+                etcd.endpoint
+            )));
+        }
         chans.push(ch);
     }
-    Ok(etcd_puts_on(etcd, chans, seconds).await)
+    Ok(chans)
 }
 
 /// etcd puts over the given channels (one client each) for `seconds`, with the CPU etcd and
@@ -190,6 +210,19 @@ pub(super) fn cpu_row(name: &str, clients: usize, s: &Summary, cpu: &CpuPerOp) -
     row
 }
 
+/// The columns of [`cpu_row`], the first naming what the row measured.
+pub(super) fn cpu_header(first: &'static str) -> Vec<&'static str> {
+    vec![
+        first,
+        "clients",
+        "p50 ms",
+        "p99 ms",
+        "ops/s",
+        "server CPU ms/op",
+        "client CPU ms/op",
+    ]
+}
+
 /// Says which processes the CPU columns measure, so a profiler can be attached to them.
 pub(super) fn print_pids(daemon: &Daemon, etcd: &Etcd) {
     println!(
@@ -225,15 +258,7 @@ pub async fn put_vs_etcd(env: &BenchEnv, client_counts: &[usize]) -> Result<Valu
     }
     print_table(
         "put-vs-etcd: 4 KiB durable writes (nokv over TLS, etcd plaintext gRPC; same disk)",
-        &[
-            "system",
-            "clients",
-            "p50 ms",
-            "p99 ms",
-            "ops/s",
-            "server CPU ms/op",
-            "client CPU ms/op",
-        ],
+        &cpu_header("system"),
         &rows,
     );
     for r in &results {

@@ -28,7 +28,9 @@ use tonic::transport::Certificate;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
-use super::compare::{BenchEnv, cpu_row, etcd_puts_on, load, nokv_clients, nokv_writes};
+use super::compare::{
+    BenchEnv, cpu_header, cpu_row, etcd_channels, etcd_puts_on, load, nokv_clients, nokv_writes,
+};
 use super::cpu::{CpuMeter, CpuPerOp};
 use super::harness::{Daemon, Etcd, Result, Scratch, Summary, print_table};
 
@@ -90,25 +92,6 @@ async fn refused_writes(d: &Daemon, n: usize, seconds: f64) -> Result<(Summary, 
     })
     .await;
     Ok((s, cpu.finish(s.ops)))
-}
-
-/// `n` etcd clients, one HTTP/2 connection each (TLS when `ca` is given).
-async fn etcd_channels(
-    etcd: &Etcd,
-    n: usize,
-    ca: Option<&Certificate>,
-) -> Result<Vec<tonic::transport::Channel>> {
-    let mut chans = Vec::new();
-    for _ in 0..n {
-        let ch = match ca {
-            Some(ca) => sdk::tls_channel(&etcd.endpoint, ca.clone())?,
-            None => tonic::transport::Endpoint::from_shared(etcd.endpoint.clone())
-                .map_err(|e| local(e.to_string()))?
-                .connect_lazy(),
-        };
-        chans.push(ch);
-    }
-    Ok(chans)
 }
 
 fn read_ca(d: &Daemon) -> Result<Certificate> {
@@ -250,16 +233,7 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
     }
     print_table(
         "limits: what bounds a 4 KiB durable put here (one run, same disk and cores)",
-        &[
-            "load",
-            "clients",
-            "p50 ms",
-            "p99 ms",
-            "ops/s",
-            "server CPU ms/op",
-            "client CPU ms/op",
-            "total CPU ms/op",
-        ],
+        &[cpu_header("load"), vec!["total CPU ms/op"]].concat(),
         &table,
     );
     for r in &results {
