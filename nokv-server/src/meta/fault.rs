@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[derive(Debug, Clone, Default)]
 pub struct StoreFaults {
     disk_full: Arc<AtomicBool>,
+    log_fails: Arc<AtomicBool>,
 }
 
 impl StoreFaults {
@@ -25,6 +26,28 @@ impl StoreFaults {
     /// Commits succeed again.
     pub fn free_disk(&self) {
         self.disk_full.store(false, Ordering::SeqCst);
+    }
+
+    /// From now on every append to the redo log fails (the store's own commits still work):
+    /// the window between a batch's commit and its durability.
+    pub fn fail_log(&self) {
+        self.log_fails.store(true, Ordering::SeqCst);
+    }
+
+    /// Appends to the redo log succeed again.
+    pub fn heal_log(&self) {
+        self.log_fails.store(false, Ordering::SeqCst);
+    }
+
+    /// The error an append to the redo log meets right now, if any (a full disk fails it
+    /// too).
+    pub(super) fn check_log(&self) -> std::io::Result<()> {
+        if self.log_fails.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other(
+                "redo log write failed (injected fault)",
+            ));
+        }
+        self.check_commit()
     }
 
     /// The error a commit meets right now, if any.

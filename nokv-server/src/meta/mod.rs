@@ -13,6 +13,7 @@ pub mod fault;
 mod inventory;
 mod open;
 pub mod records;
+mod redo;
 mod snapshot;
 mod tables;
 mod undo;
@@ -198,6 +199,11 @@ pub struct MetaStore {
     /// the handle then refuses every write: only dropping it and opening the file again
     /// (which lets redb recover to the last durable commit) brings the store back.
     failure: parking_lot::Mutex<Option<String>>,
+    /// The redo log's appending end (see [`redo`]), opened by the first batch logged.
+    log: parking_lot::Mutex<Option<redo::Log>>,
+    /// The sequence number of the last batch committed (its redo record may not be durable
+    /// yet): every batch takes the next one.
+    last_seq: std::sync::atomic::AtomicU64,
 }
 
 impl MetaStore {
@@ -264,6 +270,7 @@ impl MetaStore {
         faults: StoreFaults,
         home: Option<Namespace>,
     ) -> MetaResult<MetaStore> {
+        let last_seq = Self::replay(&db, path)?;
         let store = MetaStore {
             db,
             path: path.to_path_buf(),
@@ -271,11 +278,65 @@ impl MetaStore {
             home,
             durable_commits: Default::default(),
             failure: parking_lot::Mutex::new(None),
+            log: parking_lot::Mutex::new(None),
+            last_seq: last_seq.into(),
         };
         if let Some(ns) = home {
             store.prepare(ns)?;
         }
         Ok(store)
+    }
+
+    /// Brings the file up to date with its redo log (one durable commit; the log's records are
+    /// then all at or below the file's `applied` sequence, and the next one logged starts the
+    /// log over); returns the sequence number of the last batch the file holds.
+    fn replay(db: &Database, path: &Path) -> MetaResult<u64> {
+        let log = redo::path_for(path);
+        if !log.exists() {
+            let txn = db.begin_read()?;
+            return match optional(txn.open_table(redo::APPLIED))? {
+                Some(t) => Ok(t.get("applied")?.map_or(0, |g| g.value())),
+                None => Ok(0),
+            };
+        }
+        let txn = db.begin_write()?;
+        let (last, replayed) = redo::replay(&txn, &log)?;
+        txn.commit()?;
+        if replayed > 0 {
+            tracing::info!(store = %path.display(), batches = replayed, "replayed the redo log");
+        }
+        Ok(last)
+    }
+
+    /// Appends batch records to the redo log and makes them durable: the batches are durable
+    /// once this returns `Ok`. After a failure the handle is failed (nothing more is ever
+    /// appended through it, see [`redo`]).
+    pub fn log(&self, records: &[u8]) -> MetaResult<()> {
+        if let Some(reason) = self.failure() {
+            return Err(MetaError::Failed(reason));
+        }
+        let mut log = self.log.lock();
+        let appended = self.faults.check_log().and_then(|()| {
+            if log.is_none() {
+                *log = Some(redo::Log::open(&redo::path_for(&self.path))?);
+            }
+            log.as_mut().expect("opened above").append(records)
+        });
+        appended.map_err(|e| self.fail(redb::StorageError::Io(e)))
+    }
+
+    /// Starts the redo log over. Only after a durable commit that followed every record in it
+    /// (see [`MetaStore::flush`]), by the thread that appends.
+    pub fn clear_log(&self) {
+        if let Some(log) = self.log.lock().as_mut() {
+            log.clear();
+        }
+    }
+
+    /// A snapshot of the last commit, durable or not: the committer takes one after each
+    /// batch, and the gate shows it to readers once that batch's record is durable.
+    pub fn snapshot(&self) -> MetaResult<Snapshot> {
+        Ok(Snapshot(std::sync::Arc::new(self.db.begin_read()?)))
     }
 
     /// Makes every table of `ns` exist and brings it to the current layout (one-time
@@ -359,8 +420,7 @@ impl MetaStore {
         ns: Namespace,
         f: impl FnOnce(&ReadView) -> Result<T, E>,
     ) -> Result<T, E> {
-        let txn = self.db.begin_read().map_err(MetaError::from)?;
-        f(&ReadView { txn, t: ns })
+        self.snapshot()?.read_in(ns, f)
     }
 
     /// Runs `f` as the single writer of a standalone file; commits durably on `Ok`, aborts on
@@ -421,6 +481,7 @@ impl MetaStore {
             store: self,
             txn: self.begin_write()?,
             poisoned: None,
+            effects: Default::default(),
         })
     }
 
@@ -443,6 +504,34 @@ pub struct Batch<'s> {
     store: &'s MetaStore,
     txn: redb::WriteTransaction,
     poisoned: Option<String>,
+    /// What the sessions that succeeded wrote, for the redo log.
+    effects: std::cell::RefCell<redo::Effects>,
+}
+
+/// A batch committed but not yet durable (see [`Batch::commit_logged`]).
+pub struct Logged {
+    /// The batch's redo record: the batch is durable once [`MetaStore::log`] wrote it.
+    pub record: Vec<u8>,
+    /// The state right after the batch, to show readers once it is durable.
+    pub snapshot: Snapshot,
+}
+
+/// A read snapshot that many readers share (see [`MetaStore::snapshot`]).
+#[derive(Clone)]
+pub struct Snapshot(std::sync::Arc<redb::ReadTransaction>);
+
+impl Snapshot {
+    /// Runs `f` on namespace `ns` of this snapshot.
+    pub fn read_in<T, E: From<MetaError>>(
+        &self,
+        ns: Namespace,
+        f: impl FnOnce(&ReadView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        f(&ReadView {
+            txn: self.0.clone(),
+            t: ns,
+        })
+    }
 }
 
 impl Batch<'_> {
@@ -455,9 +544,12 @@ impl Batch<'_> {
         if let Some(reason) = &self.poisoned {
             return Err(MetaError::Failed(reason.clone()).into());
         }
+        let mark = self.effects.borrow().mark();
         let mut view = WriteView::new(&self.txn, ns);
+        view.redo = Some(&self.effects);
         let out = f(&mut view);
         if out.is_err() {
+            self.effects.borrow_mut().rewind(mark);
             let steps = view.undo.into_inner();
             for step in steps.into_iter().rev() {
                 if let Err(e) = step(&self.txn) {
@@ -481,6 +573,36 @@ impl Batch<'_> {
         self.store.commit(self.txn)?;
         self.store.count_durable();
         Ok(())
+    }
+
+    /// Commits every session that succeeded, atomically and visibly to the next batch but
+    /// not durably: the batch is durable once its record is in the redo log
+    /// ([`MetaStore::log`]). Nobody may be answered, and no reader shown the returned
+    /// snapshot, before that.
+    pub fn commit_logged(mut self) -> MetaResult<Logged> {
+        if let Some(reason) = self.poisoned {
+            drop(self.txn);
+            return Err(self
+                .store
+                .fail(redb::StorageError::Io(std::io::Error::other(reason))));
+        }
+        let seq = self
+            .store
+            .last_seq
+            .load(std::sync::atomic::Ordering::Acquire)
+            + 1;
+        redo::set_applied(&self.txn, seq)?;
+        self.txn
+            .set_durability(redb::Durability::None)
+            .map_err(|e| self.store.fail(e))?;
+        self.store.commit(self.txn)?;
+        self.store
+            .last_seq
+            .store(seq, std::sync::atomic::Ordering::Release);
+        Ok(Logged {
+            record: self.effects.into_inner().into_record(seq),
+            snapshot: self.store.snapshot()?,
+        })
     }
 }
 
@@ -506,7 +628,7 @@ fn damaged(path: &Path, e: redb::DatabaseError) -> MetaError {
 }
 
 pub struct ReadView {
-    txn: redb::ReadTransaction,
+    txn: std::sync::Arc<redb::ReadTransaction>,
     t: Namespace,
 }
 
@@ -515,6 +637,8 @@ pub struct WriteView<'a> {
     t: Namespace,
     /// How to undo what this session wrote so far (see [`undo`]).
     undo: std::cell::RefCell<Vec<undo::UndoStep>>,
+    /// The batch's redo effects (`None` outside a batch: such a write commits durably).
+    redo: Option<&'a std::cell::RefCell<redo::Effects>>,
 }
 
 impl<'a> WriteView<'a> {
@@ -523,6 +647,7 @@ impl<'a> WriteView<'a> {
             txn,
             t,
             undo: Default::default(),
+            redo: None,
         }
     }
 
@@ -532,7 +657,7 @@ impl<'a> WriteView<'a> {
         &self,
         def: redb::TableDefinition<'static, K, V>,
     ) -> MetaResult<undo::UndoTable<'_, K, V>> {
-        undo::UndoTable::open(self.txn, def, &self.undo)
+        undo::UndoTable::open(self.txn, def, &self.undo, self.redo)
     }
 }
 

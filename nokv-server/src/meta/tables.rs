@@ -47,6 +47,19 @@ macro_rules! tables {
                 Ok(())
             }
 
+            /// Applies one row effect of a redo record to the table called `name` in this
+            /// namespace; false if no table has that name.
+            pub(super) fn apply(
+                &self,
+                txn: &WriteTransaction,
+                name: &str,
+                key: &[u8],
+                value: Option<&[u8]>,
+            ) -> MetaResult<bool> {
+                $( if name == $name { apply(txn, self.$field, key, value)?; return Ok(true); } )*
+                Ok(false)
+            }
+
             /// Copies every table of this namespace in `src` into namespace `to` of `dst`
             /// (tables absent from `src` are skipped: files from before they existed).
             pub(super) fn copy_all(
@@ -150,6 +163,18 @@ impl Tables {
             .or_insert_with(|| Box::leak(Box::new(Tables::named(&format!("s{id:04}/")))))
     }
 
+    /// The namespace a full table name belongs to, and the name within it (`s0003/entries`
+    /// -> shard 3's, `entries`; an unprefixed name is canonical).
+    pub(super) fn by_name(table: &str) -> Option<(Namespace, &str)> {
+        match table.split_once('/') {
+            None => Some((Tables::canonical(), table)),
+            Some((shard, name)) => {
+                let id = shard.strip_prefix('s')?.parse().ok()?;
+                Some((Tables::shard(id), name))
+            }
+        }
+    }
+
     /// True if the namespace's tables exist in the snapshot `txn` (a shard that was never
     /// held here, or whose tables were removed, has none).
     pub(super) fn exists_in(&self, txn: &ReadTransaction) -> MetaResult<bool> {
@@ -163,6 +188,21 @@ fn leak(prefix: &str, name: &str) -> &'static str {
         return Box::leak(name.to_string().into_boxed_str());
     }
     Box::leak(format!("{prefix}{name}").into_boxed_str())
+}
+
+/// Puts one row as a redo record describes it (see [`super::redo`]).
+fn apply<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &WriteTransaction,
+    def: TableDefinition<K, V>,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> MetaResult<()> {
+    let mut t = txn.open_table(def)?;
+    match value {
+        Some(v) => drop(t.insert(K::from_bytes(key), V::from_bytes(v))?),
+        None => drop(t.remove(K::from_bytes(key))?),
+    }
+    Ok(())
 }
 
 fn copy<K: redb::Key + 'static, V: redb::Value + 'static>(

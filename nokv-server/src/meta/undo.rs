@@ -7,8 +7,12 @@
 //! row back (its previous value, or its absence), and a failed session's steps are replayed in
 //! reverse before the next session runs.
 //!
+//! The same wrapper records each row's new value (or its removal) as the batch's redo effects
+//! ([`super::redo`]): that record, not redb's fsync, is what makes the batch durable.
+//!
 //! Invariant: inside a write session, every mutation goes through an [`UndoTable`] (the
-//! session's tables come from `WriteView::table`); reads may use the bare transaction.
+//! session's tables come from `WriteView::table`); reads may use the bare transaction. A
+//! mutation made around it would be neither undone on failure nor replayed after a crash.
 
 use std::borrow::Borrow;
 use std::cell::RefCell;
@@ -17,6 +21,7 @@ use std::ops::{Deref, RangeBounds};
 use redb::{Key, ReadableTable, TableDefinition, Value, WriteTransaction};
 
 use super::MetaResult;
+use super::redo::Effects;
 
 /// Puts one row back as it was before the session touched it.
 pub(super) type UndoStep = Box<dyn FnOnce(&WriteTransaction) -> MetaResult<()>>;
@@ -26,6 +31,8 @@ pub(super) struct UndoTable<'t, K: Key + 'static, V: Value + 'static> {
     inner: redb::Table<'t, K, V>,
     def: TableDefinition<'static, K, V>,
     log: &'t RefCell<Vec<UndoStep>>,
+    /// The batch's redo effects; `None` for a write committed durably on its own.
+    redo: Option<&'t RefCell<Effects>>,
 }
 
 impl<'t, K: Key + 'static, V: Value + 'static> Deref for UndoTable<'t, K, V> {
@@ -40,12 +47,26 @@ impl<'t, K: Key + 'static, V: Value + 'static> UndoTable<'t, K, V> {
         txn: &'t WriteTransaction,
         def: TableDefinition<'static, K, V>,
         log: &'t RefCell<Vec<UndoStep>>,
+        redo: Option<&'t RefCell<Effects>>,
     ) -> MetaResult<Self> {
         Ok(UndoTable {
             inner: txn.open_table(def)?,
             def,
             log,
+            redo,
         })
+    }
+
+    /// Records the row's new value (`None`: removed) as a redo effect.
+    fn redo(&self, key: &K::SelfType<'_>, value: Option<&V::SelfType<'_>>) {
+        if let Some(redo) = self.redo {
+            let value = value.map(|v| V::as_bytes(v));
+            redo.borrow_mut().record(
+                redb::TableHandle::name(&self.def),
+                K::as_bytes(key).as_ref(),
+                value.as_ref().map(|v| v.as_ref()),
+            );
+        }
     }
 
     /// Records how to restore the row of `key` as it is now.
@@ -78,14 +99,19 @@ impl<'t, K: Key + 'static, V: Value + 'static> UndoTable<'t, K, V> {
         value: impl Borrow<V::SelfType<'v>>,
     ) -> MetaResult<()> {
         self.remember(key.borrow())?;
-        self.inner.insert(key.borrow(), value)?;
+        self.inner.insert(key.borrow(), value.borrow())?;
+        self.redo(key.borrow(), Some(value.borrow()));
         Ok(())
     }
 
     /// Removes `key`; returns whether a row was there.
     pub(super) fn remove<'k>(&mut self, key: impl Borrow<K::SelfType<'k>>) -> MetaResult<bool> {
         self.remember(key.borrow())?;
-        Ok(self.inner.remove(key.borrow())?.is_some())
+        let existed = self.inner.remove(key.borrow())?.is_some();
+        if existed {
+            self.redo(key.borrow(), None);
+        }
+        Ok(existed)
     }
 
     /// Removes every row whose key is in `range`.

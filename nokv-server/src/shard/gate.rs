@@ -74,8 +74,11 @@ use parking_lot::RwLock;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{Error, Result};
-use crate::meta::{Batch, Commit, MetaStore, Namespace, ReadView, Tables, WriteView};
+use crate::meta::{Batch, Commit, MetaStore, Namespace, ReadView, Snapshot, Tables, WriteView};
 use crate::shard::fence::Fence;
+
+mod acknowledger;
+use acknowledger::Stage;
 
 /// Sessions taken into one batch at most (bounds the latency of the batch's first session).
 const MAX_BATCH: usize = 64;
@@ -116,6 +119,9 @@ type Answer = Box<dyn FnOnce(&std::result::Result<(), String>) + Send>;
 /// clones to drop before reopening the file.
 struct Slot {
     store: RwLock<Option<Arc<MetaStore>>>,
+    /// What readers see: the snapshot after the last batch known durable. It keeps its
+    /// store's handle, so a reopen waits for it like for any reader.
+    visible: RwLock<Option<Arc<Visible>>>,
     /// False for the whole of an outage (from a storage failure until a commit succeeds
     /// again), even while a reopened store already serves reads.
     serving: watch::Sender<bool>,
@@ -142,8 +148,25 @@ struct Counters {
     acknowledged: AtomicU64,
 }
 
+/// A snapshot readers may see, and the store it was taken from.
+struct Visible {
+    snapshot: Snapshot,
+    _store: Arc<MetaStore>,
+}
+
 impl Slot {
+    /// Puts `store` in service (readers see its last commit, which is durable: a store is put
+    /// in service only when opened, and opening replays its log) or takes it out.
     fn set(&self, store: Option<Arc<MetaStore>>) {
+        let visible = store.as_ref().and_then(|s| {
+            s.snapshot().ok().map(|snapshot| {
+                Arc::new(Visible {
+                    snapshot,
+                    _store: s.clone(),
+                })
+            })
+        });
+        *self.visible.write() = visible;
         *self.store.write() = store;
     }
 }
@@ -186,15 +209,19 @@ impl Committer {
     /// Starts the committer thread of `meta`; it ends when the last gate on it is dropped.
     pub fn start(meta: MetaStore, name: String) -> Arc<Committer> {
         let slot = Arc::new(Slot {
-            store: RwLock::new(Some(Arc::new(meta))),
+            store: RwLock::new(None),
+            visible: RwLock::new(None),
             serving: watch::Sender::new(true),
             stats: Counters::default(),
         });
+        let meta = Arc::new(meta);
+        slot.set(Some(meta.clone()));
         let (queue, jobs) = mpsc::unbounded_channel();
+        let wake = queue.downgrade();
         let committer_slot = slot.clone();
         let thread = std::thread::Builder::new()
             .name(name.clone())
-            .spawn(move || commit_loop(&committer_slot, &name, jobs))
+            .spawn(move || commit_loop(&committer_slot, &name, meta, jobs, wake))
             .expect("spawn the committer");
         Arc::new(Committer {
             slot,
@@ -205,8 +232,13 @@ impl Committer {
 
     /// Runs `f` on a snapshot of namespace `ns` as last committed.
     pub fn read<T>(&self, ns: Namespace, f: impl FnOnce(&ReadView) -> Result<T>) -> Result<T> {
-        let store = self.slot.store.read().clone().ok_or_else(out_of_service)?;
-        store.read_in(ns, f)
+        let visible = self
+            .slot
+            .visible
+            .read()
+            .clone()
+            .ok_or_else(out_of_service)?;
+        visible.snapshot.read_in(ns, f)
     }
 
     /// What the committer has done (see [`GateStats`]).
@@ -408,19 +440,59 @@ impl Gate {
     }
 }
 
-/// Runs batches until the queue closes. Invariant: between batches the slot holds a store
-/// that has not failed; a failure takes it out of service until [`recover`] reopened it.
-fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) {
+/// How long the log may grow before the committer makes the file itself durable and the log
+/// is emptied: bounds replay at start-up and the pages redb keeps between durable commits.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+const CHECKPOINT_BYTES: usize = 32 << 20;
+
+/// Runs the committer: starts the [`acknowledger`], runs batches until the queue closes, then
+/// lets the acknowledger finish and leaves the file durable and the log empty.
+fn commit_loop(
+    slot: &Arc<Slot>,
+    name: &str,
+    meta: Arc<MetaStore>,
+    jobs: mpsc::UnboundedReceiver<Job>,
+    wake: mpsc::WeakUnboundedSender<Job>,
+) {
+    let (stages, staged) = std::sync::mpsc::channel();
+    let ack_slot = slot.clone();
+    let ack_name = name.to_string();
+    let acknowledger = std::thread::Builder::new()
+        .name(format!("{name}-ack"))
+        .spawn(move || acknowledger::run(&ack_slot, &ack_name, staged, wake))
+        .expect("spawn the acknowledger");
+    let last = run_batches(slot, name, meta, jobs, &stages);
+    drop(stages);
+    let _ = acknowledger.join();
+    if let Some(meta) = last
+        && meta.failure().is_none()
+        && let Err(e) = meta.flush()
+    {
+        tracing::warn!(store = name, error = %e, "final checkpoint failed; the log is replayed at the next open");
+    }
+}
+
+/// Runs batches until the queue closes and returns the store in service then. Invariant:
+/// between batches `meta` has not failed; a failure takes it out of service until [`recover`]
+/// reopened it.
+fn run_batches(
+    slot: &Slot,
+    name: &str,
+    mut meta: Arc<MetaStore>,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    stages: &std::sync::mpsc::Sender<Stage>,
+) -> Option<Arc<MetaStore>> {
     let mut outage = Outage::default();
     // An exclusive job met while a batch was being taken: it runs next, alone.
     let mut carry: Option<Job> = None;
+    let mut checkpoint = Checkpoint::new();
     loop {
         let first = if let Some(job) = carry.take() {
             Some(job)
         } else if outage.failing() {
             match jobs.try_recv() {
                 Ok(job) => Some(job),
-                Err(mpsc::error::TryRecvError::Disconnected) => return,
+                Err(mpsc::error::TryRecvError::Disconnected) => return Some(meta),
                 // Idle during an outage: probe (after the back-off) instead of waiting.
                 Err(mpsc::error::TryRecvError::Empty) => {
                     std::thread::sleep(outage.next_delay());
@@ -430,14 +502,9 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
         } else {
             match jobs.blocking_recv() {
                 Some(job) => Some(job),
-                None => return,
+                None => return Some(meta),
             }
         };
-        let meta = slot
-            .store
-            .read()
-            .clone()
-            .expect("the store is in service between batches");
         let Some(first) = first else {
             // The probe's counter lives in the canonical namespace, which a node file's
             // shards never use.
@@ -448,15 +515,23 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
                 Ok(()) => outage.end(slot, name, false),
                 Err(e) => {
                     outage.begin(slot, name, &e.to_string());
-                    if !recover(slot, name, meta, &mut jobs, &mut outage) {
-                        return;
-                    }
+                    meta = recover(slot, name, meta, &mut jobs, &mut outage)?;
                 }
             }
             continue;
         };
-        let (answers, flushed, committed_sessions) = match first {
-            Job::Exclusive(job) => (vec![job(Some(&meta))], Ok(()), 0),
+        let (stage, sessions, committed) = match first {
+            Job::Exclusive(job) => {
+                let answer = job(Some(&meta));
+                // The job made its writes durable itself; readers may see them now.
+                let visible = meta.snapshot().ok().map(|s| (meta.clone(), s));
+                let stage = Stage::Known {
+                    answers: vec![answer],
+                    outcome: Ok(()),
+                    visible,
+                };
+                (stage, 1, 0)
+            }
             Job::Session(job) => {
                 let mut batch = vec![job];
                 while batch.len() < MAX_BATCH {
@@ -469,7 +544,9 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
                         Err(_) => break,
                     }
                 }
-                run_batch(&meta, batch)
+                let sessions = batch.len();
+                let (stage, committed) = run_batch(&meta, batch);
+                (stage, sessions, committed)
             }
         };
         let failure = meta.failure();
@@ -478,43 +555,77 @@ fn commit_loop(slot: &Slot, name: &str, mut jobs: mpsc::UnboundedReceiver<Job>) 
             // health) see a consistent state from then on.
             slot.set(None);
             outage.begin(slot, name, reason);
-        } else if committed_sessions > 0 {
+        } else if committed > 0 {
             outage.end(slot, name, true);
         }
-        let stats = &slot.stats;
         crate::metrics::metrics()
             .gate_batch_sessions
-            .observe(answers.len() as f64);
-        stats.batches.fetch_add(1, Ordering::AcqRel);
-        stats
+            .observe(sessions as f64);
+        slot.stats.batches.fetch_add(1, Ordering::AcqRel);
+        slot.stats
             .sessions
-            .fetch_add(answers.len() as u64, Ordering::AcqRel);
-        if flushed.is_ok() {
-            stats
-                .acknowledged
-                .fetch_add(committed_sessions, Ordering::AcqRel);
+            .fetch_add(sessions as u64, Ordering::AcqRel);
+        if let Stage::Logged { record, .. } = &stage {
+            checkpoint.logged(record.len());
         }
-        // Only now, after the batch's fsync, is anyone answered: every success handed out
-        // below is durable.
-        for answer in answers {
-            answer(&flushed);
+        // Answered by the acknowledger, after the fsync that makes the batch durable.
+        let _ = stages.send(stage);
+        if failure.is_none() && checkpoint.due() {
+            match meta.flush() {
+                Ok(()) => {
+                    checkpoint = Checkpoint::new();
+                    let _ = stages.send(Stage::Checkpoint(meta.clone()));
+                }
+                Err(e) => {
+                    slot.set(None);
+                    outage.begin(slot, name, &e.to_string());
+                }
+            }
         }
-        if failure.is_some() && !recover(slot, name, meta, &mut jobs, &mut outage) {
-            return;
+        if meta.failure().is_some() {
+            meta = recover(slot, name, meta, &mut jobs, &mut outage)?;
         }
     }
 }
 
-/// Runs the sessions of one batch in one transaction and commits it durably if any session
-/// committed (a failed session was undone inside it, see [`Batch`]). Returns the answers, the
-/// commit's outcome and how many sessions committed.
-type BatchOutcome = (Vec<Answer>, std::result::Result<(), String>, u64);
-fn run_batch(meta: &MetaStore, sessions: Vec<SessionJob>) -> BatchOutcome {
+/// When the committer next makes the file durable (see [`CHECKPOINT_EVERY`]).
+struct Checkpoint {
+    since: std::time::Instant,
+    bytes: usize,
+}
+
+impl Checkpoint {
+    fn new() -> Self {
+        Checkpoint {
+            since: std::time::Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    fn logged(&mut self, bytes: usize) {
+        self.bytes += bytes;
+    }
+
+    fn due(&self) -> bool {
+        self.bytes > 0
+            && (self.since.elapsed() >= CHECKPOINT_EVERY || self.bytes >= CHECKPOINT_BYTES)
+    }
+}
+
+/// Runs the sessions of one batch in one transaction and commits it — without fsync, for the
+/// acknowledger to make durable — if any session committed (a failed session was undone
+/// inside it, see [`Batch`]). Returns the batch's stage and how many sessions committed.
+fn run_batch(meta: &Arc<MetaStore>, sessions: Vec<SessionJob>) -> (Stage, u64) {
     let mut batch = match meta.batch() {
         Ok(b) => b,
         Err(e) => {
             let answers = sessions.into_iter().map(|s| s(None).1).collect();
-            return (answers, Err(e.to_string()), 0);
+            let stage = Stage::Known {
+                answers,
+                outcome: Err(e.to_string()),
+                visible: None,
+            };
+            return (stage, 0);
         }
     };
     let mut answers = Vec::with_capacity(sessions.len());
@@ -524,14 +635,36 @@ fn run_batch(meta: &MetaStore, sessions: Vec<SessionJob>) -> BatchOutcome {
         committed += u64::from(ok);
         answers.push(answer);
     }
-    let flushed = if committed > 0 {
-        batch.commit().map_err(|e| e.to_string())
-    } else {
-        // Nothing to keep: dropping the transaction aborts it, and no fsync is owed.
+    if committed == 0 {
+        // Nothing to keep: dropping the transaction aborts it, and nothing is owed.
         drop(batch);
-        Ok(())
-    };
-    (answers, flushed, committed)
+        let stage = Stage::Known {
+            answers,
+            outcome: Ok(()),
+            visible: None,
+        };
+        return (stage, 0);
+    }
+    match batch.commit_logged() {
+        Ok(logged) => {
+            let stage = Stage::Logged {
+                store: meta.clone(),
+                record: logged.record,
+                snapshot: logged.snapshot,
+                answers,
+                committed,
+            };
+            (stage, committed)
+        }
+        Err(e) => {
+            let stage = Stage::Known {
+                answers,
+                outcome: Err(e.to_string()),
+                visible: None,
+            };
+            (stage, committed)
+        }
+    }
 }
 
 /// The committer's view of a storage outage (see the module doc).
@@ -589,17 +722,17 @@ impl Outage {
     }
 }
 
-/// Reopens a failed store: waits for readers to release it, then opens the file again until
-/// that succeeds, refusing queued sessions meanwhile. Returns false if the queue closed
-/// (the gate is being dropped) before the store came back. The outage stays open: only a
-/// successful commit ends it.
+/// Reopens a failed store: waits for readers (and the acknowledger) to release it, then opens
+/// the file again — which replays its log — until that succeeds, refusing queued sessions
+/// meanwhile. Returns `None` if the queue closed (the gate is being dropped) before the store
+/// came back. The outage stays open: only a successful commit ends it.
 fn recover(
     slot: &Slot,
     name: &str,
     mut failed: Arc<MetaStore>,
     jobs: &mut mpsc::UnboundedReceiver<Job>,
     outage: &mut Outage,
-) -> bool {
+) -> Option<Arc<MetaStore>> {
     slot.set(None);
     let reopen = failed.reopener();
     let refuse_queued = |jobs: &mut mpsc::UnboundedReceiver<Job>| loop {
@@ -616,7 +749,7 @@ fn recover(
             Err(still_shared) => {
                 failed = still_shared;
                 if !refuse_queued(jobs) {
-                    return false;
+                    return None;
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -624,13 +757,14 @@ fn recover(
     }
     loop {
         if !refuse_queued(jobs) {
-            return false;
+            return None;
         }
         match reopen.open() {
             Ok(store) => {
-                slot.set(Some(Arc::new(store)));
+                let store = Arc::new(store);
+                slot.set(Some(store.clone()));
                 tracing::debug!(store = name, "metadata store reopened");
-                return true;
+                return Some(store);
             }
             Err(e) => tracing::debug!(store = name, error = %e, "reopen failed"),
         }

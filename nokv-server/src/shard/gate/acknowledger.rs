@@ -1,0 +1,143 @@
+//! The second stage of the committer: makes batches durable and answers them, in order.
+//!
+//! The committer commits each batch with no fsync and hands its redo record (see
+//! [`crate::meta`]'s `redo`), the snapshot that shows it, and its answers to this thread; then
+//! it runs the next batch at once. This thread takes every stage queued at that moment,
+//! appends their records with one write and one fsync, and only then shows readers the newest
+//! snapshot and answers the callers — so one fsync serves every batch that queued behind it,
+//! and the committer never waits for the disk.
+//!
+//! Invariants:
+//! * **acknowledged ⇒ durable, and visible ⇒ durable**: a batch's answers go out, and its
+//!   snapshot is shown, only after the fsync that covers its record (or a durable commit of the
+//!   store that followed it);
+//! * **in order**: stages are handled in the order the committer sent them, so a caller is
+//!   never answered before a caller of an earlier batch, and a snapshot shown always contains
+//!   every batch answered before;
+//! * **nothing after a failure**: once an append fails, the store's handle is failed, every
+//!   later record of that handle is refused (answered `Unavailable`, never written), and the
+//!   store is taken out of service until the committer reopened it — a crash or a reopen can
+//!   then only keep a prefix of the batches.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::sync::mpsc;
+
+use super::{Answer, Job, Slot, Visible};
+use crate::meta::{MetaStore, Snapshot};
+
+/// What the committer hands over, in its order.
+pub(super) enum Stage {
+    /// A batch committed without fsync: durable once `record` is in the log.
+    Logged {
+        store: Arc<MetaStore>,
+        record: Vec<u8>,
+        snapshot: Snapshot,
+        answers: Vec<Answer>,
+        /// Sessions of the batch that committed (acknowledged if the append succeeds).
+        committed: u64,
+    },
+    /// Answers whose outcome is already known (a failed batch, a job between batches); the
+    /// snapshot, if any, shows that job's durable writes.
+    Known {
+        answers: Vec<Answer>,
+        outcome: Result<(), String>,
+        visible: Option<(Arc<MetaStore>, Snapshot)>,
+    },
+    /// The store's file was made durable after every record handed over so far: the log may
+    /// be emptied, and records queued before this need no append.
+    Checkpoint(Arc<MetaStore>),
+}
+
+/// Runs until the committer drops its sender. `wake` lets a failed append get the committer
+/// to notice the failure and reopen the store even if no session arrives.
+pub(super) fn run(
+    slot: &Slot,
+    name: &str,
+    stages: std::sync::mpsc::Receiver<Stage>,
+    wake: mpsc::WeakUnboundedSender<Job>,
+) {
+    while let Ok(first) = stages.recv() {
+        let mut round = vec![first];
+        round.extend(stages.try_iter());
+        let appended = append(&round);
+        if let Err(reason) = &appended {
+            out_of_service(slot, name, reason, &wake);
+        }
+        let newest = round.iter().rev().find_map(|s| match s {
+            Stage::Logged {
+                store, snapshot, ..
+            } if appended.is_ok() => Some((store.clone(), snapshot.clone())),
+            Stage::Known {
+                visible: Some(v), ..
+            } => Some(v.clone()),
+            _ => None,
+        });
+        if let Some((store, snapshot)) = newest
+            && store.failure().is_none()
+        {
+            *slot.visible.write() = Some(Arc::new(Visible {
+                snapshot,
+                _store: store,
+            }));
+        }
+        for stage in round {
+            match stage {
+                Stage::Logged {
+                    answers, committed, ..
+                } => {
+                    if appended.is_ok() {
+                        slot.stats
+                            .acknowledged
+                            .fetch_add(committed, Ordering::AcqRel);
+                    }
+                    answers.into_iter().for_each(|a| a(&appended));
+                }
+                Stage::Known {
+                    answers, outcome, ..
+                } => answers.into_iter().for_each(|a| a(&outcome)),
+                Stage::Checkpoint(_) => {}
+            }
+        }
+    }
+}
+
+/// Appends the records of this round that no checkpoint already covers, with one fsync.
+fn append(round: &[Stage]) -> Result<(), String> {
+    let mut pending: Vec<u8> = Vec::new();
+    let mut store = None;
+    for stage in round {
+        match stage {
+            Stage::Logged {
+                store: s, record, ..
+            } => {
+                pending.extend_from_slice(record);
+                store = Some(s);
+            }
+            Stage::Checkpoint(s) => {
+                // Everything before is durable in the file itself.
+                pending.clear();
+                store = None;
+                s.clear_log();
+            }
+            Stage::Known { .. } => {}
+        }
+    }
+    match store {
+        Some(s) => s.log(&pending).map_err(|e| e.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// A failed append: readers and health see the store out of service before anyone is
+/// answered, and the committer is woken to reopen it.
+fn out_of_service(slot: &Slot, name: &str, reason: &str, wake: &mpsc::WeakUnboundedSender<Job>) {
+    tracing::debug!(store = name, error = reason, "redo log append failed");
+    slot.set(None);
+    slot.serving.send_replace(false);
+    if let Some(queue) = wake.upgrade() {
+        let nudge: super::ExclusiveJob = Box::new(|_| Box::new(|_| {}));
+        let _ = queue.send(Job::Exclusive(nudge));
+    }
+}
