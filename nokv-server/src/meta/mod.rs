@@ -201,6 +201,8 @@ pub struct MetaStore {
     failure: parking_lot::Mutex<Option<String>>,
     /// The redo log's appending end (see [`redo`]), opened by the first batch logged.
     log: parking_lot::Mutex<Option<redo::Log>>,
+    /// Appends to the redo log (each one fsync) through this handle.
+    log_syncs: std::sync::atomic::AtomicU64,
     /// The sequence number of the last batch committed (its redo record may not be durable
     /// yet): every batch takes the next one.
     last_seq: std::sync::atomic::AtomicU64,
@@ -279,6 +281,7 @@ impl MetaStore {
             durable_commits: Default::default(),
             failure: parking_lot::Mutex::new(None),
             log: parking_lot::Mutex::new(None),
+            log_syncs: Default::default(),
             last_seq: last_seq.into(),
         };
         if let Some(ns) = home {
@@ -322,7 +325,15 @@ impl MetaStore {
             }
             log.as_mut().expect("opened above").append(records)
         });
-        appended.map_err(|e| self.fail(redb::StorageError::Io(e)))
+        appended.map_err(|e| self.fail(redb::StorageError::Io(e)))?;
+        self.log_syncs
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Appends to the redo log (fsyncs that made batches durable) through this handle so far.
+    pub fn log_syncs(&self) -> u64 {
+        self.log_syncs.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Starts the redo log over. Only after a durable commit that followed every record in it

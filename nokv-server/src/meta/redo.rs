@@ -315,18 +315,131 @@ mod tests {
         for seq in 1..=3u64 {
             log.append(&effects(seq as u8).into_record(seq)).unwrap();
         }
+        let record = effects(1).into_record(1).len();
         let mut bytes = std::fs::read(&path).unwrap();
-        let second = bytes.len() / 3 + HEADER + 10;
-        bytes[second] ^= 1;
+        bytes[record + HEADER + 10] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         let seqs: Vec<u64> = read(&path).unwrap().iter().map(|r| r.0).collect();
         assert_eq!(seqs, vec![1], "stops at the damaged second record");
-        bytes.truncate(bytes.len() / 3 + 5);
+        bytes.truncate(record + 5);
         std::fs::write(&path, &bytes).unwrap();
         assert_eq!(
             read(&path).unwrap().len(),
             1,
             "a partial header ends the log"
         );
+    }
+}
+
+#[cfg(test)]
+mod replay_tests {
+    use std::path::Path;
+
+    use crate::meta::{MetaError, MetaStore, Tables};
+
+    /// Logs one batch writing `name` (and removing `gone`), as the committer does: committed
+    /// without fsync, its record appended to the log.
+    fn logged_batch(store: &MetaStore, name: &str, gone: &str) {
+        let ns = Tables::canonical();
+        let mut batch = store.batch().unwrap();
+        batch
+            .session(ns, |w| {
+                w.put_inline("ws", name, name.as_bytes())?;
+                w.remove_inline("ws", gone)
+            })
+            .unwrap();
+        let failed = batch.session(ns, |w| {
+            w.put_inline("ws", "undone", b"x")?;
+            Err::<(), _>(MetaError::Failed("this session fails".into()))
+        });
+        assert!(failed.is_err());
+        let logged = batch.commit_logged().unwrap();
+        store.log(&logged.record).unwrap();
+    }
+
+    /// What a crash would leave of an open store: its file and (if `with_log`) its log.
+    fn crash_copy(from: &Path, to: &Path, with_log: bool) {
+        std::fs::copy(from, to).unwrap();
+        if with_log {
+            std::fs::copy(from.with_extension("redo"), to.with_extension("redo")).unwrap();
+        }
+    }
+
+    fn inline(store: &MetaStore, name: &str) -> Option<Vec<u8>> {
+        store.read(|r| r.inline("ws", name)).unwrap()
+    }
+
+    // Catches: a replay that is skipped, applies a failed session's rows, applies a record the
+    // file already holds (the removal of "kept" would win over its later rewrite), or leaves
+    // the sequence behind so that later batches are taken for stale ones.
+    #[test]
+    fn batches_only_in_the_redo_log_are_replayed_when_the_store_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let store = MetaStore::create(&path).unwrap();
+        store.write(|w| w.put_inline("ws", "old", b"old")).unwrap();
+        logged_batch(&store, "first", "old");
+        store.flush().unwrap(); // a checkpoint: "first" is now in the file itself
+        logged_batch(&store, "kept", "nothing");
+        logged_batch(&store, "second", "kept");
+        logged_batch(&store, "kept", "first");
+
+        let without_log = dir.path().join("file-only.redb");
+        crash_copy(&path, &without_log, false);
+        let file_only = MetaStore::open(&without_log).unwrap();
+        assert_eq!(inline(&file_only, "first"), Some(b"first".to_vec()));
+        assert_eq!(
+            inline(&file_only, "second"),
+            None,
+            "not in the file: the log carries it"
+        );
+
+        let crashed = dir.path().join("crashed.redb");
+        crash_copy(&path, &crashed, true);
+        let reopened = MetaStore::open(&crashed).unwrap();
+        assert_eq!(inline(&reopened, "old"), None);
+        assert_eq!(
+            inline(&reopened, "first"),
+            None,
+            "removed by the last batch"
+        );
+        assert_eq!(inline(&reopened, "second"), Some(b"second".to_vec()));
+        assert_eq!(inline(&reopened, "kept"), Some(b"kept".to_vec()));
+        assert_eq!(
+            inline(&reopened, "undone"),
+            None,
+            "the failed session left nothing"
+        );
+
+        // Batches after the replay follow on; a second crash replays them, not the old ones.
+        logged_batch(&reopened, "third", "second");
+        let again = dir.path().join("again.redb");
+        crash_copy(&crashed, &again, true);
+        let twice = MetaStore::open(&again).unwrap();
+        assert_eq!(inline(&twice, "third"), Some(b"third".to_vec()));
+        assert_eq!(inline(&twice, "second"), None);
+        assert_eq!(inline(&twice, "kept"), Some(b"kept".to_vec()));
+    }
+
+    // Catches: a replay that trusts a torn tail (the half-written batch was never
+    // acknowledged) or gives up on the complete records before it.
+    #[test]
+    fn a_torn_last_record_is_not_replayed_and_the_ones_before_it_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let store = MetaStore::create(&path).unwrap();
+        logged_batch(&store, "whole", "nothing");
+        logged_batch(&store, "torn", "nothing");
+        let crashed = dir.path().join("crashed.redb");
+        crash_copy(&path, &crashed, true);
+        let log = crashed.with_extension("redo");
+        let mut bytes = std::fs::read(&log).unwrap();
+        let first = super::read(&log).unwrap()[0].1.len() + super::HEADER;
+        let second = super::read(&log).unwrap()[1].1.len() + super::HEADER;
+        bytes.truncate(first + second - 1);
+        std::fs::write(&log, &bytes).unwrap();
+        let reopened = MetaStore::open(&crashed).unwrap();
+        assert_eq!(inline(&reopened, "whole"), Some(b"whole".to_vec()));
+        assert_eq!(inline(&reopened, "torn"), None);
     }
 }

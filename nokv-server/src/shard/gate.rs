@@ -158,7 +158,8 @@ impl Slot {
     /// Puts `store` in service (readers see its last commit, which is durable: a store is put
     /// in service only when opened, and opening replays its log) or takes it out.
     fn set(&self, store: Option<Arc<MetaStore>>) {
-        let visible = store.as_ref().and_then(|s| {
+        let mut current = self.store.write();
+        *self.visible.write() = store.as_ref().and_then(|s| {
             s.snapshot().ok().map(|snapshot| {
                 Arc::new(Visible {
                     snapshot,
@@ -166,8 +167,20 @@ impl Slot {
                 })
             })
         });
-        *self.visible.write() = visible;
-        *self.store.write() = store;
+        *current = store;
+    }
+
+    /// Shows readers `snapshot` of `store` — unless that store was taken out of service
+    /// meanwhile: a snapshot must never bring back a handle the committer is waiting to
+    /// release (checked and written under the service lock, which [`Slot::set`] holds too).
+    fn show(&self, store: Arc<MetaStore>, snapshot: Snapshot) {
+        let current = self.store.read();
+        if current.as_ref().is_some_and(|s| Arc::ptr_eq(s, &store)) && store.failure().is_none() {
+            *self.visible.write() = Some(Arc::new(Visible {
+                snapshot,
+                _store: store,
+            }));
+        }
     }
 }
 
@@ -259,6 +272,12 @@ impl Committer {
             .read()
             .as_ref()
             .map_or(0, |s| s.durable_commits())
+    }
+
+    /// Appends to the redo log of the store in service (each one fsync making every batch
+    /// queued behind it durable), since it was opened.
+    pub fn log_syncs(&self) -> u64 {
+        self.slot.store.read().as_ref().map_or(0, |s| s.log_syncs())
     }
 
     /// True if namespace `ns` has tables in the store (see [`MetaStore::holds`]).
@@ -866,7 +885,7 @@ mod tests {
         let committer = Committer::start(node, "t".into());
         let a = Arc::new(Gate::on(committer.clone(), one, Fence::local(1)));
         let b = Gate::on(committer.clone(), two, Fence::local(2));
-        let (before, fsyncs) = (committer.stats(), committer.durable_commits());
+        let (before, fsyncs) = (committer.stats(), committer.log_syncs());
 
         let held = hold(&a).await;
         let mut queued: Vec<_> = (0..5)
@@ -882,11 +901,9 @@ mod tests {
         // The held session's batch, then one batch of the ten sessions of both shards.
         assert_eq!(after.batches - before.batches, 2, "{after:?}");
         assert_eq!(after.acknowledged - before.acknowledged, 11, "{after:?}");
-        assert_eq!(
-            committer.durable_commits() - fsyncs,
-            2,
-            "one fsync per batch"
-        );
+        // The acknowledger may cover both batches with one fsync, never more than one each.
+        let synced = committer.log_syncs() - fsyncs;
+        assert!((1..=2).contains(&synced), "{synced} fsyncs for two batches");
         // Each shard sees its own files only.
         let has = |g: &Gate, name: &str| {
             let name = name.to_string();
@@ -923,9 +940,11 @@ mod tests {
             s.await.unwrap();
         }
 
-        // The gate (and its committer) stays open: these are the bytes a crash would leave.
+        // The gate (and its committer) stays open: these are the bytes a crash would leave —
+        // the file and its redo log.
         let copy = dir.path().join("copy.redb");
         std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(path.with_extension("redo"), copy.with_extension("redo")).unwrap();
         let copied = MetaStore::open(&copy).unwrap();
         for name in ["held".to_string()]
             .into_iter()
@@ -1041,13 +1060,18 @@ mod tests {
             .clone();
         let held = hold(gate).await;
         let mut queued: Vec<_> = (0..n - 1).map(|i| put(gate, format!("f{i}"))).collect();
+        // The disk fills only once the held session's batch is durable (its log append runs
+        // while the committer already runs this batch).
+        let (held_durable, wait_held) = std::sync::mpsc::channel::<()>();
         queued.push(Box::pin(gate.write(move |w| {
             w.put_inline("ws", "last", b"x")?;
+            wait_held.recv().unwrap();
             disk.fill_disk();
             last()
         })));
         submit(&mut queued).await;
         held.release().await;
+        held_durable.send(()).unwrap();
         let mut answers = Vec::new();
         for s in queued {
             answers.push(s.await);
@@ -1190,5 +1214,46 @@ mod tests {
             let have = gate.read(move |r| Ok(r.inline("ws", name)?)).await.unwrap();
             assert_eq!(have.is_some(), present, "{name}");
         }
+    }
+
+    // Catches: answering a batch before its record is durable (`a(&Ok(()))` for logged
+    // answers in the acknowledger), appending after a failed append, or a store left in
+    // service after one (the next put would be answered from a log that lost a batch).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_whose_log_append_fails_is_not_acknowledged_and_the_store_recovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.redb");
+        let meta = MetaStore::create(&path).unwrap();
+        let faults = meta.faults().clone();
+        let gate = Gate::new(meta, "t".into(), Fence::local(0));
+        let put = |name: &'static str| gate.write(move |w| Ok(w.put_inline("ws", name, b"x")?));
+        put("before").await.unwrap();
+
+        faults.fail_log();
+        let err = put("lost").await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        // The store is out of service until the committer reopened it (from the file and
+        // the records the log holds), so no reader saw "lost" in between.
+        let err = gate.read(|r| Ok(r.inline("ws", "lost")?)).await;
+        assert!(
+            matches!(err, Err(Error::Unavailable(_)) | Ok(None)),
+            "{err:?}"
+        );
+        faults.heal_log();
+        gate.wait_serving(true).await;
+        put("after").await.unwrap();
+        // "lost" was answered Unavailable: it may or may not have been kept (closing the
+        // failed handle can still make its commit durable, as a crash after an fsync can keep
+        // a batch nobody heard of) — a retry with its request id finds out. What readers see
+        // is what the file holds.
+        let seen = |name: &'static str| gate.read(move |r| Ok(r.inline("ws", name)?));
+        assert!(seen("before").await.unwrap().is_some());
+        assert!(seen("after").await.unwrap().is_some());
+        let lost = seen("lost").await.unwrap().is_some();
+        drop(gate);
+        let reopened = MetaStore::open(&path).unwrap();
+        let kept = |name: &str| reopened.read(|r| r.inline("ws", name)).unwrap().is_some();
+        assert!(kept("before") && kept("after"));
+        assert_eq!(kept("lost"), lost);
     }
 }

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::mpsc;
 
-use super::{Answer, Job, Slot, Visible};
+use super::{Answer, Job, Slot};
 use crate::meta::{MetaStore, Snapshot};
 
 /// What the committer hands over, in its order.
@@ -74,13 +74,8 @@ pub(super) fn run(
             } => Some(v.clone()),
             _ => None,
         });
-        if let Some((store, snapshot)) = newest
-            && store.failure().is_none()
-        {
-            *slot.visible.write() = Some(Arc::new(Visible {
-                snapshot,
-                _store: store,
-            }));
+        if let Some((store, snapshot)) = newest {
+            slot.show(store, snapshot);
         }
         for stage in round {
             match stage {
