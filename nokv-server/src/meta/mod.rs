@@ -4,7 +4,9 @@
 //!
 //! Callers get a [`ReadView`] (an MVCC snapshot) or a [`WriteView`] (the single writer) and
 //! speak in typed records; a write view commits with `Durability::Immediate` (fsync) when
-//! its closure returns `Ok`, and aborts — changing nothing — when it returns `Err`. Sessions
+//! its closure returns `Ok`, and aborts — changing nothing — when it returns `Err`. A
+//! [`Batch`] of sessions is the exception: it commits without fsync and is made durable by its
+//! record in the store's redo log ([`redo`]), which opening the store replays. Sessions
 //! are plain synchronous closures: the [`crate::shard::gate`] runs them, and a synchronous
 //! closure cannot await provider I/O while the gate is held.
 

@@ -7,12 +7,21 @@
 //! upload sequencer) split their work into two sessions with the I/O between them.
 //!
 //! **Group commit.** The committer takes every session queued at that moment as one batch and
-//! runs them all in **one redb transaction**, committed durably once at the end: one page
-//! write-back and one fsync serve the whole batch. Each session still runs as if alone: a
-//! session that fails has its writes undone inside the transaction before the next one runs
-//! (every insert and remove records how to put the row back, see [`crate::meta`]'s `undo`), so
-//! it changes nothing and fails alone. Nobody is answered before that fsync, so every
-//! acknowledged mutation is durable. A mutation that depends on another one's outcome is
+//! runs them all in **one redb transaction**. Each session still runs as if alone: a session
+//! that fails has its writes undone inside the transaction before the next one runs (every
+//! insert and remove records how to put the row back, see [`crate::meta`]'s `undo`), so it
+//! changes nothing and fails alone.
+//!
+//! **Durable through a redo log, answered by a second thread.** The transaction is committed
+//! *without* fsync, and the rows the batch's sessions wrote (captured by the same wrapper that
+//! records the undo steps) go to the store's redo log as one record (see [`crate::meta`]'s
+//! `redo` for the format and the crash rule). The [`acknowledger`] thread appends the records
+//! of every batch queued at that moment with one write and one fsync, and only then answers
+//! their callers and shows their state to readers — while the committer already runs the next
+//! batch. Every second (or 32 MiB of log) the committer makes the file itself durable with an
+//! empty durable commit and the log starts over; opening a store replays the log. Nobody is
+//! answered before the fsync that covers their batch, so every acknowledged mutation is
+//! durable. A mutation that depends on another one's outcome is
 //! submitted after it was answered, hence lands in a later batch: a crash can never keep a
 //! dependent mutation and lose what it depended on. Work on a whole namespace (a checkpoint's
 //! copy, a load's import) runs alone between batches ([`Committer::exclusive`]).
@@ -25,11 +34,7 @@
 //! pay one fsync, not eight. Why this design rather than the alternatives:
 //! * a node-level committer over per-shard files would still owe one fsync per file touched
 //!   (redb makes a file durable only with its own commit), so the count would not drop;
-//! * a node write-ahead log in front of per-shard redb files would add a second durability
-//!   mechanism (redo format, replay, truncation) beside redb's, and every session's effects
-//!   would need capturing as redo records — two truths to keep in step;
-//! * one file with a namespace per shard keeps redb the only durable truth and changes no
-//!   session code. A shard stays separable: its state is exactly its namespace's tables, so a
+//! * one file with a namespace per shard changes no session code. A shard stays separable: its state is exactly its namespace's tables, so a
 //!   checkpoint exports them alone and a load imports them alone (in one transaction, see
 //!   [`crate::meta`]); its fence is its own and checked inside each of its sessions, and its
 //!   ownership epoch lives in its namespace.
@@ -40,24 +45,36 @@
 //! tables of a shard handed off stay in the file (as its file stayed before) until the shard
 //! is loaded again, when an import replaces them.
 //!
+//! Why the redo log on top (issue 12, measured with `nokv-server store-bench`): with a durable
+//! redb commit per batch the committer spent most of each batch waiting for redb to write
+//! back 5–6 scattered pages per small write and fsync them, and could run nothing meanwhile —
+//! at 64 writers a quarter of the two cores idled. An appended record is one sequential
+//! write, and its fsync overlaps the next batch's sessions: the store alone went from ~6,000
+//! to ~11,000–14,000 writes/s at 64 writers and from ~4,500 to ~10,000–12,000 at 8. The price
+//! is a second durability mechanism, kept small: the log holds only row effects of batches
+//! (every other write is a durable redb commit), and the rule of what a crash leaves is one
+//! sentence (see `redo`).
+//!
 //! **Stats.** The gate counts batches, the sessions they ran and the sessions it acknowledged
 //! ([`GateStats`]), so tests can prove that batches form and metrics can report the average
 //! batch size; the counters are updated before the batch's callers are answered.
 //!
-//! **Reads** take an MVCC snapshot of the last committed state and run concurrently with write
-//! sessions, so a stat or list never queues behind an fsync. Every acknowledged mutation was
-//! committed before it was acknowledged, so reads observe all of them; a read may also observe a
-//! session of the batch in progress, which becomes durable moments later or, after a crash, was
-//! never acknowledged to anyone.
+//! **Reads** use the MVCC snapshot taken right after the last batch known durable (the
+//! acknowledger shows it before answering that batch), and run concurrently with write
+//! sessions, so a stat or list never queues behind an fsync. Reads observe every acknowledged
+//! mutation, and never one whose batch is not durable yet: nothing a reader saw can be lost by
+//! a crash.
 //!
-//! **Storage failures.** When a commit or flush fails at the storage level (disk full, I/O
-//! error), redb refuses every later write until the file is reopened (for every shard in it). The committer owns the
+//! **Storage failures.** When a commit, a flush or a log append fails at the storage level
+//! (disk full, I/O error), the handle refuses every later write — and the log every later
+//! append — until the file is reopened (for every shard in it). The committer owns the
 //! store, so it is the one that recovers: it answers the batch (nobody in it is acknowledged;
 //! the failed sessions answer `Unavailable`, retryable with the same request id), takes the
 //! store out of service (reads and writes answer `Unavailable` too), waits for in-flight reads
 //! to release the old handle, and reopens the file — retrying with a capped back-off, because
 //! nothing signals that space came back. Reopening lets redb recover to the last durable
-//! commit, which holds every acknowledged mutation.
+//! commit and replays the log's complete records after it: together they hold every
+//! acknowledged mutation.
 //!
 //! The shard reports itself not serving from a failure until a commit succeeds again — a
 //! reopened store on a still full disk is not healthy. While it is failing and no session
