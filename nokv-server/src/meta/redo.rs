@@ -113,7 +113,7 @@ fn checksum(seq: u64, payload: &[u8]) -> u64 {
 /// Zeros written ahead of the log's tail at a time: records are then written into blocks
 /// the file already has, so an fsync flushes data only — not the file size and block map,
 /// which would cost a journal commit on every append.
-const GROW: u64 = 4 << 20;
+const GROW: u64 = 1 << 20;
 
 /// The appending end of a store's log. Records go at `pos`; blocks beyond it hold zeros or
 /// records of an earlier round (lower sequence numbers), both of which end the log.

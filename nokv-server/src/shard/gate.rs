@@ -18,7 +18,7 @@
 //! `redo` for the format and the crash rule). The [`acknowledger`] thread appends the records
 //! of every batch queued at that moment with one write and one fsync, and only then answers
 //! their callers and shows their state to readers — while the committer already runs the next
-//! batch. Every second (or 32 MiB of log) the committer makes the file itself durable with an
+//! batch. Every second (or 2 MiB of log) the committer makes the file itself durable with an
 //! empty durable commit and the log starts over; opening a store replays the log. Nobody is
 //! answered before the fsync that covers their batch, so every acknowledged mutation is
 //! durable. A mutation that depends on another one's outcome is
@@ -477,9 +477,11 @@ impl Gate {
 }
 
 /// How long the log may grow before the committer makes the file itself durable and the log
-/// is emptied: bounds replay at start-up and the pages redb keeps between durable commits.
+/// starts over: bounds replay at start-up, the pages redb keeps between durable commits, and
+/// the space a reopen needs after a full disk (the replay writes the log's rows into the file:
+/// a few MiB freed must be enough for the store to come back by itself).
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
-const CHECKPOINT_BYTES: usize = 32 << 20;
+const CHECKPOINT_BYTES: usize = 2 << 20;
 
 /// Runs the committer: starts the [`acknowledger`], runs batches until the queue closes, then
 /// lets the acknowledger finish and leaves the file durable and the log empty.
