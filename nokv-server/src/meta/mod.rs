@@ -306,10 +306,13 @@ impl MetaStore {
         }
         let txn = db.begin_write()?;
         let (last, replayed) = redo::replay(&txn, &log)?;
-        txn.commit()?;
-        if replayed > 0 {
-            tracing::info!(store = %path.display(), batches = replayed, "replayed the redo log");
+        if replayed == 0 {
+            // Nothing to write: a reopen on a full disk must not need space for an empty commit.
+            txn.abort()?;
+            return Ok(last);
         }
+        txn.commit()?;
+        tracing::info!(store = %path.display(), batches = replayed, "replayed the redo log");
         Ok(last)
     }
 
