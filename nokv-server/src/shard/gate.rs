@@ -620,7 +620,11 @@ fn run_batches(
                 }
             }
         }
-        if meta.failure().is_some() {
+        if let Some(reason) = meta.failure() {
+            // Also a failure the acknowledger met (a log append) after this batch was checked:
+            // the outage must be open, or the shard would never report serving again.
+            slot.set(None);
+            outage.begin(slot, name, &reason);
             meta = recover(slot, name, meta, &mut jobs, &mut outage)?;
         }
     }
