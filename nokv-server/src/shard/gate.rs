@@ -484,7 +484,8 @@ const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 const CHECKPOINT_BYTES: usize = 2 << 20;
 
 /// Runs the committer: starts the [`acknowledger`], runs batches until the queue closes, then
-/// lets the acknowledger finish and leaves the file durable and the log empty.
+/// lets the acknowledger finish and makes the file durable (every record left in the log is
+/// then in the file too, and skipped at the next open).
 fn commit_loop(
     slot: &Arc<Slot>,
     name: &str,

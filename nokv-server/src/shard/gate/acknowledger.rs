@@ -13,7 +13,8 @@
 //!   store that followed it);
 //! * **in order**: stages are handled in the order the committer sent them, so a caller is
 //!   never answered before a caller of an earlier batch, and a snapshot shown always contains
-//!   every batch answered before;
+//!   every batch answered before (sessions refused while a failed store is being reopened are
+//!   answered by the committer at once: they changed nothing);
 //! * **nothing after a failure**: once an append fails, the store's handle is failed, every
 //!   later record of that handle is refused (answered `Unavailable`, never written), and the
 //!   store is taken out of service until the committer reopened it — a crash or a reopen can
