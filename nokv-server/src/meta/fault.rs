@@ -15,6 +15,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct StoreFaults {
     disk_full: Arc<AtomicBool>,
     log_fails: Arc<AtomicBool>,
+    log_pause: Arc<Pause>,
+}
+
+/// Holds redo log appends back while paused (see [`StoreFaults::pause_log`]).
+#[derive(Debug, Default)]
+struct Pause {
+    /// (paused, appends waiting)
+    state: parking_lot::Mutex<(bool, usize)>,
+    changed: parking_lot::Condvar,
 }
 
 impl StoreFaults {
@@ -39,9 +48,40 @@ impl StoreFaults {
         self.log_fails.store(false, Ordering::SeqCst);
     }
 
+    /// From now on appends to the redo log wait (before writing anything) until
+    /// [`StoreFaults::resume_log`]: the window in which a batch is committed but not durable.
+    pub fn pause_log(&self) {
+        self.log_pause.state.lock().0 = true;
+    }
+
+    /// Lets waiting and later appends go on.
+    pub fn resume_log(&self) {
+        self.log_pause.state.lock().0 = false;
+        self.log_pause.changed.notify_all();
+    }
+
+    /// Blocks until an append is waiting at the pause (its batch is committed, not durable).
+    pub fn wait_for_a_paused_append(&self) {
+        let mut state = self.log_pause.state.lock();
+        while state.1 == 0 {
+            self.log_pause.changed.wait(&mut state);
+        }
+    }
+
     /// The error an append to the redo log meets right now, if any (a full disk fails it
-    /// too).
+    /// too). Waits first while appends are paused.
     pub(super) fn check_log(&self) -> std::io::Result<()> {
+        {
+            let mut state = self.log_pause.state.lock();
+            if state.0 {
+                state.1 += 1;
+                self.log_pause.changed.notify_all();
+                while state.0 {
+                    self.log_pause.changed.wait(&mut state);
+                }
+                state.1 -= 1;
+            }
+        }
         if self.log_fails.load(Ordering::SeqCst) {
             return Err(std::io::Error::other(
                 "redo log write failed (injected fault)",

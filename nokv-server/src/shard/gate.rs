@@ -868,6 +868,15 @@ mod tests {
         }
     }
 
+    /// A gate on a fresh standalone store, and the fault hook of that store.
+    fn gate_with_faults() -> (tempfile::TempDir, crate::meta::StoreFaults, Arc<Gate>) {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
+        let faults = meta.faults().clone();
+        let gate = Arc::new(Gate::new(meta, "t".into(), Fence::local(0)));
+        (dir, faults, gate)
+    }
+
     /// A session writing the small file `name`.
     fn put<'a>(gate: &'a Gate, name: String) -> Pending<'a> {
         Box::pin(gate.write(move |w| Ok(w.put_inline("ws", &name, b"x")?)))
@@ -1109,10 +1118,7 @@ mod tests {
     // (Each verified red.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_whose_durable_commit_fails_answers_every_session_with_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
-        let disk = meta.faults().clone();
-        let gate = Arc::new(Gate::new(meta, "t".into(), Fence::local(0)));
+        let (_dir, disk, gate) = gate_with_faults();
         let before = gate.stats();
 
         let answers = batch_failing_at_its_end(&gate, 8, || Ok(())).await;
@@ -1137,10 +1143,7 @@ mod tests {
     // and `answer(&Ok(()))` in the answer loop. (Each verified red.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_whose_flush_fails_answers_every_session_with_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
-        let disk = meta.faults().clone();
-        let gate = Arc::new(Gate::new(meta, "t".into(), Fence::local(0)));
+        let (_dir, disk, gate) = gate_with_faults();
         let before = gate.stats();
 
         // The last session refuses by itself, so the batch ends with an explicit flush of
@@ -1279,5 +1282,52 @@ mod tests {
         let kept = |name: &str| reopened.read(|r| r.inline("ws", name)).unwrap().is_some();
         assert!(kept("before") && kept("after"));
         assert_eq!(kept("lost"), lost);
+    }
+
+    // Catches: showing readers a batch before its record is durable — e.g. the acknowledger
+    // showing the newest snapshot before its append, or reads going to the store's latest
+    // commit instead of the shown snapshot. A reader that saw such a batch could act on
+    // a write that a crash then loses.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readers_never_see_a_batch_before_its_record_is_durable() {
+        let (_dir, faults, gate) = gate_with_faults();
+        let seen = |name: &'static str| {
+            let g = gate.clone();
+            async move { g.read(move |r| Ok(r.inline("ws", name)?)).await.unwrap() }
+        };
+        gate.write(|w| Ok(w.put_inline("ws", "before", b"x")?))
+            .await
+            .unwrap();
+
+        faults.pause_log();
+        // Resumes even if an assertion fails, so the gate can be dropped (its committer joins
+        // the acknowledger, which would wait at the pause forever).
+        struct Resume(crate::meta::StoreFaults);
+        impl Drop for Resume {
+            fn drop(&mut self) {
+                self.0.resume_log();
+            }
+        }
+        let _resume = Resume(faults.clone());
+        let g = gate.clone();
+        let pending =
+            tokio::spawn(
+                async move { g.write(|w| Ok(w.put_inline("ws", "pending", b"x")?)).await },
+            );
+        // The batch is committed and its append waits: the window before durability.
+        let waiting = faults.clone();
+        tokio::task::spawn_blocking(move || waiting.wait_for_a_paused_append())
+            .await
+            .unwrap();
+        assert!(seen("before").await.is_some());
+        assert!(seen("pending").await.is_none(), "visible before durable");
+        assert!(!pending.is_finished(), "answered before durable");
+
+        faults.resume_log();
+        pending.await.unwrap().unwrap();
+        assert!(
+            seen("pending").await.is_some(),
+            "durable and answered, so visible"
+        );
     }
 }
