@@ -537,6 +537,11 @@ pub struct Logged {
 pub struct Snapshot(std::sync::Arc<redb::ReadTransaction>);
 
 impl Snapshot {
+    /// True if `ns` has tables in this snapshot (see [`MetaStore::holds`]).
+    pub fn holds(&self, ns: Namespace) -> MetaResult<bool> {
+        ns.exists_in(&self.0)
+    }
+
     /// Runs `f` on namespace `ns` of this snapshot.
     pub fn read_in<T, E: From<MetaError>>(
         &self,

@@ -297,10 +297,16 @@ impl Committer {
         self.slot.store.read().as_ref().map_or(0, |s| s.log_syncs())
     }
 
-    /// True if namespace `ns` has tables in the store (see [`MetaStore::holds`]).
+    /// True if namespace `ns` has tables in the state readers see (see [`MetaStore::holds`]),
+    /// so that a `holds` and a [`Committer::read`] after it agree.
     pub fn holds(&self, ns: Namespace) -> Result<bool> {
-        let store = self.slot.store.read().clone().ok_or_else(out_of_service)?;
-        Ok(store.holds(ns)?)
+        let visible = self
+            .slot
+            .visible
+            .read()
+            .clone()
+            .ok_or_else(out_of_service)?;
+        Ok(visible.snapshot.holds(ns)?)
     }
 
     fn send(&self, job: Job) -> Result<()> {
