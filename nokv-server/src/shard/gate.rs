@@ -262,13 +262,12 @@ impl Committer {
 
     /// Runs `f` on a snapshot of namespace `ns` as last committed.
     pub fn read<T>(&self, ns: Namespace, f: impl FnOnce(&ReadView) -> Result<T>) -> Result<T> {
-        let visible = self
-            .slot
-            .visible
-            .read()
-            .clone()
-            .ok_or_else(out_of_service)?;
-        visible.snapshot.read_in(ns, f)
+        self.visible()?.snapshot.read_in(ns, f)
+    }
+
+    /// The snapshot readers see now (the lock is released at once).
+    fn visible(&self) -> Result<Arc<Visible>> {
+        self.slot.visible.read().clone().ok_or_else(out_of_service)
     }
 
     /// What the committer has done (see [`GateStats`]).
@@ -300,13 +299,7 @@ impl Committer {
     /// True if namespace `ns` has tables in the state readers see (see [`MetaStore::holds`]),
     /// so that a `holds` and a [`Committer::read`] after it agree.
     pub fn holds(&self, ns: Namespace) -> Result<bool> {
-        let visible = self
-            .slot
-            .visible
-            .read()
-            .clone()
-            .ok_or_else(out_of_service)?;
-        Ok(visible.snapshot.holds(ns)?)
+        Ok(self.visible()?.snapshot.holds(ns)?)
     }
 
     fn send(&self, job: Job) -> Result<()> {
