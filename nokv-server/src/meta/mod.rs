@@ -29,6 +29,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 pub use fault::StoreFaults;
 pub use records::*;
+pub use redo::Redo;
 pub use tables::{Namespace, Tables};
 pub use usage::{UsageDelta, UsageRecount, UsageTotals};
 
@@ -297,17 +298,11 @@ impl MetaStore {
     /// log over); returns the sequence number of the last batch the file holds.
     fn replay(db: &Database, path: &Path) -> MetaResult<u64> {
         let log = redo::path_for(path);
-        if !log.exists() {
-            let txn = db.begin_read()?;
-            return match optional(txn.open_table(redo::APPLIED))? {
-                Some(t) => Ok(t.get("applied")?.map_or(0, |g| g.value())),
-                None => Ok(0),
-            };
-        }
         let txn = db.begin_write()?;
         let (last, replayed) = redo::replay(&txn, &log)?;
         if replayed == 0 {
-            // Nothing to write: a reopen on a full disk must not need space for an empty commit.
+            // Nothing to write (no log, or nothing above the file's sequence): a reopen on a
+            // full disk must not need space for an empty commit.
             txn.abort()?;
             return Ok(last);
         }
@@ -511,7 +506,8 @@ impl MetaStore {
     }
 }
 
-/// The sessions of one batch in one transaction, committed durably once at the end.
+/// The sessions of one batch in one transaction, committed once at the end without fsync and
+/// made durable by its redo record ([`Batch::commit_logged`]).
 ///
 /// Each session runs as if alone: one that fails has its writes undone before the next runs
 /// (see [`undo`]), so it changes nothing. If an undo itself fails the batch is poisoned: later
@@ -527,7 +523,7 @@ pub struct Batch<'s> {
 /// A batch committed but not yet durable (see [`Batch::commit_logged`]).
 pub struct Logged {
     /// The batch's redo record: the batch is durable once [`MetaStore::log`] wrote it.
-    pub record: Vec<u8>,
+    pub redo: Redo,
     /// The state right after the batch, to show readers once it is durable.
     pub snapshot: Snapshot,
 }
@@ -582,20 +578,6 @@ impl Batch<'_> {
         out
     }
 
-    /// Commits every session that succeeded, durably (one fsync). A poisoned batch is
-    /// aborted and fails the store (its handle must be replaced).
-    pub fn commit(self) -> MetaResult<()> {
-        if let Some(reason) = self.poisoned {
-            drop(self.txn);
-            return Err(self
-                .store
-                .fail(redb::StorageError::Io(std::io::Error::other(reason))));
-        }
-        self.store.commit(self.txn)?;
-        self.store.count_durable();
-        Ok(())
-    }
-
     /// Commits every session that succeeded, atomically and visibly to the next batch but
     /// not durably: the batch is durable once its record is in the redo log
     /// ([`MetaStore::log`]). Nobody may be answered, and no reader shown the returned
@@ -621,7 +603,7 @@ impl Batch<'_> {
             .last_seq
             .store(seq, std::sync::atomic::Ordering::Release);
         Ok(Logged {
-            record: self.effects.into_inner().into_record(seq),
+            redo: Redo::new(seq, self.effects.into_inner()),
             snapshot: self.store.snapshot()?,
         })
     }

@@ -39,7 +39,7 @@ use redb::{ReadableTable, TableDefinition, WriteTransaction};
 use super::{MetaError, MetaResult, Tables};
 
 /// "applied" -> the sequence number of the last batch whose effects this file holds.
-pub(super) const APPLIED: TableDefinition<&str, u64> = TableDefinition::new("redo_applied");
+const APPLIED: TableDefinition<&str, u64> = TableDefinition::new("redo_applied");
 const MAGIC: u32 = 0x6e6b_7631;
 /// magic, payload length, sequence, checksum.
 const HEADER: usize = 4 + 4 + 8 + 8;
@@ -83,15 +83,42 @@ impl Effects {
         }
     }
 
-    /// The framed log record of these effects as batch `seq`.
-    pub(super) fn into_record(self, seq: u64) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER + self.buf.len());
+    /// Appends the framed log record of these effects as batch `seq` to `out`.
+    fn frame_into(&self, seq: u64, out: &mut Vec<u8>) {
+        out.reserve(HEADER + self.buf.len());
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&(self.buf.len() as u32).to_le_bytes());
         out.extend_from_slice(&seq.to_le_bytes());
         out.extend_from_slice(&checksum(seq, &self.buf).to_le_bytes());
         out.extend_from_slice(&self.buf);
-        out
+    }
+}
+
+/// A committed batch's redo record, not yet framed: the thread that appends frames it
+/// (checksum included), so the committer spends nothing on it.
+pub struct Redo {
+    seq: u64,
+    effects: Effects,
+}
+
+impl Redo {
+    pub(super) fn new(seq: u64, effects: Effects) -> Redo {
+        Redo { seq, effects }
+    }
+
+    /// Appends the framed record to `out` (records of consecutive batches are appended in
+    /// order and written with one [`super::MetaStore::log`]).
+    pub fn frame_into(&self, out: &mut Vec<u8>) {
+        self.effects.frame_into(self.seq, out);
+    }
+
+    /// Bytes of row effects the record carries.
+    pub fn len(&self) -> usize {
+        self.effects.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.effects.buf.is_empty()
     }
 }
 
@@ -294,6 +321,14 @@ mod tests {
         e
     }
 
+    impl Effects {
+        fn into_record(self, seq: u64) -> Vec<u8> {
+            let mut out = Vec::new();
+            self.frame_into(seq, &mut out);
+            out
+        }
+    }
+
     // Catches: a reader that accepts a record whose bytes were torn (no or a weak checksum),
     // or one that skips over a bad record instead of ending the log there.
     #[test]
@@ -354,7 +389,9 @@ mod replay_tests {
         });
         assert!(failed.is_err());
         let logged = batch.commit_logged().unwrap();
-        store.log(&logged.record).unwrap();
+        let mut record = Vec::new();
+        logged.redo.frame_into(&mut record);
+        store.log(&record).unwrap();
     }
 
     /// What a crash would leave of an open store: its file and (if `with_log`) its log.

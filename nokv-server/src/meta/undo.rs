@@ -152,7 +152,7 @@ mod tests {
             })
             .unwrap();
         let ns = crate::meta::Tables::canonical();
-        let fsyncs = store.durable_commits();
+        let (fsyncs, syncs) = (store.durable_commits(), store.log_syncs());
 
         let mut batch = store.batch().unwrap();
         batch
@@ -169,7 +169,10 @@ mod tests {
         batch
             .session(ns, |w| w.put_inline("ws", "e", b"2"))
             .unwrap();
-        batch.commit().unwrap();
+        let logged = batch.commit_logged().unwrap();
+        let mut record = Vec::new();
+        logged.redo.frame_into(&mut record);
+        store.log(&record).unwrap();
 
         let read = |name: &str| store.read(|r| r.inline("ws", name)).unwrap();
         assert_eq!(read("a"), Some(b"old".to_vec()), "overwrites undone");
@@ -178,9 +181,14 @@ mod tests {
         assert_eq!(read("c"), Some(b"1".to_vec()));
         assert_eq!(read("e"), Some(b"2".to_vec()));
         assert_eq!(
-            store.durable_commits() - fsyncs,
+            store.durable_commits() - fsyncs + store.log_syncs() - syncs,
             1,
             "one fsync for the batch"
+        );
+        assert_eq!(
+            store.log_syncs() - syncs,
+            1,
+            "the batch's record is its fsync"
         );
     }
 }

@@ -603,8 +603,8 @@ fn run_batches(
         slot.stats
             .sessions
             .fetch_add(sessions as u64, Ordering::AcqRel);
-        if let Stage::Logged { record, .. } = &stage {
-            checkpoint.logged(record.len());
+        if let Stage::Logged { redo, .. } = &stage {
+            checkpoint.logged(redo.len());
         }
         // Answered by the acknowledger, after the fsync that makes the batch durable.
         let _ = stages.send(stage);
@@ -691,7 +691,7 @@ fn run_batch(meta: &Arc<MetaStore>, sessions: Vec<SessionJob>) -> (Stage, u64) {
         Ok(logged) => {
             let stage = Stage::Logged {
                 store: meta.clone(),
-                record: logged.record,
+                redo: logged.redo,
                 snapshot: logged.snapshot,
                 answers,
                 committed,
@@ -1210,10 +1210,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_shard_reports_not_serving_while_its_disk_is_full_and_recovers_by_itself() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
-        let disk = meta.faults().clone();
-        let gate = Gate::new(meta, "t".into(), Fence::local(0));
+        let (_dir, disk, gate) = gate_with_faults();
         let put = |name: &'static str| gate.write(move |w| Ok(w.put_inline("ws", name, b"x")?));
         put("before").await.unwrap();
 
@@ -1247,11 +1244,8 @@ mod tests {
     // service after one (the next put would be answered from a log that lost a batch).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_whose_log_append_fails_is_not_acknowledged_and_the_store_recovers() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, faults, gate) = gate_with_faults();
         let path = dir.path().join("g.redb");
-        let meta = MetaStore::create(&path).unwrap();
-        let faults = meta.faults().clone();
-        let gate = Gate::new(meta, "t".into(), Fence::local(0));
         let put = |name: &'static str| gate.write(move |w| Ok(w.put_inline("ws", name, b"x")?));
         put("before").await.unwrap();
 

@@ -26,14 +26,14 @@ use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
 
 use super::{Answer, Job, Slot};
-use crate::meta::{MetaStore, Snapshot};
+use crate::meta::{MetaStore, Redo, Snapshot};
 
 /// What the committer hands over, in its order.
 pub(super) enum Stage {
     /// A batch committed without fsync: durable once `record` is in the log.
     Logged {
         store: Arc<MetaStore>,
-        record: Vec<u8>,
+        redo: Redo,
         snapshot: Snapshot,
         answers: Vec<Answer>,
         /// Sessions of the batch that committed (acknowledged if the append succeeds).
@@ -105,10 +105,8 @@ fn append(round: &[Stage]) -> Result<(), String> {
     let mut store = None;
     for stage in round {
         match stage {
-            Stage::Logged {
-                store: s, record, ..
-            } => {
-                pending.extend_from_slice(record);
+            Stage::Logged { store: s, redo, .. } => {
+                redo.frame_into(&mut pending);
                 store = Some(s);
             }
             Stage::Checkpoint(s) => {
