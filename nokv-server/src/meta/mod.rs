@@ -331,6 +331,13 @@ impl MetaStore {
         Ok(())
     }
 
+    /// Record bytes the redo log may take before the next checkpoint, from the free space
+    /// where the store lives now (see [`redo::budget`]).
+    pub fn log_budget(&self) -> usize {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        redo::budget(redo::free_space(dir))
+    }
+
     /// Appends to the redo log (fsyncs that made batches durable) through this handle so far.
     pub fn log_syncs(&self) -> u64 {
         self.log_syncs.load(std::sync::atomic::Ordering::Acquire)

@@ -137,6 +137,39 @@ fn checksum(seq: u64, payload: &[u8]) -> u64 {
     h ^ (h >> 32)
 }
 
+/// The least and the most record bytes one round of the log may take (see [`budget`]).
+const BUDGET_MIN: u64 = 2 << 20;
+const BUDGET_MAX: u64 = 64 << 20;
+
+/// How many bytes of records the log may take before the file must be made durable and the
+/// log started over (a checkpoint), given `free` bytes on the store's file system (`None`:
+/// unknown).
+///
+/// A longer round means fewer checkpoints, and a checkpoint costs the committer the write-back
+/// of every page dirtied since the last one plus an fsync: pages written again and again
+/// (tree interiors, counters, a rewritten file's rows) are written back once per round, not
+/// once per 2 MiB. But a reopen replays the round into the file, which needs room for its
+/// rows: after a full disk an operator frees a little space and the store must come back by
+/// itself. So a round takes at most an eighth of the free space — as the disk fills, rounds
+/// shrink to 2 MiB and a reopen needs a few MiB, whatever filled it — and at most 64 MiB (a
+/// replay at start-up stays short).
+pub(super) fn budget(free: Option<u64>) -> usize {
+    let room = free.map_or(BUDGET_MIN, |f| f / 8);
+    room.clamp(BUDGET_MIN, BUDGET_MAX) as usize
+}
+
+/// Bytes an unprivileged writer may still allocate on the file system holding `path`.
+pub(super) fn free_space(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `dir` is a NUL-terminated path and `stat` a plain struct statvfs fills in.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(dir.as_ptr(), &mut stat) } != 0 {
+        return None;
+    }
+    Some(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
 /// Zeros written ahead of the log's tail at a time: records are then written into blocks
 /// the file already has, so an fsync flushes data only — not the file size and block map,
 /// which would cost a journal commit on every append.
@@ -313,6 +346,20 @@ fn apply(txn: &WriteTransaction, payload: &[u8]) -> MetaResult<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::budget;
+
+    // Catches: a round sized without regard to free space (a reopen after a full disk would
+    // need more room than an operator freed), and an unbounded round (replay at start-up).
+    #[test]
+    fn a_round_of_the_log_shrinks_to_2_mib_as_the_disk_fills_and_never_exceeds_64_mib() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(budget(Some(0)), 2 << 20, "full disk");
+        assert_eq!(budget(Some(10 * MIB)), 2 << 20, "little room");
+        assert_eq!(budget(Some(80 * MIB)), 10 << 20, "an eighth of the room");
+        assert_eq!(budget(Some(100 << 30)), 64 << 20, "lots of room");
+        assert_eq!(budget(None), 2 << 20, "unknown room");
+    }
+
     use super::*;
 
     fn effects(n: u8) -> Effects {

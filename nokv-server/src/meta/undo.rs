@@ -69,12 +69,10 @@ impl<'t, K: Key + 'static, V: Value + 'static> UndoTable<'t, K, V> {
         }
     }
 
-    /// Records how to restore the row of `key` as it is now.
-    fn remember(&self, key: &K::SelfType<'_>) -> MetaResult<()> {
-        let old: Option<Vec<u8>> = self
-            .inner
-            .get(key)?
-            .map(|g| V::as_bytes(&g.value()).as_ref().to_vec());
+    /// Records how to restore the row of `key` to `old`, its value before this session's
+    /// mutation (`None`: it was absent). The old value comes from the mutation's own return,
+    /// so undo costs no extra lookup.
+    fn remember(&self, key: &K::SelfType<'_>, old: Option<Vec<u8>>) {
         let key: Vec<u8> = K::as_bytes(key).as_ref().to_vec();
         let def = self.def;
         self.log.borrow_mut().push(Box::new(move |txn| {
@@ -90,7 +88,6 @@ impl<'t, K: Key + 'static, V: Value + 'static> UndoTable<'t, K, V> {
             }
             Ok(())
         }));
-        Ok(())
     }
 
     pub(super) fn insert<'k, 'v>(
@@ -98,17 +95,24 @@ impl<'t, K: Key + 'static, V: Value + 'static> UndoTable<'t, K, V> {
         key: impl Borrow<K::SelfType<'k>>,
         value: impl Borrow<V::SelfType<'v>>,
     ) -> MetaResult<()> {
-        self.remember(key.borrow())?;
-        self.inner.insert(key.borrow(), value.borrow())?;
+        let old = self
+            .inner
+            .insert(key.borrow(), value.borrow())?
+            .map(|g| V::as_bytes(&g.value()).as_ref().to_vec());
+        self.remember(key.borrow(), old);
         self.redo(key.borrow(), Some(value.borrow()));
         Ok(())
     }
 
     /// Removes `key`; returns whether a row was there.
     pub(super) fn remove<'k>(&mut self, key: impl Borrow<K::SelfType<'k>>) -> MetaResult<bool> {
-        self.remember(key.borrow())?;
-        let existed = self.inner.remove(key.borrow())?.is_some();
+        let old = self
+            .inner
+            .remove(key.borrow())?
+            .map(|g| V::as_bytes(&g.value()).as_ref().to_vec());
+        let existed = old.is_some();
         if existed {
+            self.remember(key.borrow(), old);
             self.redo(key.borrow(), None);
         }
         Ok(existed)

@@ -476,11 +476,11 @@ impl Gate {
 }
 
 /// How long the log may grow before the committer makes the file itself durable and the log
-/// starts over: bounds replay at start-up, the pages redb keeps between durable commits, and
-/// the space a reopen needs after a full disk (the replay writes the log's rows into the file:
-/// a few MiB freed must be enough for the store to come back by itself).
+/// starts over: bounds replay at start-up and the pages redb keeps between durable commits.
+/// The log's size is bounded too, by the free space (`MetaStore::log_budget`): a reopen after
+/// a full disk replays the log into the file, and a few MiB freed must be enough for the
+/// store to come back by itself.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
-const CHECKPOINT_BYTES: usize = 2 << 20;
 
 /// Runs the committer: starts the [`acknowledger`], runs batches until the queue closes, then
 /// lets the acknowledger finish and makes the file durable (every record left in the log is
@@ -523,7 +523,7 @@ fn run_batches(
     let mut outage = Outage::default();
     // An exclusive job met while a batch was being taken: it runs next, alone.
     let mut carry: Option<Job> = None;
-    let mut checkpoint = Checkpoint::new();
+    let mut checkpoint = Checkpoint::new(meta.log_budget());
     loop {
         let first = if let Some(job) = carry.take() {
             Some(job)
@@ -611,7 +611,7 @@ fn run_batches(
         if failure.is_none() && checkpoint.due() {
             match meta.flush() {
                 Ok(()) => {
-                    checkpoint = Checkpoint::new();
+                    checkpoint = Checkpoint::new(meta.log_budget());
                     let _ = stages.send(Stage::Checkpoint(meta.clone()));
                 }
                 Err(e) => {
@@ -634,13 +634,16 @@ fn run_batches(
 struct Checkpoint {
     since: std::time::Instant,
     bytes: usize,
+    /// Record bytes this round of the log may take, sized when it began.
+    budget: usize,
 }
 
 impl Checkpoint {
-    fn new() -> Self {
+    fn new(budget: usize) -> Self {
         Checkpoint {
             since: std::time::Instant::now(),
             bytes: 0,
+            budget,
         }
     }
 
@@ -649,8 +652,7 @@ impl Checkpoint {
     }
 
     fn due(&self) -> bool {
-        self.bytes > 0
-            && (self.since.elapsed() >= CHECKPOINT_EVERY || self.bytes >= CHECKPOINT_BYTES)
+        self.bytes > 0 && (self.since.elapsed() >= CHECKPOINT_EVERY || self.bytes >= self.budget)
     }
 }
 
