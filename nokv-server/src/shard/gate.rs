@@ -18,7 +18,8 @@
 //! `redo` for the format and the crash rule). The [`acknowledger`] thread appends the records
 //! of every batch queued at that moment with one write and one fsync, and only then answers
 //! their callers and shows their state to readers — while the committer already runs the next
-//! batch. Every second (or 2 MiB of log) the committer makes the file itself durable with an
+//! batch. Every second (or sooner, once the log holds an eighth of the free disk space, 2-64
+//! MiB) the committer makes the file itself durable with an
 //! empty durable commit and the log starts over; opening a store replays the log. Nobody is
 //! answered before the fsync that covers their batch, so every acknowledged mutation is
 //! durable. A mutation that depends on another one's outcome is
