@@ -27,6 +27,11 @@ Paced and idle-again are reported, not judged. Exit status: 0 QUALIFIED, 1 NOT Q
 2 usage error or crash (a daemon, session or uploader process failing counts as a crash),
 130 interrupted.
 
+--control runs the same conditions with no uploader at all and prints `verdict: CONTROL (...)`
+with the unpaced/idle ratios (exit 0 unless samples are missing or session operations failed):
+what the verdict's ratios are on this machine without any upload — the sessions' own drift over
+a run, which a real run's ratio includes too.
+
 Percentiles use linear interpolation between closest ranks (numpy's default, Excel's
 PERCENTILE.INC): rank = p/100 * (n - 1) over the sorted samples.
 
@@ -320,22 +325,30 @@ class Verdict:
     qualified: bool
     reasons: list[str]
     ratios: dict[str, float | None]
+    # A --control run: no uploader ran, so the ratios are the sessions' own drift, not a verdict.
+    control: bool = False
 
     @property
     def text(self) -> str:
+        if self.qualified and self.control:
+            drift = ", ".join(f"{op} {_f(r)}x" for op, r in self.ratios.items())
+            return f"CONTROL (no uploader ran; unpaced p50 / idle p50 is drift alone: {drift})"
         if self.qualified:
             return "QUALIFIED"
         return "NOT QUALIFIED (" + "; ".join(self.reasons) + ")"
 
     def as_dict(self) -> dict:
         return {"qualified": self.qualified, "text": self.text, "reasons": self.reasons,
-                "ratios": self.ratios}
+                "ratios": self.ratios, "control": self.control}
 
 
-def judge(conditions: dict, ratio: float = 1.2) -> Verdict:
+def judge(conditions: dict, ratio: float = 1.2, control: bool = False) -> Verdict:
     """QUALIFIED iff for stat and put the unpaced p50 <= ratio x idle p50 (idle = the first idle
     condition, pooled over cycles), the unpaced uploader moved bytes, and no session operation
-    failed in idle or unpaced. Missing samples are NOT QUALIFIED with a reason."""
+    failed in idle or unpaced. Missing samples are NOT QUALIFIED with a reason.
+
+    `control` (no uploader ran): the ratios are reported, not judged — they are what the verdict's
+    ratios would be without any upload, i.e. the drift of the sessions' own latency over a run."""
     reasons: list[str] = []
     ratios: dict[str, float | None] = {}
     idle = conditions.get("idle") or {}
@@ -352,18 +365,18 @@ def judge(conditions: dict, ratio: float = 1.2) -> Verdict:
             continue
         ratios[op] = (u50 / i50) if i50 > 0 else (1.0 if u50 == 0 else math.inf)
         limit = ratio * i50
-        if u50 > limit:
+        if u50 > limit and not control:
             reasons.append(
                 f"unpaced {op} p50 {u50:.2f} ms > {ratio:g} x idle {i50:.2f} ms = {limit:.2f} ms"
             )
     up = (unpaced.get("upload") or {}).get("bytes") if unpaced else None
-    if unpaced and not up:
+    if unpaced and not up and not control:
         reasons.append("the uploader moved no data in unpaced")
     for cond in ("idle", "unpaced"):
         errs = (conditions.get(cond) or {}).get("session_errors") or 0
         if errs:
             reasons.append(f"{errs} session operation(s) failed in {cond}")
-    return Verdict(qualified=not reasons, reasons=reasons, ratios=ratios)
+    return Verdict(qualified=not reasons, reasons=reasons, ratios=ratios, control=control)
 
 
 def shard_of(workspace: str, shard_count: int) -> int:
@@ -808,7 +821,7 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
     up_files: list[Path] = []
     for cond in CONDITIONS:
         up = None
-        if cond in UPLOAD_CONDITIONS:
+        if cond in UPLOAD_CONDITIONS and not args.control:
             n = len(up_files)
             outp, errp = cdir / f"upload{n}-{cond}.jsonl", cdir / f"upload{n}-{cond}.stderr.log"
             argv = [args.cli_bin, "bench", "upload", "--workspace", t.uploader[0],
@@ -863,7 +876,7 @@ def analyse(args, t: Target) -> dict:
         sess = [r for r in t.session_records if a <= r["start"] < b]
         tls.append({"cycle": cy, "t0": a,
                     "buckets": timeline(sess, t.upload_records, ws, a, b, args.bucket)})
-    v = judge(conds, args.ratio)
+    v = judge(conds, args.ratio, args.control)
     d = t.daemon
     placement_seen = None
     if t.health_after and isinstance(t.health_after.get("shards"), list):
@@ -1306,6 +1319,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uploader-workspace", default="probe-up")
     p.add_argument("--ratio", type=float, default=1.2,
                    help="verdict limit: unpaced p50 <= RATIO x idle p50 (default 1.2)")
+    p.add_argument("--control", action="store_true",
+                   help="run no uploader at all (paced and unpaced are then idle too): prints "
+                   "`verdict: CONTROL (...)` with the unpaced/idle p50 ratios, i.e. how much the "
+                   "sessions' own latency drifts over a run on this machine, the noise floor of "
+                   "the verdict")
     p.add_argument("--margin", type=float, default=0.5,
                    help="seconds dropped at each edge of every condition window (default 0.5)")
     p.add_argument("--warmup", type=float, default=1.0,
@@ -1507,8 +1525,11 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
         "machine": machine_facts(args),
         "percentile_method": PERCENTILE_METHOD,
         "conditions_order": list(CONDITIONS),
-        "verdict_rule": f"unpaced p50 <= {args.ratio:g} x idle p50 for stat and put; "
-                        "the unpaced uploader moved data; no failed session op in idle/unpaced",
+        "verdict_rule": (
+            "control run: no uploader; the unpaced/idle ratios are reported, not judged"
+            if args.control else
+            f"unpaced p50 <= {args.ratio:g} x idle p50 for stat and put; "
+            "the unpaced uploader moved data; no failed session op in idle/unpaced"),
         "s3_endpoint": s3_endpoint,
         "targets": by,
         "verdict": by["candidate"]["verdict"],

@@ -40,5 +40,22 @@ python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/out/report.jso
 python3 scripts/owner_upload_interference_probe.py --check-png "$work/out/timeline.png" \
     || fail "timeline.png is not a valid PNG"
 
-echo "probe_smoke: ok (verdict not judged: $(grep '^verdict: ' "$log"))"
+verdict=$(grep '^verdict: ' "$log")
+
+# --control: the same run with no uploader at all; it reports the drift and never uploads.
+python3 scripts/owner_upload_interference_probe.py --control \
+    --sessions 1 --seconds 2 --cycles 1 \
+    --server-bin target/debug/nokv-server --cli-bin target/debug/nokv \
+    --out "$work/control" > "$work/control.log" 2>&1
+rc=$?
+[ "$rc" = 0 ] || fail "the --control run exited $rc ($(tail -3 "$work/control.log"))"
+grep -q '^verdict: CONTROL (no uploader ran' "$work/control.log" \
+    || fail "the --control run printed no CONTROL verdict"
+python3 - "$work/control/report.json" <<'PY' || fail "the --control run uploaded"
+import json, sys
+t = json.load(open(sys.argv[1]))["targets"]["candidate"]
+sys.exit(0 if t["samples"]["uploads"] == 0 and t["samples"]["session_ops"] > 0 else 1)
+PY
+
+echo "probe_smoke: ok (verdict not judged: $verdict; control run ok)"
 rm -rf "$work"

@@ -284,6 +284,21 @@ class VerdictTest(unittest.TestCase):
         self.assertIn("no stat samples in idle", v.reasons)
         self.assertIn("no put samples in idle", v.reasons)
 
+    def test_a_control_run_reports_the_drift_without_judging_it(self):
+        # No uploader ran: a slow "unpaced" is drift, and no upload bytes is expected.
+        v = probe.judge({"idle": cond(1.0, 2.0), "unpaced": cond(1.5, 2.6, upload_bytes=0)},
+                        control=True)
+        self.assertTrue(v.qualified, v.reasons)
+        self.assertTrue(v.text.startswith("CONTROL (no uploader ran"), v.text)
+        self.assertIn("stat 1.50x", v.text)
+        self.assertIn("put 1.30x", v.text)
+        self.assertTrue(v.as_dict()["control"])
+
+    def test_a_control_run_still_fails_on_missing_samples_and_errors(self):
+        v = probe.judge({"idle": cond(None, 2.0), "unpaced": cond(1.0, 2.0)}, control=True)
+        self.assertFalse(v.qualified)
+        self.assertIn("no stat samples in idle", v.reasons)
+
     def test_uploader_moved_nothing(self):
         v = probe.judge({"idle": cond(1.0, 1.0), "unpaced": cond(1.0, 1.0, upload_bytes=0)})
         self.assertFalse(v.qualified)
