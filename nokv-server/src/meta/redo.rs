@@ -346,7 +346,7 @@ fn apply(txn: &WriteTransaction, payload: &[u8]) -> MetaResult<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::budget;
+    use super::*;
 
     // Catches: a round sized without regard to free space (a reopen after a full disk would
     // need more room than an operator freed), and an unbounded round (replay at start-up).
@@ -359,8 +359,6 @@ mod tests {
         assert_eq!(budget(Some(100 << 30)), 64 << 20, "lots of room");
         assert_eq!(budget(None), 2 << 20, "unknown room");
     }
-
-    use super::*;
 
     fn effects(n: u8) -> Effects {
         let mut e = Effects::default();

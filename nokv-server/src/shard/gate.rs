@@ -19,13 +19,13 @@
 //! of every batch queued at that moment with one write and one fsync, and only then answers
 //! their callers and shows their state to readers — while the committer already runs the next
 //! batch. Every second (or sooner, once the log holds an eighth of the free disk space, 2-64
-//! MiB) the committer makes the file itself durable with an
-//! empty durable commit and the log starts over; opening a store replays the log. Nobody is
-//! answered before the fsync that covers their batch, so every acknowledged mutation is
-//! durable. A mutation that depends on another one's outcome is
-//! submitted after it was answered, hence lands in a later batch: a crash can never keep a
-//! dependent mutation and lose what it depended on. Work on a whole namespace (a checkpoint's
-//! copy, a load's import) runs alone between batches ([`Committer::exclusive`]).
+//! MiB) the committer makes the file itself durable with an empty durable commit and the log
+//! starts over; opening a store replays the log. Nobody is answered before the fsync that
+//! covers their batch, so every acknowledged mutation is durable. A mutation that depends on
+//! another one's outcome is submitted after it was answered, hence lands in a later batch: a
+//! crash can never keep a dependent mutation and lose what it depended on. Work on a whole
+//! namespace (a checkpoint's copy, a load's import) runs alone between batches
+//! ([`Committer::exclusive`]).
 //!
 //! **One committer and one fsync for every shard of a node.** A node keeps all the shards it
 //! holds in one redb file, each in its own namespace of tables ([`crate::meta::Tables`]), and
