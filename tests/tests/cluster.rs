@@ -573,17 +573,16 @@ fn a_client_whose_cached_route_names_the_old_owner_is_corrected_by_the_hint_and_
     // What the old owner has loaded can trail what the records say it serves (an acquired
     // shard is recorded as serving before its owner loaded it): its state is taken once it
     // holds exactly the shards the cluster says it serves.
-    let serves: Vec<u64> = moved
+    let mut serves: Vec<u64> = moved
         .served_by(old.id())
         .into_iter()
         .map(u64::from)
         .collect();
+    serves.sort_unstable();
     let loaded = c.wait_until_health(old, "the old owner loaded what it serves", |h| {
         let mut held: Vec<u64> = health_shards(h).iter().map(|&(s, _, _)| s).collect();
         held.sort_unstable();
-        let mut want = serves.clone();
-        want.sort_unstable();
-        held == want
+        held == serves
     });
     let old_health = health_shards(&loaded);
 

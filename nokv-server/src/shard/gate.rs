@@ -555,6 +555,8 @@ fn run_batches(
                 Err(e) => {
                     outage.begin(slot, name, &e.to_string());
                     meta = recover(slot, name, meta, &mut jobs, &mut outage)?;
+                    // The reopen replayed the log durably: a new round begins.
+                    checkpoint = Checkpoint::new(meta.log_budget());
                 }
             }
             continue;
@@ -627,6 +629,7 @@ fn run_batches(
             slot.set(None);
             outage.begin(slot, name, &reason);
             meta = recover(slot, name, meta, &mut jobs, &mut outage)?;
+            checkpoint = Checkpoint::new(meta.log_budget());
         }
     }
 }
