@@ -1433,7 +1433,21 @@ impl WriteView<'_> {
     /// rule kept the row equal to the live entry's). So a rewrite, the common case, reads and
     /// writes no generations row; only a path without a live entry consults it.
     pub fn next_generation(&mut self, ws: &str, path: &str) -> MetaResult<u64> {
-        if let Some(live) = self.entry(ws, path)? {
+        let live = self.entry(ws, path)?;
+        self.next_generation_after(ws, path, live.as_ref())
+    }
+
+    /// [`WriteView::next_generation`] for a caller that already read the path's live entry
+    /// in this session (`live`: that read, `None` if there was none) and wrote no entry of the
+    /// path since: the rewrite then reads nothing more. Passing an entry from elsewhere (an
+    /// earlier session, a snapshot) could issue a generation the path already had.
+    pub fn next_generation_after(
+        &mut self,
+        ws: &str,
+        path: &str,
+        live: Option<&EntryRecord>,
+    ) -> MetaResult<u64> {
+        if let Some(live) = live {
             return Ok(live.generation + 1);
         }
         let kept = self

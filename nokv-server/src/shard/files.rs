@@ -118,11 +118,13 @@ impl Shard {
                     if let Some(old) = &current {
                         retire(w, old, now)?;
                     }
+                    // `current` is this session's read of the path's entry (in `check`).
+                    let generation = w.next_generation_after(ws, path, current.as_ref())?;
                     let rec = EntryRecord {
                         kind: KIND_FILE,
                         size: req.data.len() as u64,
                         sha256,
-                        generation: w.next_generation(ws, path)?,
+                        generation,
                         modified_ms: now,
                         ..Default::default()
                     };

@@ -10,6 +10,15 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 use crate::meta::{ReplayRecord, WriteView};
 
+thread_local! {
+    /// The request being fingerprinted, encoded: one buffer per thread instead of an
+    /// allocation (and a small file's body copied into it) per mutation.
+    static ENCODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What [`ENCODED`] keeps between requests: enough for a small file, not a rare large one.
+const ENCODED_KEPT: usize = 64 * 1024;
+
 /// Identifies one client mutation for replay.
 #[derive(Debug, Clone)]
 pub struct RequestKey {
@@ -25,7 +34,14 @@ impl RequestKey {
         let mut h = Sha256::new();
         h.update(op.as_bytes());
         h.update([0]);
-        h.update(request.encode_to_vec());
+        ENCODED.with_borrow_mut(|buf| {
+            buf.clear();
+            request
+                .encode(buf)
+                .expect("a Vec grows to any encoded length");
+            h.update(&buf[..]);
+            buf.shrink_to(ENCODED_KEPT);
+        });
         RequestKey {
             workspace: workspace.to_string(),
             request_id: request_id.to_string(),
