@@ -32,6 +32,10 @@ with the unpaced/idle ratios (exit 0 unless samples are missing or session opera
 what the verdict's ratios are on this machine without any upload — the sessions' own drift over
 a run, which a real run's ratio includes too.
 
+Every condition also reports how the machine's cores spent it (`machine`: busy, idle and
+`steal_pct`, the share the hypervisor took, from /proc/stat over each window; the table's
+`steal %`): on a shared VM, steal in one condition and not in another moves the ratios by itself.
+
 Percentiles use linear interpolation between closest ranks (numpy's default, Excel's
 PERCENTILE.INC): rank = p/100 * (n - 1) over the sorted samples.
 
@@ -173,6 +177,9 @@ class Window:
     condition: str
     start: float
     end: float
+    # The whole machine's CPU ticks over the window, from /proc/stat: (idle incl. iowait, stolen
+    # by the hypervisor, total); None where /proc/stat is unavailable.
+    ticks: tuple[int, int, int] | None = None
 
     def inner(self, margin: float) -> tuple[float, float]:
         """The judged part of the window: both edges trimmed by `margin`."""
@@ -181,6 +188,52 @@ class Window:
     def effective_seconds(self, margin: float) -> float:
         a, b = self.inner(margin)
         return max(0.0, b - a)
+
+
+def machine_ticks(proc_stat: str) -> tuple[int, int, int] | None:
+    """Cumulative (idle + iowait, steal, total) ticks of the aggregate `cpu` line of /proc/stat:
+    user nice system idle iowait irq softirq steal [guest guest_nice]; guest time is already
+    counted in user, so only the first eight fields make the total."""
+    for line in proc_stat.splitlines():
+        if line.startswith("cpu "):
+            try:
+                f = [int(x) for x in line.split()[1:9]]
+            except ValueError:
+                return None
+            return (f[3] + f[4], f[7], sum(f)) if len(f) == 8 else None
+    return None
+
+
+def read_machine_ticks() -> tuple[int, int, int] | None:
+    try:
+        return machine_ticks(Path("/proc/stat").read_text())
+    except OSError:
+        return None
+
+
+def ticks_between(
+    a: tuple[int, int, int] | None, b: tuple[int, int, int] | None
+) -> tuple[int, int, int] | None:
+    if a is None or b is None:
+        return None
+    return (b[0] - a[0], b[1] - a[1], b[2] - a[2])
+
+
+def machine_share(ticks: Sequence[tuple[int, int, int] | None]) -> dict | None:
+    """How the machine's cores spent the pooled windows: busy, idle and stolen by the
+    hypervisor, in percent. Steal is time this VM wanted to run and could not: every latency of
+    a window with steal is inflated by it, so a ratio between conditions with different steal
+    measures the neighbours too. None unless every window has ticks."""
+    if not ticks or any(t is None for t in ticks):
+        return None
+    idle = sum(t[0] for t in ticks)
+    steal = sum(t[1] for t in ticks)
+    total = sum(t[2] for t in ticks)
+    if total <= 0:
+        return None
+    return {"busy_pct": 100.0 * (total - idle - steal) / total,
+            "idle_pct": 100.0 * idle / total,
+            "steal_pct": 100.0 * steal / total}
 
 
 def window_of(t: float, windows: Sequence[Window], margin: float) -> int | None:
@@ -222,7 +275,10 @@ def overlap_bytes(rec: dict, a: float, b: float) -> float:
 
 
 def summarize(
-    session_records: Sequence[dict], upload_records: Sequence[dict], seconds: float
+    session_records: Sequence[dict],
+    upload_records: Sequence[dict],
+    seconds: float,
+    machine: dict | None = None,
 ) -> dict:
     """Figures of one condition (one window, or several pooled): `session_records` are already
     attributed to it; `upload_records` are all the uploader's records that may overlap it and
@@ -243,6 +299,7 @@ def summarize(
         "errors": sum(1 for r in started if not r["ok"]),
         "latency": latency_stats(started),
     }
+    out["machine"] = machine
     return out
 
 
@@ -260,10 +317,12 @@ def pool(
     sess: list[dict] = []
     seconds = 0.0
     ups: dict[int, dict] = {}
+    ticks: list[tuple[int, int, int] | None] = []
     for w, recs in zip(windows, per_window):
         if w.condition != condition or (wanted is not None and w.cycle not in wanted):
             continue
         sess.extend(recs)
+        ticks.append(w.ticks)
         seconds += w.effective_seconds(margin)
         a, b = w.inner(margin)
         for u in uploads:
@@ -273,7 +332,7 @@ def pool(
                 entry = ups.setdefault(id(u), dict(u, _bytes_in=0.0, _started_in=False))
                 entry["_bytes_in"] += share
                 entry["_started_in"] = entry["_started_in"] or started
-    return summarize(sess, list(ups.values()), seconds)
+    return summarize(sess, list(ups.values()), seconds, machine_share(ticks))
 
 
 def timeline(
@@ -422,7 +481,7 @@ def format_table(label: str, conditions: dict) -> list[str]:
     """Text table of one target's pooled conditions."""
     head = (
         f"{'condition':<11} {'stat p50':>9} {'p90':>8} {'p99':>8} {'put p50':>9} {'p90':>8} "
-        f"{'p99':>8} {'ops/s':>8} {'errors':>6} {'upload MiB/s':>12}"
+        f"{'p99':>8} {'ops/s':>8} {'errors':>6} {'upload MiB/s':>12} {'steal %':>7}"
     )
     lines = [f"[{label}] latency in ms, pooled over cycles", head, "-" * len(head)]
     for cond in CONDITIONS:
@@ -434,7 +493,8 @@ def format_table(label: str, conditions: dict) -> list[str]:
             f"{cond:<11} {_f(s['p50_ms']):>9} {_f(s['p90_ms']):>8} {_f(s['p99_ms']):>8} "
             f"{_f(p['p50_ms']):>9} {_f(p['p90_ms']):>8} {_f(p['p99_ms']):>8} "
             f"{_f(c['ops_per_s'], 1):>8} {c['session_errors']:>6} "
-            f"{_f(c['upload']['mib_per_s'], 1):>12}"
+            f"{_f(c['upload']['mib_per_s'], 1):>12} "
+            f"{_f((c.get('machine') or {}).get('steal_pct'), 1):>7}"
         )
     return lines
 
@@ -829,21 +889,21 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
                     "--seconds", str(int(args.seconds + 120))]
             if cond == "paced":
                 argv += ["--pace", f"{args.pace:g}"]
-            ws_start = time.time()
+            ws_start, ticks0 = time.time(), read_machine_ticks()
             with open(outp, "wb") as o, open(errp, "wb") as e:
                 p = children.spawn(f"uploader ({cond})", argv,
                                    cli_env(t.daemon, t.uploader[1]), o, e)
             up = (f"uploader ({cond})", p, errp)
             up_files.append(outp)
         else:
-            ws_start = time.time()
+            ws_start, ticks0 = time.time(), read_machine_ticks()
         watch = procs + ([up] if up else [])
         _sleep_watching(args.seconds, t, watch)
-        ws_end = time.time()
+        ws_end, ticks1 = time.time(), read_machine_ticks()
         if up:
             rc = children.stop(up[1])
             _stopped_ok(t, up[0], rc, up[2])
-        t.windows.append(Window(cycle, cond, ws_start, ws_end))
+        t.windows.append(Window(cycle, cond, ws_start, ws_end, ticks_between(ticks0, ticks1)))
         log(f"[{label}] cycle {cycle}: {cond} done")
     t_end = time.time()
     for name, p, err in procs:

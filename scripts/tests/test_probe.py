@@ -186,6 +186,43 @@ class PoolTest(unittest.TestCase):
         self.assertIsNone(c["ops_per_s"])
 
 
+class MachineShareTest(unittest.TestCase):
+    STAT = "cpu  100 0 50 800 20 0 10 20 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1\n"
+
+    def test_the_cpu_line_gives_idle_steal_and_total_ticks_without_guest_time(self):
+        self.assertEqual(probe.machine_ticks(self.STAT), (820, 20, 1000))
+        self.assertIsNone(probe.machine_ticks("cpu0 1 2 3\n"))
+        self.assertIsNone(probe.machine_ticks("cpu  1 2 x 4 5 6 7 8\n"))
+
+    def test_a_pooled_condition_reports_the_steal_of_its_windows_together(self):
+        windows = [
+            probe.Window(0, "idle", 0.0, 10.0, (100, 0, 400)),
+            probe.Window(0, "unpaced", 10.0, 20.0, (50, 100, 400)),
+            probe.Window(1, "idle", 20.0, 30.0, (60, 40, 400)),
+        ]
+        per = [[], [], []]
+        idle = probe.pool(windows, per, [], 0.5, "idle")["machine"]
+        # 800 ticks: 160 idle, 40 stolen, 600 busy.
+        self.assertEqual(idle, {"busy_pct": 75.0, "idle_pct": 20.0, "steal_pct": 5.0})
+        unpaced = probe.pool(windows, per, [], 0.5, "unpaced")["machine"]
+        self.assertEqual(unpaced["steal_pct"], 25.0)
+        lines = probe.format_table("t", {"idle": probe.pool(windows, per, [], 0.5, "idle")})
+        self.assertTrue(lines[1].endswith("steal %"), lines[1])
+        self.assertTrue(lines[3].endswith("5.0"), lines[3])
+
+    def test_a_window_without_ticks_leaves_the_share_unknown(self):
+        windows = [probe.Window(0, "idle", 0.0, 10.0, (100, 0, 400)),
+                   probe.Window(1, "idle", 20.0, 30.0)]
+        self.assertIsNone(probe.pool(windows, [[], []], [], 0.5, "idle")["machine"])
+        self.assertIsNone(probe.machine_share([(0, 0, 0)]))
+
+    def test_ticks_between_two_samples_and_this_machines_proc_stat(self):
+        self.assertEqual(probe.ticks_between((1, 2, 10), (4, 2, 30)), (3, 0, 20))
+        self.assertIsNone(probe.ticks_between(None, (4, 2, 30)))
+        if Path("/proc/stat").exists():
+            self.assertIsNotNone(probe.read_machine_ticks())
+
+
 class OverlapTest(unittest.TestCase):
     def test_pro_rata(self):
         u = rec("upload", 10.0, 2000.0, nbytes=100)

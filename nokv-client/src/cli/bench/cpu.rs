@@ -129,6 +129,73 @@ impl CpuTicks {
     }
 }
 
+/// The whole machine's CPU time by state over one bench run, from the aggregate `cpu` line of
+/// `/proc/stat`: how busy the cores were, how much was idle, and how much the hypervisor took
+/// (`steal`). Steal is time this VM's cores wanted to run and could not, so it inflates every
+/// latency and CPU-per-operation figure of the run; it is printed with each report so a figure
+/// can be compared with a run on another machine of the same kind, or discounted.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct MachineShare {
+    pub busy_pct: f64,
+    pub idle_pct: f64,
+    pub steal_pct: f64,
+}
+
+impl MachineShare {
+    pub fn line(&self) -> String {
+        format!(
+            "machine during the run: cores busy {:.0} %, idle {:.0} %, stolen by the hypervisor {:.1} %",
+            self.busy_pct, self.idle_pct, self.steal_pct
+        )
+    }
+}
+
+/// Cumulative ticks of the `cpu` line: (idle + iowait, steal, total). Fields after `cpu`:
+/// user nice system idle iowait irq softirq steal [guest guest_nice] — guest time is already
+/// counted in user, so it is left out of the total.
+pub fn parse_machine_ticks(proc_stat: &str) -> Option<(u64, u64, u64)> {
+    let line = proc_stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    if f.len() < 8 {
+        return None;
+    }
+    Some((f[3] + f[4], f[7], f.iter().sum()))
+}
+
+/// Measures [`MachineShare`] between `start` and `finish`.
+pub struct MachineMeter(Option<(u64, u64, u64)>);
+
+impl MachineMeter {
+    fn sample() -> Option<(u64, u64, u64)> {
+        parse_machine_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    pub fn start() -> MachineMeter {
+        MachineMeter(Self::sample())
+    }
+
+    /// Absent without `/proc/stat` or when no tick passed.
+    pub fn finish(self) -> Option<MachineShare> {
+        share(self.0?, Self::sample()?)
+    }
+}
+
+fn share(before: (u64, u64, u64), after: (u64, u64, u64)) -> Option<MachineShare> {
+    let idle = after.0.checked_sub(before.0)? as f64;
+    let steal = after.1.checked_sub(before.1)? as f64;
+    let total = after.2.checked_sub(before.2)? as f64;
+    (total > 0.0).then(|| MachineShare {
+        busy_pct: 100.0 * (total - idle - steal) / total,
+        idle_pct: 100.0 * idle / total,
+        steal_pct: 100.0 * steal / total,
+    })
+}
+
 /// A table cell for an optional figure: three decimals, or `-` when unknown.
 pub fn cell(x: Option<f64>) -> String {
     x.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into())
@@ -160,6 +227,27 @@ mod tests {
         assert_eq!(ms_per_op(50, 100.0, 1000), Some(0.5));
         assert_eq!(ms_per_op(3, 250.0, 6), Some(2.0));
         assert_eq!(ms_per_op(50, 100.0, 0), None);
+    }
+
+    #[test]
+    fn machine_share_splits_the_interval_into_busy_idle_and_stolen_time() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let before = "cpu  100 0 50 800 20 0 10 20 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
+        let after = "cpu  190 0 80 1000 40 0 20 70 9 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
+        let (b, a) = (parse_machine_ticks(before).unwrap(), parse_machine_ticks(after).unwrap());
+        assert_eq!(b, (820, 20, 1000));
+        // 400 ticks passed: 220 idle (incl. iowait), 50 stolen, 130 busy.
+        assert_eq!(
+            share(b, a),
+            Some(MachineShare {
+                busy_pct: 32.5,
+                idle_pct: 55.0,
+                steal_pct: 12.5
+            })
+        );
+        assert_eq!(share(b, b), None, "no tick passed: no share");
+        assert_eq!(parse_machine_ticks("cpu0 1 2 3\n"), None);
+        assert!(MachineMeter::start().0.is_some(), "this machine's /proc/stat parses");
     }
 
     #[test]

@@ -181,16 +181,16 @@ pub async fn run(
             Ok(())
         }
         BenchCommand::PutVsEtcd { env, clients } => {
-            let r = compare::put_vs_etcd(&env.env(), &clients).await?;
-            harness::write_report(&env.out, "put-vs-etcd", &r).map(|_| ())
+            let e = env.env();
+            measured(&env.out, "put-vs-etcd", compare::put_vs_etcd(&e, &clients)).await
         }
         BenchCommand::Limits { env, clients } => {
-            let r = limits::limits(&env.env(), &clients).await?;
-            harness::write_report(&env.out, "limits", &r).map(|_| ())
+            let e = env.env();
+            measured(&env.out, "limits", limits::limits(&e, &clients)).await
         }
         BenchCommand::StatVsRpc { env } => {
-            let r = compare::stat_vs_rpc(&env.env()).await?;
-            harness::write_report(&env.out, "stat-vs-rpc", &r).map(|_| ())
+            let e = env.env();
+            measured(&env.out, "stat-vs-rpc", compare::stat_vs_rpc(&e)).await
         }
         BenchCommand::UploadVsDirect {
             env,
@@ -198,12 +198,13 @@ pub async fn run(
             providers,
             rounds,
         } => {
-            let r = compare::upload_vs_direct(&env.env(), size_mib, &providers, rounds).await?;
-            harness::write_report(&env.out, "upload-vs-direct", &r).map(|_| ())
+            let e = env.env();
+            let bench = compare::upload_vs_direct(&e, size_mib, &providers, rounds);
+            measured(&env.out, "upload-vs-direct", bench).await
         }
         BenchCommand::Scaling { env } => {
-            let r = compare::scaling(&env.env()).await?;
-            harness::write_report(&env.out, "scaling", &r).map(|_| ())
+            let e = env.env();
+            measured(&env.out, "scaling", compare::scaling(&e)).await
         }
         BenchCommand::Cluster {
             env,
@@ -254,6 +255,24 @@ pub async fn run(
             harness::write_report(&env.out, "all", &all).map(|_| ())
         }
     }
+}
+
+/// Runs one comparison and writes its report, with how busy the machine was meanwhile (and
+/// how much the hypervisor stole) printed and recorded as `machine`.
+async fn measured(
+    out: &std::path::Path,
+    name: &str,
+    bench: impl std::future::Future<Output = Result<serde_json::Value, ClientError>>,
+) -> Result<(), ClientError> {
+    let machine = cpu::MachineMeter::start();
+    let mut report = bench.await?;
+    if let Some(m) = machine.finish() {
+        println!("{}", m.line());
+        if let serde_json::Value::Object(o) = &mut report {
+            o.insert("machine".into(), json!(m));
+        }
+    }
+    harness::write_report(out, name, &report).map(drop)
 }
 
 #[cfg(test)]
