@@ -234,7 +234,10 @@ mod tests {
         // user nice system idle iowait irq softirq steal guest guest_nice
         let before = "cpu  100 0 50 800 20 0 10 20 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
         let after = "cpu  190 0 80 1000 40 0 20 70 9 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
-        let (b, a) = (parse_machine_ticks(before).unwrap(), parse_machine_ticks(after).unwrap());
+        let (b, a) = (
+            parse_machine_ticks(before).unwrap(),
+            parse_machine_ticks(after).unwrap(),
+        );
         assert_eq!(b, (820, 20, 1000));
         // 400 ticks passed: 220 idle (incl. iowait), 50 stolen, 130 busy.
         assert_eq!(
@@ -247,7 +250,10 @@ mod tests {
         );
         assert_eq!(share(b, b), None, "no tick passed: no share");
         assert_eq!(parse_machine_ticks("cpu0 1 2 3\n"), None);
-        assert!(MachineMeter::start().0.is_some(), "this machine's /proc/stat parses");
+        assert!(
+            MachineMeter::start().0.is_some(),
+            "this machine's /proc/stat parses"
+        );
     }
 
     #[test]
