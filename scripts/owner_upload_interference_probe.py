@@ -34,7 +34,9 @@ a run, which a real run's ratio includes too.
 
 Every condition also reports how the machine's cores spent it (`machine`: busy, idle and
 `steal_pct`, the share the hypervisor took, from /proc/stat over each window; the table's
-`steal %`): on a shared VM, steal in one condition and not in another moves the ratios by itself.
+`steal %`): on a shared VM, steal in one condition and not in another moves the ratios by itself,
+so a difference of more than 5 points between idle and unpaced is printed as a warning (the
+verdict is unchanged).
 
 Percentiles use linear interpolation between closest ranks (numpy's default, Excel's
 PERCENTILE.INC): rank = p/100 * (n - 1) over the sorted samples.
@@ -234,6 +236,22 @@ def machine_share(ticks: Sequence[tuple[int, int, int] | None]) -> dict | None:
     return {"busy_pct": 100.0 * (total - idle - steal) / total,
             "idle_pct": 100.0 * idle / total,
             "steal_pct": 100.0 * steal / total}
+
+
+STEAL_WARN_POINTS = 5.0
+
+
+def steal_warning(conditions: dict, points: float = STEAL_WARN_POINTS) -> str | None:
+    """A warning when the hypervisor took a share of the machine in unpaced that differs from
+    idle's by more than `points` percentage points: the judged ratio then measures the
+    neighbours as well as the upload. The verdict itself is unchanged."""
+    shares = {c: ((conditions.get(c) or {}).get("machine") or {}).get("steal_pct")
+              for c in ("idle", "unpaced")}
+    i, u = shares["idle"], shares["unpaced"]
+    if i is None or u is None or abs(u - i) <= points:
+        return None
+    return (f"the hypervisor took {u:.1f} % of the machine's CPU time in unpaced and {i:.1f} % "
+            f"in idle: the unpaced/idle ratios include that difference, not only the upload")
 
 
 def window_of(t: float, windows: Sequence[Window], margin: float) -> int | None:
@@ -937,6 +955,8 @@ def analyse(args, t: Target) -> dict:
         tls.append({"cycle": cy, "t0": a,
                     "buckets": timeline(sess, t.upload_records, ws, a, b, args.bucket)})
     v = judge(conds, args.ratio, args.control)
+    if (warning := steal_warning(conds)) is not None:
+        t.warnings.append(warning)
     d = t.daemon
     placement_seen = None
     if t.health_after and isinstance(t.health_after.get("shards"), list):

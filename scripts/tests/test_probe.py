@@ -216,6 +216,16 @@ class MachineShareTest(unittest.TestCase):
         self.assertIsNone(probe.pool(windows, [[], []], [], 0.5, "idle")["machine"])
         self.assertIsNone(probe.machine_share([(0, 0, 0)]))
 
+    def test_steal_that_differs_between_idle_and_unpaced_is_warned_about(self):
+        def conds(idle, unpaced):
+            return {"idle": {"machine": {"steal_pct": idle}},
+                    "unpaced": {"machine": {"steal_pct": unpaced}}}
+        self.assertIsNone(probe.steal_warning(conds(4.4, 9.0)))
+        warning = probe.steal_warning(conds(18.5, 24.1))
+        self.assertIn("24.1 % of the machine's CPU time in unpaced and 18.5 %", warning)
+        self.assertIsNotNone(probe.steal_warning(conds(20.0, 2.0)))
+        self.assertIsNone(probe.steal_warning({"idle": {"machine": None}, "unpaced": {}}))
+
     def test_ticks_between_two_samples_and_this_machines_proc_stat(self):
         self.assertEqual(probe.ticks_between((1, 2, 10), (4, 2, 30)), (3, 0, 20))
         self.assertIsNone(probe.ticks_between(None, (4, 2, 30)))

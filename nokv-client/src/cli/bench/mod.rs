@@ -246,13 +246,15 @@ pub async fn run(
         }
         BenchCommand::All { env } => {
             let e = env.env();
-            let all = json!({
-                "put_vs_etcd": compare::put_vs_etcd(&e, &[1, 8]).await?,
-                "stat_vs_rpc": compare::stat_vs_rpc(&e).await?,
-                "upload_vs_direct": compare::upload_vs_direct(&e, 64, &["local".into(), "s3".into()], 2).await?,
-                "scaling": compare::scaling(&e).await?,
-            });
-            harness::write_report(&env.out, "all", &all).map(|_| ())
+            let all = async {
+                Ok(json!({
+                    "put_vs_etcd": compare::put_vs_etcd(&e, &[1, 8]).await?,
+                    "stat_vs_rpc": compare::stat_vs_rpc(&e).await?,
+                    "upload_vs_direct": compare::upload_vs_direct(&e, 64, &["local".into(), "s3".into()], 2).await?,
+                    "scaling": compare::scaling(&e).await?,
+                }))
+            };
+            measured(&env.out, "all", all).await
         }
     }
 }
