@@ -40,6 +40,8 @@ impl RequestKey {
                 .encode(buf)
                 .expect("a Vec grows to any encoded length");
             h.update(&buf[..]);
+            // Emptied first: `shrink_to` never goes below the length.
+            buf.clear();
             buf.shrink_to(ENCODED_KEPT);
         });
         RequestKey {

@@ -233,3 +233,25 @@ fn a_recorded_match_count_replays_the_count_and_the_file_it_was_refused_with() {
     }
     assert_eq!(applied.get(), 0);
 }
+
+#[test]
+fn a_fingerprint_is_the_same_from_a_reused_buffer_and_a_large_request_leaves_no_large_buffer_behind()
+ {
+    let write = |data: Vec<u8>| pb::WriteRequest {
+        workspace: "ws".into(),
+        path: "p".into(),
+        data: data.into(),
+        ..Default::default()
+    };
+    let small = RequestKey::new("ws", "id", "Write", &write(vec![1; 4096]));
+    let large = RequestKey::new("ws", "id", "Write", &write(vec![2; 1 << 20]));
+    assert_ne!(small.fingerprint, large.fingerprint);
+    let kept = super::ENCODED.with_borrow(|b| b.capacity());
+    assert!(
+        kept <= super::ENCODED_KEPT,
+        "the thread keeps {kept} bytes after a 1 MiB request"
+    );
+    // The buffer held the large request a moment ago: the small one hashes the same as before.
+    let again = RequestKey::new("ws", "id", "Write", &write(vec![1; 4096]));
+    assert_eq!(again.fingerprint, small.fingerprint);
+}
