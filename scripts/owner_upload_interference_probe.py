@@ -899,6 +899,7 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
     up_files: list[Path] = []
     for cond in CONDITIONS:
         up = None
+        ws_start, ticks0 = time.time(), read_machine_ticks()
         if cond in UPLOAD_CONDITIONS and not args.control:
             n = len(up_files)
             outp, errp = cdir / f"upload{n}-{cond}.jsonl", cdir / f"upload{n}-{cond}.stderr.log"
@@ -907,14 +908,11 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
                     "--seconds", str(int(args.seconds + 120))]
             if cond == "paced":
                 argv += ["--pace", f"{args.pace:g}"]
-            ws_start, ticks0 = time.time(), read_machine_ticks()
             with open(outp, "wb") as o, open(errp, "wb") as e:
                 p = children.spawn(f"uploader ({cond})", argv,
                                    cli_env(t.daemon, t.uploader[1]), o, e)
             up = (f"uploader ({cond})", p, errp)
             up_files.append(outp)
-        else:
-            ws_start, ticks0 = time.time(), read_machine_ticks()
         watch = procs + ([up] if up else [])
         _sleep_watching(args.seconds, t, watch)
         ws_end, ticks1 = time.time(), read_machine_ticks()
