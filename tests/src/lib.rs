@@ -667,13 +667,34 @@ pub fn server_command(args: &[&str]) -> CliOutput {
 }
 
 impl Drop for Daemon {
+    /// Kills the child; when a test is failing, prints the tail of the daemon's log first, so
+    /// a failure seen only in CI carries the server's side of the story.
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            if thread::panicking() {
+                let log = self
+                    .stderr_log
+                    .lock()
+                    .map(|l| l.clone())
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(LOG_TAIL_ON_FAILURE).collect();
+                eprintln!(
+                    "--- last {} lines of the daemon at {} ---",
+                    tail.len(),
+                    self.addr
+                );
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
         }
     }
 }
+
+/// How many lines of a daemon's log a failing test prints.
+const LOG_TAIL_ON_FAILURE: usize = 80;
 
 /// Copies `pipe` line by line into `log` until EOF, also sending each line to `lines` while
 /// its receiver exists. Lossy UTF-8 so binary garbage cannot stop the drain.

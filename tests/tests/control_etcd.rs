@@ -245,14 +245,19 @@ async fn the_acknowledge_deadline_stops_advancing_when_keep_alives_stop() {
     assert_eq!(a.deadline().until(), last, "nothing extended it since");
 }
 
+/// Nodes a, b and c joined to a 16-shard cluster, none holding anything yet.
+async fn three_nodes_of_16_shards(etcd: &Etcd) -> [std::sync::Arc<EtcdControl>; 3] {
+    [
+        join(etcd, "a", 16).await,
+        join(etcd, "b", 16).await,
+        join(etcd, "c", 16).await,
+    ]
+}
+
 #[tokio::test]
 async fn a_balance_step_takes_free_shards_up_to_an_even_share_of_the_live_nodes() {
     let etcd = Etcd::start();
-    let nodes = [
-        join(&etcd, "a", 16).await,
-        join(&etcd, "b", 16).await,
-        join(&etcd, "c", 16).await,
-    ];
+    let nodes = three_nodes_of_16_shards(&etcd).await;
     let mut total = 0;
     for node in &nodes {
         let report = node.balance_step().await.unwrap();
@@ -306,6 +311,28 @@ async fn a_balance_step_takes_free_shards_up_to_an_even_share_of_the_live_nodes(
     let report = c.balance_step().await.unwrap();
     assert_eq!(report.acquired, vec![(handed, 2)]);
     assert!(c.owned().iter().all(|(s, _)| *s != crashed && *s != kept));
+}
+
+#[tokio::test]
+async fn a_full_node_hands_nothing_to_a_starved_node_while_a_free_shard_waits_for_it() {
+    let etcd = Etcd::start();
+    let nodes = three_nodes_of_16_shards(&etcd).await;
+    for node in &nodes {
+        node.balance_step().await.unwrap();
+    }
+    let (full, starved) = (&nodes[1], &nodes[2]);
+    assert_eq!((full.owned().len(), starved.owned().len()), (6, 4));
+    // One shard handed off with a checkpoint: free, and the starved node's to take.
+    let a = &nodes[0];
+    let handed = a.owned()[0].0;
+    assert!(
+        a.release(handed, Some(checkpoint(handed, 1)), None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(full.balance_step().await.unwrap().surplus, 0);
+    let report = starved.balance_step().await.unwrap();
+    assert_eq!(report.acquired, vec![(handed, 2)]);
 }
 
 async fn etcd_client_for(etcd: &Etcd) -> etcd_client::Client {
