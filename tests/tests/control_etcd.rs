@@ -313,15 +313,23 @@ async fn a_balance_step_takes_free_shards_up_to_an_even_share_of_the_live_nodes(
     assert!(c.owned().iter().all(|(s, _)| *s != crashed && *s != kept));
 }
 
-#[tokio::test]
-async fn a_full_node_hands_nothing_to_a_starved_node_while_a_free_shard_waits_for_it() {
-    let etcd = Etcd::start();
-    let nodes = three_nodes_of_16_shards(&etcd).await;
+/// Three nodes after one balance step each, in join order: a and b hold 6 shards, c the
+/// remaining 4 (fewer than floor(16 / 3) = 5).
+async fn six_six_four(etcd: &Etcd) -> [std::sync::Arc<EtcdControl>; 3] {
+    let nodes = three_nodes_of_16_shards(etcd).await;
     for node in &nodes {
         node.balance_step().await.unwrap();
     }
+    let counts: Vec<_> = nodes.iter().map(|n| n.owned().len()).collect();
+    assert_eq!(counts, [6, 6, 4]);
+    nodes
+}
+
+#[tokio::test]
+async fn a_full_node_hands_nothing_to_a_starved_node_while_a_free_shard_waits_for_it() {
+    let etcd = Etcd::start();
+    let nodes = six_six_four(&etcd).await;
     let (full, starved) = (&nodes[1], &nodes[2]);
-    assert_eq!((full.owned().len(), starved.owned().len()), (6, 4));
     // One shard handed off with a checkpoint: free, and the starved node's to take.
     let a = &nodes[0];
     let handed = a.owned()[0].0;
@@ -333,6 +341,19 @@ async fn a_full_node_hands_nothing_to_a_starved_node_while_a_free_shard_waits_fo
     assert_eq!(full.balance_step().await.unwrap().surplus, 0);
     let report = starved.balance_step().await.unwrap();
     assert_eq!(report.acquired, vec![(handed, 2)]);
+}
+
+#[tokio::test]
+async fn a_full_node_relieves_a_starved_node_whose_only_free_shard_waits_for_another_node() {
+    let etcd = Etcd::start();
+    let nodes = six_six_four(&etcd).await;
+    let (full, starved) = (&nodes[1], &nodes[2]);
+    // Released without a checkpoint: its data is on node a's disk only, so only a may take it.
+    let a = &nodes[0];
+    let kept = a.owned()[0].0;
+    assert!(a.release(kept, None, None).await.unwrap());
+    assert_eq!(full.balance_step().await.unwrap().surplus, 1);
+    assert!(starved.balance_step().await.unwrap().acquired.is_empty());
 }
 
 async fn etcd_client_for(etcd: &Etcd) -> etcd_client::Client {

@@ -776,22 +776,27 @@ impl EtcdControl {
                 report.acquired.push((shard, epoch));
             }
         }
-        // Hand off beyond the target, or one shard while some live node holds fewer than
-        // `floor(shards / nodes)` and this one more: nodes converge to 5–6 of 16 on 3 nodes.
-        // A starved node is relieved only when every shard is owned: while one is free, the
-        // starved node takes that one itself (its balance step may be mid-acquisition at this
-        // very read), and a handoff on top would be churn — a shard out of service for nothing,
-        // which this node would then take back.
+        // Hand off beyond the target, or one shard while some live node is starved — holds
+        // fewer than `floor(shards / nodes)` with no free shard it could take — and this one
+        // holds more: nodes converge to 5–6 of 16 on 3 nodes. While a free shard is there for
+        // it, the starved node takes that one itself (its balance step may be mid-acquisition
+        // at this very read), and a handoff on top would be churn: a shard out of service for
+        // nothing, which this node would then take back.
         let floor = shard_count as usize / live.len().max(1);
         let mine = self.owned.lock().len();
-        let all_owned = owners.len() >= shard_count as usize;
+        let free_for = |node: &str| {
+            (0..shard_count)
+                .any(|s| !owners.contains_key(&s) && takeable(records.get(&s), node, &live))
+        };
         let starved = live.iter().any(|node| {
-            node != me && owners.values().filter(|(o, _)| &o.node == node).count() < floor
+            node != me
+                && owners.values().filter(|(o, _)| &o.node == node).count() < floor
+                && !free_for(node)
         });
         report.surplus = if mine > target {
             mine - target
         } else {
-            usize::from(all_owned && starved && mine > floor)
+            usize::from(starved && mine > floor)
         };
         Ok(report)
     }
