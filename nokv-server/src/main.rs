@@ -61,11 +61,11 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = settings.worker_threads {
-        builder.worker_threads(n.max(1));
-    }
-    let runtime = builder.enable_all().build().expect("tokio runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.worker_threads)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     match runtime.block_on(server::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -262,6 +262,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         shards = settings.shards,
         provider = node.provider.kind(),
         block_memory_mib = settings.block_memory / (1024 * 1024),
+        worker_threads = settings.worker_threads,
         "serving"
     );
     // Before the listening line, which tools wait for: by then this line is out too.

@@ -50,6 +50,12 @@ impl CpuClock {
         CpuClock(PathBuf::from("/proc/self/stat"))
     }
 
+    /// The calling thread alone (`/proc/thread-self/stat`): for work a bench does on one
+    /// thread of its own, apart from its client tasks. Read it from that thread only.
+    pub fn of_this_thread() -> CpuClock {
+        CpuClock(PathBuf::from("/proc/thread-self/stat"))
+    }
+
     /// Ticks used so far; absent if the process is gone or `/proc` is not there.
     pub fn ticks(&self) -> Option<u64> {
         parse_stat_ticks(&std::fs::read_to_string(&self.0).ok()?)

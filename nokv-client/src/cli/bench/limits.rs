@@ -16,6 +16,13 @@
 //! * **etcd put**, plaintext gRPC (as `put-vs-etcd` compares against), and **etcd put over
 //!   TLS** with the nokv daemon's own certificate: etcd paying the transport nokv always pays.
 //!
+//! Before them, once, a **durable 4 KiB write alone**: `write` + `fdatasync` of a 4 KiB slot
+//! of a preallocated file on the same disk, on one thread of this process, nothing else —
+//! the least a durable write costs here (an overwrite that changes no file size, so no
+//! metadata journal). A put at `n` clients shares one such write with at most `n - 1` others,
+//! so **bare RPC + durable write / n** is a floor of the daemon's CPU per put at `n` clients
+//! that no store design goes below on this transport and disk.
+//!
 //! Both sides' CPU is measured (the bench's clients share the machine's cores with the
 //! servers), so a bar that asks nokv for more ops/s than the bare RPC reaches is shown to be
 //! out of reach on this transport and machine, not tuned away.
@@ -31,8 +38,8 @@ use tonic_health::pb::health_client::HealthClient;
 use super::compare::{
     BenchEnv, cpu_header, cpu_row, etcd_channels, etcd_puts_on, load, nokv_clients, nokv_writes,
 };
-use super::cpu::{CpuMeter, CpuPerOp};
-use super::harness::{Daemon, Etcd, Result, Scratch, Summary, print_table};
+use super::cpu::{CpuClock, CpuMeter, CpuPerOp, ms_per_op, ticks_per_second};
+use super::harness::{Daemon, Etcd, Result, Scratch, Summary, print_table, summarize};
 
 /// One measured load: what it was, its latencies and throughput, and both sides' CPU.
 struct Row {
@@ -94,6 +101,50 @@ async fn refused_writes(d: &Daemon, n: usize, seconds: f64) -> Result<(Summary, 
     Ok((s, cpu.finish(s.ops)))
 }
 
+/// Slots of the durable-write file: written and synced once before the clock starts, so
+/// every measured write overwrites allocated blocks.
+const DURABLE_SLOTS: u64 = 256;
+
+/// One thread writing a 4 KiB slot and `fdatasync`ing it, back to back, for `seconds`; its
+/// own CPU per write is reported as the server column (the work a daemon's durable write
+/// cannot avoid), the client column is 0.
+fn durable_writes(dir: &std::path::Path, seconds: f64) -> std::io::Result<(Summary, CpuPerOp)> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join("durable-write-alone");
+    let file = std::fs::File::create(&path)?;
+    let block = vec![b'x'; 4096];
+    for slot in 0..DURABLE_SLOTS {
+        file.write_all_at(&block, slot * 4096)?;
+    }
+    file.sync_all()?;
+    let clock = CpuClock::of_this_thread();
+    let (began, ticks) = (std::time::Instant::now(), clock.ticks());
+    let mut lat_ms = Vec::new();
+    while began.elapsed().as_secs_f64() < seconds {
+        let t = std::time::Instant::now();
+        let slot = lat_ms.len() as u64 % DURABLE_SLOTS;
+        file.write_all_at(&block, slot * 4096)?;
+        file.sync_data()?;
+        lat_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let spent = clock.ticks().zip(ticks).and_then(|(b, a)| b.checked_sub(a));
+    let elapsed = began.elapsed().as_secs_f64();
+    drop(file);
+    std::fs::remove_file(&path)?;
+    let summary = summarize(lat_ms, elapsed);
+    let cpu = CpuPerOp {
+        server_cpu_ms_per_op: spent.and_then(|t| ms_per_op(t, ticks_per_second(), summary.ops)),
+        client_cpu_ms_per_op: Some(0.0),
+    };
+    Ok((summary, cpu))
+}
+
+/// The least server CPU a put can cost at `clients`: a bare RPC, plus the durable write
+/// shared by at most `clients` puts.
+fn server_cpu_floor(bare: &CpuPerOp, durable: &CpuPerOp, clients: usize) -> Option<f64> {
+    Some(bare.server_cpu_ms_per_op? + durable.server_cpu_ms_per_op? / clients.max(1) as f64)
+}
+
 fn read_ca(d: &Daemon) -> Result<Certificate> {
     let pem = std::fs::read(&d.ca).map_err(|e| local(format!("{}: {e}", d.ca.display())))?;
     Ok(Certificate::from_pem(pem))
@@ -151,6 +202,17 @@ fn local(msg: impl Into<String>) -> nokv_client::ClientError {
 pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
     let scratch = Scratch::new(&env.work_dir, "limits")?;
     let mut alone = store_alone(env, &scratch, client_counts)?.into_iter();
+    let dir = scratch.0.clone();
+    let seconds = env.seconds;
+    let durable = tokio::task::spawn_blocking(move || durable_writes(&dir, seconds))
+        .await
+        .map_err(|e| local(format!("durable-write thread: {e}")))?
+        .map_err(|e| local(format!("durable write alone: {e}")))?;
+    let durable = Row {
+        name: "durable 4 KiB write alone (fdatasync)",
+        summary: durable.0,
+        cpu: durable.1,
+    };
     let daemon = env.daemon(&scratch, &[])?;
     let etcd = Etcd::start(&scratch.0)?;
     let tls = daemon.data_dir.join("tls");
@@ -163,7 +225,13 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
         etcd.pid(),
         etcd_tls.pid()
     );
-    let mut table = Vec::new();
+    let mut table = vec![
+        [
+            cpu_row(durable.name, 1, &durable.summary, &durable.cpu),
+            vec![super::cpu::cell(total_cpu(&durable.cpu))],
+        ]
+        .concat(),
+    ];
     let mut results = Vec::new();
     for &n in client_counts {
         let s = env.seconds;
@@ -229,6 +297,7 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
             "nokv_put_p50_over_etcd_put": put.summary.p50_ms / etcd_plain.summary.p50_ms,
             "nokv_put_p50_over_etcd_tls_put":
                 put.summary.p50_ms / etcd_tls_row.summary.p50_ms,
+            "server_cpu_floor_ms_per_put": server_cpu_floor(&bare.cpu, &durable.cpu, n),
         }));
     }
     print_table(
@@ -241,7 +310,8 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
         println!(
             "  {} client(s): ceilings over etcd put ops/s: store alone {:.2}, bare TLS RPC {:.2}; \
              nokv put / bare RPC {:.2}; nokv / etcd ops/s {:.2}, vs etcd over TLS {:.2}; \
-             p50 nokv / etcd {:.2}, vs etcd over TLS {:.2}",
+             p50 nokv / etcd {:.2}, vs etcd over TLS {:.2}; server CPU per put at least {} ms \
+             (bare RPC + durable write / {})",
             r["clients"],
             f("store_alone_ops_over_etcd_put"),
             f("bare_rpc_ops_over_etcd_put"),
@@ -250,7 +320,50 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
             f("nokv_put_ops_over_etcd_tls_put"),
             f("nokv_put_p50_over_etcd_put"),
             f("nokv_put_p50_over_etcd_tls_put"),
+            super::cpu::cell(r["server_cpu_floor_ms_per_put"].as_f64()),
+            r["clients"],
         );
     }
-    Ok(json!({"bench": "limits", "seconds": env.seconds, "results": results}))
+    Ok(json!({
+        "bench": "limits",
+        "seconds": env.seconds,
+        "durable_write_alone": durable.json(),
+        "results": results,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_durable_write_alone_is_timed_on_its_own_thread_and_leaves_no_file_behind() {
+        let dir = std::env::temp_dir().join(format!("nokv-durable-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (summary, cpu) = durable_writes(&dir, 0.2).unwrap();
+        assert!(summary.ops > 0 && summary.p50_ms > 0.0, "{summary:?}");
+        assert_eq!(cpu.client_cpu_ms_per_op, Some(0.0));
+        if std::path::Path::new("/proc/thread-self/stat").exists() {
+            assert!(cpu.server_cpu_ms_per_op.is_some_and(|ms| ms >= 0.0));
+        }
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_put_shares_its_durable_write_with_at_most_the_other_clients() {
+        let cpu = |ms| CpuPerOp {
+            server_cpu_ms_per_op: Some(ms),
+            client_cpu_ms_per_op: Some(0.0),
+        };
+        let floor = |n| server_cpu_floor(&cpu(0.25), &cpu(0.5), n).unwrap();
+        assert_eq!(floor(1), 0.75);
+        assert_eq!(floor(2), 0.5);
+        assert_eq!(floor(0), 0.75);
+        let unknown = CpuPerOp {
+            server_cpu_ms_per_op: None,
+            client_cpu_ms_per_op: None,
+        };
+        assert_eq!(server_cpu_floor(&unknown, &cpu(0.5), 1), None);
+    }
 }
