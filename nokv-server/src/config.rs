@@ -185,8 +185,7 @@ pub struct ServeArgs {
     /// ResourceExhausted [default: 10s].
     #[arg(long, env = "NOKV_BLOCK_MEMORY_WAIT")]
     pub block_memory_wait: Option<String>,
-    /// Async worker threads serving requests [default: one less than the CPUs, at least one:
-    /// the node's committer thread, which every write passes through, keeps a core].
+    /// Async worker threads serving requests [default: one per CPU].
     #[arg(long, env = "NOKV_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// Serve Prometheus metrics over plain HTTP at http://ADDR/metrics, e.g. 127.0.0.1:9464
@@ -310,8 +309,7 @@ pub struct Settings {
     /// Time between reconciler passes (the first runs at start-up).
     pub reconcile_interval: Duration,
     pub bulk_parallel: usize,
-    /// Async workers of the serving runtime (`--worker-threads`, else
-    /// [`default_worker_threads`]); never 0.
+    /// Async workers of the serving runtime (`--worker-threads`, else one per CPU); never 0.
     pub worker_threads: usize,
     /// `--metrics-listen`: where `GET /metrics` is served; `None` = off.
     pub metrics_listen: Option<String>,
@@ -544,9 +542,7 @@ impl ServeArgs {
                     ));
                 }
                 Some(n) => n,
-                None => default_worker_threads(
-                    std::thread::available_parallelism().map_or(1, |n| n.get()),
-                ),
+                None => std::thread::available_parallelism().map_or(1, |n| n.get()),
             },
             metrics_listen: match self.metrics_listen {
                 Some(a) if a.trim().is_empty() => {
@@ -576,18 +572,6 @@ impl ServeArgs {
             inventory,
         })
     }
-}
-
-/// Async workers when `--worker-threads` is not given: one less than the CPUs, at least one.
-///
-/// Every write of a node passes through one committer thread (and its acknowledger thread
-/// makes each batch durable), so the committer must not wait for a core behind async workers;
-/// and on a small machine a worker per CPU means idle workers wake, search each other's queues
-/// and park again around every request, which costs CPU and context switches the request
-/// itself does not need. Measured on 2 cores (README, "Async workers"): one worker instead of
-/// two costs less server CPU per 4 KiB put at 8 clients and moves blocks as fast.
-pub fn default_worker_threads(cpus: usize) -> usize {
-    cpus.saturating_sub(1).max(1)
 }
 
 /// Validates the cluster flags: all of them or (apart from `--node-id`) none. Each refusal is
@@ -758,13 +742,10 @@ mod tests {
     }
 
     #[test]
-    fn async_workers_leave_the_committer_a_core_and_zero_workers_is_refused() {
-        assert_eq!(default_worker_threads(1), 1);
-        assert_eq!(default_worker_threads(2), 1);
-        assert_eq!(default_worker_threads(8), 7);
+    fn async_workers_default_to_one_per_cpu_and_zero_workers_is_refused() {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
-        assert_eq!(s.worker_threads, default_worker_threads(cpus));
+        assert_eq!(s.worker_threads, cpus);
         let s = Cli::parse_from(["nokv-server", "--worker-threads", "3"])
             .serve
             .resolve()
