@@ -744,15 +744,12 @@ mod tests {
     #[test]
     fn async_workers_default_to_one_per_cpu_and_zero_workers_is_refused() {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let s = Cli::parse_from(["nokv-server"]).serve.resolve().unwrap();
-        assert_eq!(s.worker_threads, cpus);
-        let s = Cli::parse_from(["nokv-server", "--worker-threads", "3"])
-            .serve
-            .resolve()
-            .unwrap();
-        assert_eq!(s.worker_threads, 3);
-        let cli = Cli::parse_from(["nokv-server", "--worker-threads", "0"]);
-        assert!(cli.serve.resolve().is_err());
+        assert_eq!(resolve(&[]).unwrap().worker_threads, cpus);
+        assert_eq!(
+            resolve(&["--worker-threads", "3"]).unwrap().worker_threads,
+            3
+        );
+        assert!(resolve(&["--worker-threads", "0"]).is_err());
     }
 
     #[test]
