@@ -37,6 +37,10 @@ pub struct Report {
     /// Batches the node committer ran meanwhile, and writes per batch on average.
     pub batches: u64,
     pub writes_per_batch: f64,
+    /// Redo log appends (one fsync each) meanwhile, and writes per fsync on average: above
+    /// `writes_per_batch` when one fsync covered several batches.
+    pub fsyncs: u64,
+    pub writes_per_fsync: f64,
 }
 
 /// User + system CPU time of this process so far.
@@ -97,6 +101,7 @@ pub async fn run(
 
 async fn measure(node: &Arc<Node>, sessions: usize, seconds: f64) -> Result<Report, String> {
     let stats_before = node.committer().stats();
+    let syncs_before = node.committer().log_syncs();
     let cpu_before = process_cpu();
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
@@ -135,6 +140,8 @@ async fn measure(node: &Arc<Node>, sessions: usize, seconds: f64) -> Result<Repo
     lat.sort_by(f64::total_cmp);
     let ops = lat.len();
     let batches = stats.batches - stats_before.batches;
+    let fsyncs = node.committer().log_syncs() - syncs_before;
+    let written = (stats.sessions - stats_before.sessions) as f64;
     Ok(Report {
         sessions,
         ops,
@@ -144,7 +151,9 @@ async fn measure(node: &Arc<Node>, sessions: usize, seconds: f64) -> Result<Repo
         p99_ms: percentile(&lat, 99.0),
         cpu_ms_per_op: cpu / ops.max(1) as f64,
         batches,
-        writes_per_batch: (stats.sessions - stats_before.sessions) as f64 / batches.max(1) as f64,
+        writes_per_batch: written / batches.max(1) as f64,
+        fsyncs,
+        writes_per_fsync: written / fsyncs.max(1) as f64,
     })
 }
 

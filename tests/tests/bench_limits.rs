@@ -35,6 +35,17 @@ fn store_bench_writes_through_the_shard_path_and_reports_each_session_count() {
             "no batch committed: {r}"
         );
         assert!(r["writes_per_batch"].as_f64().unwrap() >= 1.0, "{r}");
+        // Every committed batch is made durable by a log append; one append may cover
+        // several batches, never the other way round.
+        let fsyncs = r["fsyncs"].as_u64().unwrap();
+        assert!(
+            fsyncs > 0 && fsyncs <= r["batches"].as_u64().unwrap(),
+            "{r}"
+        );
+        assert!(
+            r["writes_per_fsync"].as_f64().unwrap() >= r["writes_per_batch"].as_f64().unwrap(),
+            "{r}"
+        );
         assert!(r["cpu_ms_per_op"].as_f64().unwrap() > 0.0, "{r}");
     }
 
