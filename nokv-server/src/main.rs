@@ -15,14 +15,14 @@ use nokv_server::{bootstrap, cluster_tls, events, names, server};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Turns transparent huge pages off for this process. Where the kernel's setting is `always`
-/// (common on cloud images, this project's CI machines included), the first touch of any 2 MiB
-/// of fresh anonymous memory faults in a huge page and zeroes all of it; the allocator hands
-/// freed memory back and takes fresh memory again as batches come and go, so the committer kept
+/// (as on the 2-core machines this project is measured on), the first touch of any 2 MiB of
+/// fresh anonymous memory faults in a huge page and zeroes all of it; the allocator hands freed
+/// memory back and takes fresh memory again as batches come and go, so the committer kept
 /// zeroing 2 MiB pages for a few KiB of transaction state: `clear_page_erms` under huge-page
-/// faults was 9 % of the CPU of `store-bench --sessions 8` (perf, issue 12). With them off,
-/// CPU per write fell 2-6 % (median of interleaved store-bench pairs; README, Benchmarks), and
-/// publish and restore measured within their spread. Failing is harmless (a kernel without
-/// the option): nothing changes.
+/// faults was 9 % of the samples of `store-bench --sessions 8` (perf, issue 12). With them off,
+/// CPU per write fell 2-6 % at 8 sessions, 16 % at 64 and not at all at 1 (medians of
+/// interleaved store-bench pairs; README, Benchmarks), and publish and restore measured within
+/// their spread. Failing is harmless (a kernel without the option): nothing changes.
 fn without_transparent_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes plain integer arguments and touches no memory of ours.
     let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
