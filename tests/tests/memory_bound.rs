@@ -10,7 +10,7 @@
 //! load holds every block at once (hundreds of MiB).
 //!
 //! Also: the daemon's memory is never backed by transparent huge pages (issue 12: zeroing a
-//! 2 MiB page for a few KiB of transaction state was 9 % of the store's CPU per write).
+//! 2 MiB page for a few KiB of transaction state was 9 % of the store's profile samples).
 
 use nokv_proto::v1 as pb;
 use nokv_tests::{Daemon, ProcessMemory, pseudo_random_bytes};

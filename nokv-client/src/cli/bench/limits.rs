@@ -49,6 +49,13 @@ struct Row {
 }
 
 impl Row {
+    /// The printed line of this load at `clients`: the shared CPU columns, then the total.
+    fn table_row(&self, clients: usize) -> Vec<String> {
+        let mut row = cpu_row(self.name, clients, &self.summary, &self.cpu);
+        row.push(super::cpu::cell(total_cpu(&self.cpu)));
+        row
+    }
+
     fn json(&self) -> Value {
         json!({
             "summary": self.summary,
@@ -225,13 +232,7 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
         etcd.pid(),
         etcd_tls.pid()
     );
-    let mut table = vec![
-        [
-            cpu_row(durable.name, 1, &durable.summary, &durable.cpu),
-            vec![super::cpu::cell(total_cpu(&durable.cpu))],
-        ]
-        .concat(),
-    ];
+    let mut table = vec![durable.table_row(1)];
     let mut results = Vec::new();
     for &n in client_counts {
         let s = env.seconds;
@@ -272,11 +273,7 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
             summary,
             cpu,
         });
-        for r in &rows {
-            let mut row = cpu_row(r.name, n, &r.summary, &r.cpu);
-            row.push(super::cpu::cell(total_cpu(&r.cpu)));
-            table.push(row);
-        }
+        table.extend(rows.iter().map(|r| r.table_row(n)));
         let [store, bare, refused, put, etcd_plain, etcd_tls_row] = &rows[..] else {
             unreachable!("six rows per client count")
         };
