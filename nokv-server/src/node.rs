@@ -413,6 +413,19 @@ fn migrate_legacy(dir: &Path, shard_count: u32) -> Result<()> {
     }
     for id in legacy {
         let old = legacy_shard_file(dir, id);
+        // The node file is in place, so every old file was imported whole before it; one
+        // left over (a crash between the rename and here) opens cleanly. One that does not
+        // — emptied, damaged, planted — is not a file nokv left: it is refused by name,
+        // never deleted, since nothing proves its bytes are elsewhere.
+        if let Err(e) = MetaStore::open(&old) {
+            return Err(Error::Internal(format!(
+                "{}: a per-shard metadata file beside {NODE_FILE}, which holds every shard of \
+                 this data dir, and it is not whole ({e}); nokv neither serves nor deletes it: \
+                 move it out of the data dir (or restore it from a backup if it is yours) and \
+                 start again",
+                old.display()
+            )));
+        }
         std::fs::remove_file(&old).map_err(|e| io(&old, e))?;
     }
     Ok(())
@@ -497,6 +510,32 @@ mod tests {
             .read_in(Tables::shard(2), |r| r.inline("ws", "f2"))
             .unwrap();
         assert_eq!(body, Some(b"body 2".to_vec()));
+    }
+
+    // Catches: a start that refuses the whole file a crash left between the node file's
+    // rename and the old files' removal (the directory would never start again by itself).
+    // The other side — a file that is not whole is refused and kept — is the black-box test
+    // `an_empty_per_shard_file_beside_the_node_file_is_refused_by_name_and_never_deleted`.
+    #[test]
+    fn an_old_file_left_whole_beside_the_node_file_is_removed_at_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let old = MetaStore::create(&legacy_shard_file(d, 1)).unwrap();
+        old.write(|w| w.put_inline("ws", "f", b"body")).unwrap();
+        drop(old);
+        record_shard_count(d, 4).unwrap();
+        let copy = d.join("0001.copy");
+        std::fs::copy(legacy_shard_file(d, 1), &copy).unwrap();
+        drop(open_node_file(d, 4, false).unwrap());
+        // The crash: the old file is back beside the node file that already holds it.
+        std::fs::rename(&copy, legacy_shard_file(d, 1)).unwrap();
+
+        let store = open_node_file(d, 4, false).unwrap();
+        assert!(!legacy_shard_file(d, 1).exists(), "leftover removed");
+        let body = store
+            .read_in(Tables::shard(1), |r| r.inline("ws", "f"))
+            .unwrap();
+        assert_eq!(body, Some(b"body".to_vec()), "the node file's copy is kept");
     }
 
     // Catches: a node whose shards each get a committer (and a file) of their own, so that

@@ -70,6 +70,27 @@ fn start_up_refuses_a_missing_or_empty_node_file_by_name_and_never_recreates_it(
     assert_eq!(out.assert_ok().stdout, b"must not be lost");
 }
 
+#[test]
+fn an_empty_per_shard_file_beside_the_node_file_is_refused_by_name_and_never_deleted() {
+    let dir = stopped_data_dir_with("w1:kept.txt", b"must not be lost");
+    let d = dir.path();
+    // The layout before the node file had one file per shard; an emptied one of those
+    // names must stop start-up rather than vanish.
+    let planted = d.join("shards").join("0000.redb");
+    std::fs::write(&planted, b"").unwrap();
+    assert_refused_naming(d, &planted);
+    assert_eq!(
+        std::fs::metadata(&planted).map(|m| m.len()).ok(),
+        Some(0),
+        "the file is left as it was"
+    );
+
+    std::fs::remove_file(&planted).unwrap();
+    let daemon = Daemon::start_in(d, &[]);
+    let out = daemon.cli(&["get", "w1:kept.txt"]);
+    assert_eq!(out.assert_ok().stdout, b"must not be lost");
+}
+
 /// A way to damage a file's bytes.
 type Damage = Box<dyn Fn(&mut Vec<u8>)>;
 
