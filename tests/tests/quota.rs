@@ -87,8 +87,21 @@ async fn an_operator_sets_a_workspace_quota_that_refuses_writes_and_uploads_past
     let big = files.path().join("big.bin");
     std::fs::write(&big, pseudo_random_bytes(3, 5 * 1024 * 1024)).unwrap();
     let big = big.to_str().unwrap();
-    d.cli(&["publish", "-q", big, "ws:big.bin"])
-        .assert_fails_with("QuotaExceeded");
+    let refused = d.cli(&["publish", "-q", big, "ws:big.bin"]);
+    refused.assert_fails_with("QuotaExceeded");
+    // The gRPC code the reason refines is named too, for scripts that match on it.
+    assert!(
+        refused.stderr.contains("(gRPC ResourceExhausted)"),
+        "{}",
+        refused.stderr
+    );
+    let refused = d.cli(&["--json", "publish", "-q", big, "ws:big.bin"]);
+    assert_eq!(refused.status, 1, "{}", refused.stderr);
+    assert_eq!(
+        refused.json()["error"],
+        json!({"reason": "QuotaExceeded", "code": "ResourceExhausted",
+               "message": refused.json()["error"]["message"]}),
+    );
     assert_eq!(objects(data.path()), 0, "nothing reached the provider");
 
     // Without a quota the per-workspace admission cap (3 here) still bounds open uploads.

@@ -1,8 +1,8 @@
 //! The CLI's output formatter: human text by default, exactly one JSON document with
 //! `--json`. Errors print their typed reason on one line to stderr (and, with `--json`, as a
-//! JSON document on stdout too).
+//! JSON document on stdout too), with the gRPC status code when the reason refines it.
 
-use nokv_client::ClientError;
+use nokv_client::{ClientError, Reason};
 use nokv_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -28,13 +28,28 @@ impl Output {
         // The server's message starts with the reason already; say it once.
         let prefix = format!("{}: ", e.reason_name());
         let msg = e.message.strip_prefix(&prefix).unwrap_or(&e.message);
+        let code = grpc_code(e);
         if self.json {
-            println!(
-                "{}",
-                json!({"error": {"reason": e.reason_name(), "message": msg}})
-            );
+            let mut doc = json!({"error": {"reason": e.reason_name(), "message": msg}});
+            if let Some(code) = &code {
+                doc["error"]["code"] = json!(code);
+            }
+            println!("{doc}");
         }
-        eprintln!("nokv: {}: {msg}", e.reason_name());
+        match code.filter(|c| c != e.reason_name()) {
+            Some(code) => eprintln!("nokv: {}: {msg} (gRPC {code})", e.reason_name()),
+            None => eprintln!("nokv: {}: {msg}", e.reason_name()),
+        }
+    }
+}
+
+/// The gRPC status code of a server's answer, by its name (`ResourceExhausted`). A server
+/// reason refines its code (`QuotaExceeded` and `AdmissionCapReached` are both
+/// `ResourceExhausted`), and scripts written against either name must find it.
+fn grpc_code(e: &ClientError) -> Option<String> {
+    match (&e.reason, e.code) {
+        (Reason::Server(_), Some(code)) => Some(format!("{code:?}")),
+        _ => None,
     }
 }
 
