@@ -502,6 +502,64 @@ fn cli_grep_prints_grep_lines_and_json_matches_with_a_summary() {
         .assert_fails_with("InvalidArgument");
 }
 
+// Catches: artifacts searched without `--include-artifacts`, or not found with it; a line
+// that spans the artifact's first block boundary (4 MiB) split or lost.
+#[test]
+fn cli_grep_searches_an_artifact_across_its_block_boundary_only_when_asked() {
+    let d = Daemon::start(&[]);
+    let (mut text, mut needle_line) = (Vec::new(), 0);
+    for i in 0..260_000u64 {
+        let start = text.len();
+        text.extend_from_slice(format!("filler line {i:08}\n").as_bytes());
+        if start < 4 << 20 && text.len() > 4 << 20 {
+            text[start..start + 6].copy_from_slice(b"needle");
+            needle_line = i + 1;
+        }
+    }
+    assert!(needle_line > 0 && text.len() > 5 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.log");
+    std::fs::write(&file, &text).unwrap();
+    d.cli(&["publish", "-q", file.to_str().unwrap(), "ws:big.log"])
+        .assert_ok();
+
+    let skipped = d
+        .cli(&["--json", "grep", "needle", "ws"])
+        .assert_ok()
+        .json();
+    assert_eq!(skipped["matches"], serde_json::json!([]));
+    assert_eq!(skipped["summary"]["files_scanned"], 0);
+
+    let doc = d
+        .cli(&[
+            "--json",
+            "grep",
+            "needle",
+            "ws",
+            "-C",
+            "1",
+            "--include-artifacts",
+        ])
+        .assert_ok()
+        .json();
+    let matches = doc["matches"].as_array().unwrap();
+    assert_eq!(matches.len(), 1, "{doc}");
+    let m = &matches[0];
+    assert_eq!(m["path"], "big.log");
+    assert_eq!(m["line_number"], needle_line);
+    assert_eq!(m["line"], format!("needle line {:08}", needle_line - 1));
+    assert_eq!(
+        m["before"],
+        serde_json::json!([format!("filler line {:08}", needle_line - 2)])
+    );
+    assert_eq!(
+        m["after"],
+        serde_json::json!([format!("filler line {:08}", needle_line)])
+    );
+    assert_eq!(doc["summary"]["files_scanned"], 1);
+    assert_eq!(doc["summary"]["bytes_scanned"], text.len());
+}
+
 // Catches: the new RPCs admitted with the wrong role (a read token editing) or without the
 // workspace scope (a token for another workspace searching). (Verified red with Edit admitted
 // as Role::Read.)

@@ -147,6 +147,7 @@ pub struct GrepArgs {
     pub ignore_case: bool,
     pub context: u32,
     pub max_matches: u32,
+    pub include_artifacts: bool,
 }
 
 pub async fn grep(client: &Client, out: Output, a: GrepArgs) -> Result<(), ClientError> {
@@ -158,7 +159,7 @@ pub async fn grep(client: &Client, out: Output, a: GrepArgs) -> Result<(), Clien
             max_matches: a.max_matches,
             context_lines: a.context,
             ignore_case: a.ignore_case,
-            include_artifacts: false,
+            include_artifacts: a.include_artifacts,
         })
         .await?;
     if !out.json && !summary.truncated_by.is_empty() {

@@ -161,6 +161,10 @@ enum Command {
         /// Stop after N matches (1-10000) [server default: 100].
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10000))]
         max_matches: Option<u32>,
+        /// Also search artifacts (read block by block from the provider, after the small
+        /// files); they are skipped otherwise.
+        #[arg(long)]
+        include_artifacts: bool,
     },
     /// Publish a large file as an artifact, in 4 MiB blocks.
     Publish {
@@ -424,6 +428,7 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
             ignore_case,
             context,
             max_matches,
+            include_artifacts,
         } => {
             let args = agent_ops::GrepArgs {
                 regex,
@@ -431,6 +436,7 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
                 ignore_case,
                 context,
                 max_matches: max_matches.unwrap_or(0),
+                include_artifacts,
             };
             agent_ops::grep(client, out, args).await
         }

@@ -417,10 +417,13 @@ impl Workspace for WorkspaceService {
         };
         let shard = self.node.shard_for(&r.workspace)?;
         let (matches, summary) = shard
-            .grep(pb::GrepRequest {
-                path_glob,
-                ..req.into_inner()
-            })
+            .grep(
+                pb::GrepRequest {
+                    path_glob,
+                    ..req.into_inner()
+                },
+                &self.node.memory,
+            )
             .await?;
         Ok(Response::new(Box::pin(futures::stream::iter(
             grep_chunks(matches, summary).into_iter().map(Ok),

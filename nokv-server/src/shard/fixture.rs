@@ -18,6 +18,8 @@ pub(crate) struct Fixture {
     pub provider: ObjectProvider,
     /// The shard clock the fixture was made with.
     pub clock: Clock,
+    /// Block memory for reads of artifact blocks (a node's budget, here the fixture's own).
+    pub memory: crate::memory::BlockMemory,
 }
 
 /// Shard `id` with `cfg`, judging leases and grace periods by `clock`.
@@ -46,5 +48,6 @@ pub(crate) fn shard_on(id: u32, cfg: ShardConfig, clock: Clock) -> Fixture {
         faults,
         provider,
         clock,
+        memory: crate::memory::BlockMemory::new(64 << 20, std::time::Duration::from_secs(10)),
     }
 }

@@ -14,7 +14,11 @@
 //!
 //! A Grep reads every file from ONE snapshot (one MVCC read transaction), so it never sees a
 //! half-old, half-new workspace, and runs on a blocking thread because the scan is CPU work
-//! that must not hold up the async workers.
+//! that must not hold up the async workers. Artifacts are skipped unless the request asks for
+//! them; then they are searched after the small files, from the revisions that same snapshot
+//! names, block by block from the provider ([`artifacts`]) — a revision's blocks never change,
+//! and a replaced one stays readable for the retired grace, so the view is still that one
+//! snapshot's.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +30,11 @@ use super::files::{page_after, page_cursor, page_limit, verify_body};
 use super::{Shard, to_entry};
 use crate::error::{Error, Result};
 use crate::glob::Glob;
-use crate::meta::{EntryRecord, KIND_FILE, ReadView};
+use crate::memory::BlockMemory;
+use crate::meta::{EntryRecord, KIND_ARTIFACT, KIND_FILE, ReadView};
+
+mod artifacts;
+use artifacts::Artifact;
 
 /// Longest regex source accepted, in bytes.
 pub const MAX_REGEX_BYTES: usize = 4096;
@@ -118,20 +126,66 @@ impl Shard {
     }
 
     /// Runs one Grep to completion (or to its first bound) and answers every match and the
-    /// summary; the service streams them.
+    /// summary; the service streams them. Artifact blocks, when asked for, are read like a
+    /// restore's: bulk work that yields to interactive requests, within `memory`.
     pub async fn grep(
         self: &Arc<Self>,
         req: pb::GrepRequest,
+        memory: &BlockMemory,
     ) -> Result<(Vec<pb::GrepMatch>, pb::GrepSummary)> {
-        let search = GrepSearch::new(&req, self.cfg.search.clone())?;
-        let shard = self.clone();
-        tokio::task::spawn_blocking(move || {
+        let search = Arc::new(GrepSearch::new(&req, self.cfg.search.clone())?);
+        let started = Instant::now();
+        let (shard, small) = (self.clone(), search.clone());
+        let (mut found, artifacts) = tokio::task::spawn_blocking(move || {
             shard
                 .gate
-                .read_now(|r| search.run(r, shard.id, &req.workspace))
+                .read_now(|r| small.run(r, shard.id, &req.workspace, started))
         })
         .await
-        .map_err(|e| Error::Internal(format!("grep task failed: {e}")))?
+        .map_err(|e| Error::Internal(format!("grep task failed: {e}")))??;
+        if found.summary.truncated_by.is_empty() {
+            let stop =
+                artifacts::scan(self, &search, started, artifacts, &mut found, memory).await?;
+            found.summary.truncated_by = stop.to_string();
+        }
+        found.summary.matches = found.matches.len() as u64;
+        Ok((found.matches, found.summary))
+    }
+}
+
+/// The matches of one Grep so far, with what they cost, and the bounds they must keep.
+struct Found {
+    matches: Vec<pb::GrepMatch>,
+    summary: pb::GrepSummary,
+    /// Bytes of lines (matches and context) in `matches`.
+    reply_bytes: usize,
+    max_matches: usize,
+    reply_budget: usize,
+}
+
+impl Found {
+    fn new(search: &GrepSearch) -> Found {
+        Found {
+            matches: Vec::new(),
+            summary: pb::GrepSummary::default(),
+            reply_bytes: 0,
+            max_matches: search.max_matches,
+            reply_budget: search.limits.grep_reply_bytes,
+        }
+    }
+
+    /// Adds `m` unless its lines would pass the reply budget; returns why the search must stop
+    /// now, if it must.
+    fn push(&mut self, m: pb::GrepMatch) -> Option<&'static str> {
+        let size = m.line.len()
+            + m.before.iter().map(String::len).sum::<usize>()
+            + m.after.iter().map(String::len).sum::<usize>();
+        if self.reply_bytes + size > self.reply_budget {
+            return Some(BY_REPLY_BUDGET);
+        }
+        self.reply_bytes += size;
+        self.matches.push(m);
+        (self.matches.len() == self.max_matches).then_some(BY_MAX_MATCHES)
     }
 }
 
@@ -141,16 +195,12 @@ struct GrepSearch {
     glob: Option<Glob>,
     max_matches: usize,
     context: usize,
+    include_artifacts: bool,
     limits: SearchLimits,
 }
 
 impl GrepSearch {
     fn new(req: &pb::GrepRequest, limits: SearchLimits) -> Result<GrepSearch> {
-        if req.include_artifacts {
-            return Err(Error::InvalidArgument(
-                "include_artifacts is not supported yet: grep searches small files only".into(),
-            ));
-        }
         if req.regex.len() > MAX_REGEX_BYTES {
             return Err(Error::InvalidArgument(format!(
                 "regex is {} bytes; the limit is {MAX_REGEX_BYTES}",
@@ -185,22 +235,24 @@ impl GrepSearch {
             glob,
             max_matches,
             context: req.context_lines as usize,
+            include_artifacts: req.include_artifacts,
             limits,
         })
     }
 
-    /// Scans `ws` in `r` (one snapshot). A stored body that fails its digest fails the whole
-    /// search (`DataCorrupted`), as Read does: damaged bytes are never returned.
+    /// Scans the small files of `ws` in `r` (one snapshot), and names the artifacts to search
+    /// after them (when asked for) as that snapshot has them. A stored body that fails its
+    /// digest fails the whole search (`DataCorrupted`), as Read does: damaged bytes are never
+    /// returned.
     fn run(
         &self,
         r: &ReadView,
         shard: u32,
         ws: &str,
-    ) -> Result<(Vec<pb::GrepMatch>, pb::GrepSummary)> {
-        let started = Instant::now();
-        let mut summary = pb::GrepSummary::default();
-        let mut matches = Vec::new();
-        let mut reply_bytes = 0;
+        started: Instant,
+    ) -> Result<(Found, Vec<Artifact>)> {
+        let mut found = Found::new(self);
+        let mut artifacts = Vec::new();
         let prefix = self.glob.as_ref().map_or("", |g| g.literal_prefix());
         let mut scan = Scan::new(r, ws, prefix, None);
         let stop = 'files: loop {
@@ -212,19 +264,32 @@ impl GrepSearch {
             if started.elapsed() >= self.limits.grep_time {
                 break BY_TIME_BUDGET;
             }
-            // Artifacts are skipped (their bytes are in the provider, not in this snapshot).
-            if e.kind != KIND_FILE || self.glob.as_ref().is_some_and(|g| !g.matches(&path)) {
+            if self.glob.as_ref().is_some_and(|g| !g.matches(&path)) {
                 continue;
             }
-            if summary.bytes_scanned + e.size > self.limits.grep_bytes {
+            if e.kind == KIND_ARTIFACT && self.include_artifacts {
+                let rev = r.revision(e.revision)?.ok_or_else(|| {
+                    Error::Internal(format!("{ws}:{path}: revision {} is missing", e.revision))
+                })?;
+                artifacts.push(Artifact {
+                    path,
+                    generation: e.generation,
+                    blocks: rev.blocks,
+                });
+                continue;
+            }
+            if e.kind != KIND_FILE {
+                continue;
+            }
+            if found.summary.bytes_scanned + e.size > self.limits.grep_bytes {
                 break BY_BYTE_BUDGET;
             }
             let body = r.inline(ws, &path)?.unwrap_or_default();
             verify_body(shard, ws, &path, &e, &body)?;
-            summary.files_scanned += 1;
-            summary.bytes_scanned += body.len() as u64;
+            found.summary.files_scanned += 1;
+            found.summary.bytes_scanned += body.len() as u64;
             let Ok(text) = std::str::from_utf8(&body) else {
-                summary.files_skipped += 1;
+                found.summary.files_skipped += 1;
                 continue;
             };
             let lines: Vec<&str> = text.lines().collect();
@@ -232,22 +297,13 @@ impl GrepSearch {
                 if !self.regex.is_match(line) {
                     continue;
                 }
-                let m = self.matched(&path, &e, &lines, i);
-                reply_bytes += m.line.len()
-                    + m.before.iter().map(String::len).sum::<usize>()
-                    + m.after.iter().map(String::len).sum::<usize>();
-                if reply_bytes > self.limits.grep_reply_bytes {
-                    break 'files BY_REPLY_BUDGET;
-                }
-                matches.push(m);
-                if matches.len() == self.max_matches {
-                    break 'files BY_MAX_MATCHES;
+                if let Some(stop) = found.push(self.matched(&path, &e, &lines, i)) {
+                    break 'files stop;
                 }
             }
         };
-        summary.matches = matches.len() as u64;
-        summary.truncated_by = stop.to_string();
-        Ok((matches, summary))
+        found.summary.truncated_by = stop.to_string();
+        Ok((found, artifacts))
     }
 
     fn matched(&self, path: &str, e: &EntryRecord, lines: &[&str], i: usize) -> pb::GrepMatch {

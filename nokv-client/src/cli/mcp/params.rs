@@ -135,7 +135,7 @@ pub struct GrepArgs {
     /// with --workspace: it is fixed then, and another one is refused.
     pub workspace: Option<String>,
     /// Regular expression (Rust `regex` syntax: no backreferences or lookaround), matched
-    /// against each line of each small file.
+    /// against each line of each small file (and of each artifact with include_artifacts).
     pub regex: String,
     /// Only files whose path matches this glob, e.g. `**/*.py`. Default: every file.
     pub path_glob: Option<String>,
@@ -145,7 +145,8 @@ pub struct GrepArgs {
     pub context_lines: Option<u32>,
     /// Match case-insensitively. Default false.
     pub ignore_case: Option<bool>,
-    /// Also search artifacts (large files). Default false: they are skipped.
+    /// Also search artifacts (large files), after the small files; slower, since their bytes
+    /// come from object storage. Default false: they are skipped.
     pub include_artifacts: Option<bool>,
 }
 

@@ -160,11 +160,14 @@ async fn grep_answers_path_line_number_line_context_and_generation() {
     let gen_a = f.shard.stat("ws", "a.txt").await.unwrap().generation;
     let (matches, summary) = f
         .shard
-        .grep(pb::GrepRequest {
-            context_lines: 1,
-            ignore_case: true,
-            ..grep("^two$")
-        })
+        .grep(
+            pb::GrepRequest {
+                context_lines: 1,
+                ignore_case: true,
+                ..grep("^two$")
+            },
+            &f.memory,
+        )
         .await
         .unwrap();
     assert_eq!(matches.len(), 1);
@@ -193,16 +196,19 @@ async fn grep_stops_at_max_matches_and_says_so() {
     files(&f, vec![("a".into(), body.clone()), ("b".into(), body)]).await;
     let (matches, summary) = f
         .shard
-        .grep(pb::GrepRequest {
-            max_matches: 70,
-            ..grep("hit")
-        })
+        .grep(
+            pb::GrepRequest {
+                max_matches: 70,
+                ..grep("hit")
+            },
+            &f.memory,
+        )
         .await
         .unwrap();
     assert_eq!(matches.len(), 70);
     assert_eq!(summary.matches, 70);
     assert_eq!(summary.truncated_by, "max_matches");
-    let (all, summary) = f.shard.grep(grep("hit")).await.unwrap();
+    let (all, summary) = f.shard.grep(grep("hit"), &f.memory).await.unwrap();
     assert_eq!(all.len(), 100, "the default is 100");
     assert_eq!(summary.truncated_by, "max_matches");
 }
@@ -222,7 +228,7 @@ async fn grep_stops_before_the_file_that_would_pass_the_byte_budget() {
             .collect(),
     )
     .await;
-    let (matches, summary) = f.shard.grep(grep("match")).await.unwrap();
+    let (matches, summary) = f.shard.grep(grep("match"), &f.memory).await.unwrap();
     assert_eq!(summary.files_scanned, 2, "9 + 9 <= 25 < 9 + 9 + 9");
     assert_eq!(summary.bytes_scanned, 18);
     assert_eq!(matches.len(), 2);
@@ -238,7 +244,7 @@ async fn grep_with_its_time_budget_spent_stops_and_says_so() {
         ..SearchLimits::default()
     });
     files(&f, named(&["a", "b"])).await;
-    let (matches, summary) = f.shard.grep(grep("body")).await.unwrap();
+    let (matches, summary) = f.shard.grep(grep("body"), &f.memory).await.unwrap();
     assert!(matches.is_empty());
     assert_eq!(summary.files_scanned, 0);
     assert_eq!(summary.truncated_by, "time_budget");
@@ -258,7 +264,7 @@ async fn grep_cuts_long_lines_and_stops_at_its_reply_budget() {
         "y".repeat(5000)
     );
     files(&f, vec![("a".into(), long.repeat(10).into_bytes())]).await;
-    let (matches, summary) = f.shard.grep(grep("x")).await.unwrap();
+    let (matches, summary) = f.shard.grep(grep("x"), &f.memory).await.unwrap();
     assert_eq!(matches.len(), 3);
     assert!(
         matches
@@ -296,10 +302,13 @@ async fn grep_skips_artifacts_and_non_utf8_files_and_searches_only_paths_the_glo
         .unwrap();
     let (matches, summary) = f
         .shard
-        .grep(pb::GrepRequest {
-            path_glob: "src/**/*.rs".into(),
-            ..grep("needle")
-        })
+        .grep(
+            pb::GrepRequest {
+                path_glob: "src/**/*.rs".into(),
+                ..grep("needle")
+            },
+            &f.memory,
+        )
         .await
         .unwrap();
     let paths: Vec<_> = matches.iter().map(|m| m.path.as_str()).collect();
@@ -316,7 +325,7 @@ async fn pathological_and_huge_regexes_are_answered_or_refused() {
     let f = fixture();
     let line = "a".repeat(100_000);
     files(&f, vec![("a".into(), line.into_bytes())]).await;
-    let (matches, summary) = f.shard.grep(grep("(a*)*b")).await.unwrap();
+    let (matches, summary) = f.shard.grep(grep("(a*)*b"), &f.memory).await.unwrap();
     assert!(matches.is_empty());
     assert_eq!(summary.files_scanned, 1);
 
@@ -327,7 +336,7 @@ async fn pathological_and_huge_regexes_are_answered_or_refused() {
         "x".repeat(super::MAX_REGEX_BYTES + 1),
         "(unclosed".to_string(),
     ] {
-        let err = f.shard.grep(grep(&bad)).await.unwrap_err();
+        let err = f.shard.grep(grep(&bad), &f.memory).await.unwrap_err();
         match err {
             // One line: the CLI prints a reason and its message on one stderr line.
             Error::InvalidArgument(msg) => assert!(!msg.contains('\n'), "{msg}"),
@@ -337,7 +346,7 @@ async fn pathological_and_huge_regexes_are_answered_or_refused() {
 }
 
 #[tokio::test]
-async fn grep_refuses_out_of_range_limits_and_include_artifacts() {
+async fn grep_refuses_out_of_range_limits_and_a_bad_glob() {
     let f = fixture();
     for req in [
         pb::GrepRequest {
@@ -349,15 +358,11 @@ async fn grep_refuses_out_of_range_limits_and_include_artifacts() {
             ..grep("x")
         },
         pb::GrepRequest {
-            include_artifacts: true,
-            ..grep("x")
-        },
-        pb::GrepRequest {
             path_glob: "[".into(),
             ..grep("x")
         },
     ] {
-        let err = f.shard.grep(req.clone()).await.unwrap_err();
+        let err = f.shard.grep(req.clone(), &f.memory).await.unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)), "{req:?}: {err:?}");
     }
 }
@@ -372,6 +377,228 @@ async fn grep_refuses_a_body_that_fails_its_recorded_digest() {
         .write(|w| Ok(w.put_inline("ws", "a", b"tampered body\n")?))
         .await
         .unwrap();
-    let err = f.shard.grep(grep("body")).await.unwrap_err();
+    let err = f.shard.grep(grep("body"), &f.memory).await.unwrap_err();
     assert!(matches!(err, Error::DataCorrupted(_)), "{err:?}");
+}
+
+/// Publishes an artifact at `ws:path` straight into the store and the provider, one object
+/// per block (the upload protocol is the sequencer's tests' business). `bad_digest` records
+/// a wrong sha256 for block 0.
+async fn artifact(f: &Fixture, path: &str, blocks: &[&[u8]], bad_digest: bool) {
+    use sha2::{Digest, Sha256};
+    let mut recorded = Vec::new();
+    for (i, block) in blocks.iter().enumerate() {
+        let key = format!("t/art/{path}/{i}");
+        f.provider
+            .create(&key, bytes::Bytes::copy_from_slice(block))
+            .await;
+        let digest = if bad_digest && i == 0 {
+            Sha256::digest(b"other bytes").to_vec()
+        } else {
+            Sha256::digest(block).to_vec()
+        };
+        recorded.push(crate::meta::RevisionBlock {
+            length: block.len() as u64,
+            sha256: digest,
+            key,
+        });
+    }
+    let path = path.to_string();
+    f.shard
+        .gate
+        .write(move |w| {
+            let rev = w.next_sequence("revision")?;
+            let size = recorded.iter().map(|b| b.length).sum();
+            w.put_revision(
+                rev,
+                &crate::meta::RevisionRecord {
+                    workspace: "ws".into(),
+                    path: path.clone(),
+                    size,
+                    blocks: recorded,
+                    ..Default::default()
+                },
+            )?;
+            let rec = EntryRecord {
+                kind: KIND_ARTIFACT,
+                size,
+                revision: rev,
+                generation: 7,
+                ..Default::default()
+            };
+            Ok(w.put_entry("ws", &path, &rec)?)
+        })
+        .await
+        .unwrap();
+}
+
+/// `(path, line number, line, before, after)` of each match.
+type Seen = Vec<(String, u64, String, Vec<String>, Vec<String>)>;
+
+fn seen(matches: &[pb::GrepMatch]) -> Seen {
+    matches
+        .iter()
+        .map(|m| {
+            (
+                m.path.clone(),
+                m.line_number,
+                m.line.clone(),
+                m.before.clone(),
+                m.after.clone(),
+            )
+        })
+        .collect()
+}
+
+fn strings(lines: &[&str]) -> Vec<String> {
+    lines.iter().map(|l| l.to_string()).collect()
+}
+
+// Catches: artifacts searched without being asked, or not at all when asked; lines or
+// context cut at a block boundary; a last line without `\n` dropped; `\r\n` kept in a line.
+#[tokio::test]
+async fn grep_searches_artifacts_only_when_asked_with_lines_and_context_across_blocks() {
+    let f = fixture();
+    files(&f, vec![("notes.txt".into(), b"a needle here\n".to_vec())]).await;
+    let blocks: [&[u8]; 3] = [b"alpha\r\nbe", b"ta needle\ngam", b"ma\ndelta needle"];
+    artifact(&f, "big.log", &blocks, false).await;
+
+    let (matches, summary) = f.shard.grep(grep("needle"), &f.memory).await.unwrap();
+    assert_eq!(
+        matches.iter().map(|m| m.path.as_str()).collect::<Vec<_>>(),
+        ["notes.txt"],
+        "artifacts are skipped unless asked"
+    );
+    assert_eq!(summary.files_scanned, 1);
+
+    let asked = pb::GrepRequest {
+        include_artifacts: true,
+        context_lines: 1,
+        ..grep("needle")
+    };
+    let (matches, summary) = f.shard.grep(asked, &f.memory).await.unwrap();
+    let art = |n, line: &str, before: &[&str], after: &[&str]| {
+        (
+            "big.log".to_string(),
+            n,
+            line.to_string(),
+            strings(before),
+            strings(after),
+        )
+    };
+    assert_eq!(
+        seen(&matches),
+        vec![
+            (
+                "notes.txt".to_string(),
+                1,
+                "a needle here".to_string(),
+                vec![],
+                vec![]
+            ),
+            art(2, "beta needle", &["alpha"], &["gamma"]),
+            art(4, "delta needle", &["gamma"], &[]),
+        ]
+    );
+    assert_eq!(matches[1].generation, 7);
+    assert_eq!(
+        (
+            summary.files_scanned,
+            summary.matches,
+            summary.truncated_by.as_str()
+        ),
+        (2, 3, "")
+    );
+    let artifact_bytes: usize = blocks.iter().map(|b| b.len()).sum();
+    assert_eq!(summary.bytes_scanned, (14 + artifact_bytes) as u64);
+}
+
+// Catches: matches kept from an artifact that turns out not to be text, or the search
+// stopped by it.
+#[tokio::test]
+async fn grep_skips_an_artifact_that_is_not_text_and_withdraws_its_matches() {
+    let f = fixture();
+    artifact(&f, "a.bin", &[b"needle\n", b"\xff\xfe needle\n"], false).await;
+    artifact(&f, "b.txt", &[b"needle\n"], false).await;
+    let asked = pb::GrepRequest {
+        include_artifacts: true,
+        ..grep("needle")
+    };
+    let (matches, summary) = f.shard.grep(asked, &f.memory).await.unwrap();
+    assert_eq!(
+        matches.iter().map(|m| m.path.as_str()).collect::<Vec<_>>(),
+        ["b.txt"]
+    );
+    assert_eq!((summary.files_scanned, summary.files_skipped), (2, 1));
+}
+
+// Catches: artifact bytes matched before (or without) checking their recorded digest.
+#[tokio::test]
+async fn grep_refuses_an_artifact_block_that_fails_its_recorded_digest() {
+    let f = fixture();
+    artifact(&f, "a.log", &[b"needle\n"], true).await;
+    let asked = pb::GrepRequest {
+        include_artifacts: true,
+        ..grep("needle")
+    };
+    let err = f.shard.grep(asked, &f.memory).await.unwrap_err();
+    assert!(matches!(err, Error::DataCorrupted(_)), "{err:?}");
+}
+
+// Catches: the last match allowed answered without its context lines, or matches past
+// `max_matches`; a byte budget that fetches the block that passes it.
+#[tokio::test]
+async fn grep_keeps_max_matches_and_the_byte_budget_in_artifacts() {
+    let f = fixture();
+    artifact(
+        &f,
+        "a.log",
+        &[b"needle 1\nnext", b" line\nneedle 2\n"],
+        false,
+    )
+    .await;
+    let asked = pb::GrepRequest {
+        include_artifacts: true,
+        max_matches: 1,
+        context_lines: 1,
+        ..grep("needle")
+    };
+    let (matches, summary) = f.shard.grep(asked.clone(), &f.memory).await.unwrap();
+    assert_eq!(
+        seen(&matches),
+        vec![(
+            "a.log".to_string(),
+            1,
+            "needle 1".to_string(),
+            vec![],
+            strings(&["next line"])
+        )]
+    );
+    assert_eq!(summary.truncated_by, super::BY_MAX_MATCHES);
+
+    let small = fixture_with(SearchLimits {
+        grep_bytes: 20,
+        ..SearchLimits::default()
+    });
+    artifact(
+        &small,
+        "a.log",
+        &[b"needle 1\nnext", b" line\nneedle 2\n"],
+        false,
+    )
+    .await;
+    let (matches, summary) = small
+        .shard
+        .grep(
+            pb::GrepRequest {
+                max_matches: 0,
+                ..asked
+            },
+            &small.memory,
+        )
+        .await
+        .unwrap();
+    assert_eq!(matches.len(), 1, "only the first block was read");
+    assert_eq!(summary.bytes_scanned, 13);
+    assert_eq!(summary.truncated_by, super::BY_BYTE_BUDGET);
 }
