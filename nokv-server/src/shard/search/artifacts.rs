@@ -44,9 +44,8 @@ pub(super) async fn scan(
     for artifact in artifacts {
         let mark = (found.matches.len(), found.reply_bytes);
         let mut lines = Lines::new(search, &artifact);
-        found.summary.files_scanned += 1;
         let mut fed = Fed::More;
-        for block in &artifact.blocks {
+        for (i, block) in artifact.blocks.iter().enumerate() {
             if started.elapsed() >= search.limits.grep_time {
                 return Ok(BY_TIME_BUDGET);
             }
@@ -54,11 +53,16 @@ pub(super) async fn scan(
                 return Ok(BY_BYTE_BUDGET);
             }
             let data = fetch(shard, &artifact, block, memory).await?;
+            // A file counts as read once its first bytes are.
+            found.summary.files_scanned += u64::from(i == 0);
             found.summary.bytes_scanned += data.len() as u64;
             fed = lines.feed(&data, found);
             if !matches!(fed, Fed::More) {
                 break;
             }
+        }
+        if artifact.blocks.is_empty() {
+            found.summary.files_scanned += 1;
         }
         if matches!(fed, Fed::More) {
             fed = lines.finish(found);

@@ -599,6 +599,24 @@ async fn grep_keeps_max_matches_and_the_byte_budget_in_artifacts() {
         .await
         .unwrap();
     assert_eq!(matches.len(), 1, "only the first block was read");
-    assert_eq!(summary.bytes_scanned, 13);
+    assert_eq!((summary.files_scanned, summary.bytes_scanned), (1, 13));
+    artifact(&small, "b.log", &[&[b'x'; 30]], false).await;
+    let (_, summary) = small
+        .shard
+        .grep(
+            pb::GrepRequest {
+                path_glob: "b.log".into(),
+                include_artifacts: true,
+                ..grep("needle")
+            },
+            &small.memory,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (summary.files_scanned, summary.truncated_by.as_str()),
+        (0, super::BY_BYTE_BUDGET),
+        "an artifact none of whose bytes were read is not counted"
+    );
     assert_eq!(summary.truncated_by, super::BY_BYTE_BUDGET);
 }
