@@ -25,10 +25,13 @@
 //!   `nokv_block_memory_refused_total` (the block-memory budget, see [`crate::memory`]).
 //! * `nokv_reconcile_duration_seconds` and `nokv_reconcile_passes_total{outcome}` (`ok` |
 //!   `error`), one per shard pass.
-//! * Health gauges per shard, refreshed at each scrape from the shards' counters (the same
-//!   ones `nokv admin health` shows): `nokv_shard_entries`, `nokv_shard_unresolved_uploads`,
-//!   `nokv_shard_guards`, `nokv_shard_unknown_guards`, `nokv_shard_collectable`,
-//!   `nokv_shard_dead_letters`, `nokv_shard_serving` (1/0).
+//! * Health gauges per shard, refreshed at each scrape from the same per-shard health
+//!   `nokv admin health` shows ([`crate::shard::Shard::health`]): `nokv_shard_entries`,
+//!   `nokv_shard_unresolved_uploads`, `nokv_shard_guards`, `nokv_shard_unknown_guards`,
+//!   `nokv_shard_collectable`, `nokv_shard_dead_letters`, `nokv_shard_serving` (1/0),
+//!   `nokv_shard_operations{state}` (ledger operations per state, every state, zeros too),
+//!   `nokv_shard_reserved_bytes`, `nokv_shard_reservations`, `nokv_shard_reservations_match`
+//!   (1/0), `nokv_shard_quarantined` and `nokv_shard_oldest_unresolved_age_seconds`.
 //!
 //! **Hot path**: counters and histograms are atomics; a request costs a label lookup (a hash
 //! of two `&str`s, no allocation once the pair has been seen) and one `Instant::now()`.
@@ -41,8 +44,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder, exponential_buckets,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder, exponential_buckets,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -69,6 +72,12 @@ pub struct Metrics {
     shard_collectable: IntGaugeVec,
     shard_dead_letters: IntGaugeVec,
     shard_serving: IntGaugeVec,
+    shard_operations: IntGaugeVec,
+    shard_reserved_bytes: IntGaugeVec,
+    shard_reservations: IntGaugeVec,
+    shard_reservations_match: IntGaugeVec,
+    shard_quarantined: IntGaugeVec,
+    shard_oldest_unresolved_age: GaugeVec,
 }
 
 /// The process's instruments.
@@ -200,6 +209,44 @@ impl Metrics {
                 "nokv_shard_serving",
                 "1 while the shard's metadata store is in service",
             ),
+            shard_operations: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "nokv_shard_operations",
+                        "Ledger operations of the shard by state",
+                    ),
+                    &["shard", "state"],
+                )
+                .expect("valid gauge"),
+            ),
+            shard_reserved_bytes: gauge(
+                "nokv_shard_reserved_bytes",
+                "Bytes reserved against quotas by unresolved uploads",
+            ),
+            shard_reservations: gauge(
+                "nokv_shard_reservations",
+                "Quota reservations held (one per unresolved upload)",
+            ),
+            shard_reservations_match: gauge(
+                "nokv_shard_reservations_match",
+                "1 while reservations equal unresolved uploads",
+            ),
+            shard_quarantined: gauge(
+                "nokv_shard_quarantined",
+                "Provider objects the inventory found unaccounted for",
+            ),
+            shard_oldest_unresolved_age: reg(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "nokv_shard_oldest_unresolved_age_seconds",
+                        "Age of the shard's oldest unresolved operation (0 when none)",
+                    ),
+                    &["shard"],
+                )
+                .expect("valid gauge"),
+            ),
             registry,
         }
     }
@@ -223,35 +270,48 @@ impl Metrics {
             &self.shard_collectable,
             &self.shard_dead_letters,
             &self.shard_serving,
+            &self.shard_operations,
+            &self.shard_reserved_bytes,
+            &self.shard_reservations,
+            &self.shard_reservations_match,
+            &self.shard_quarantined,
         ];
         // A shard this node no longer holds disappears from the scrape.
         for g in gauges {
             g.reset();
         }
+        self.shard_oldest_unresolved_age.reset();
         for shard in node.shards() {
             let id = shard.id.to_string();
             let label = [id.as_str()];
-            let (serving, c) = match shard.counts().await {
-                Ok(c) => (shard.serving(), c),
-                Err(_) => (false, Default::default()),
-            };
+            // A failed read shows the shard as not serving, with zero counts.
+            let h = shard.health().await.unwrap_or_default();
             let set = |g: &IntGaugeVec, v: u64| {
                 g.with_label_values(&label)
                     .set(i64::try_from(v).unwrap_or(i64::MAX))
             };
-            set(&self.shard_entries, c.entries);
+            set(&self.shard_entries, h.entries);
+            set(&self.shard_unresolved_uploads, h.unresolved_uploads);
+            set(&self.shard_guards, h.guards);
+            set(&self.shard_unknown_guards, h.unknown_guards);
+            set(&self.shard_collectable, h.collectable);
+            set(&self.shard_dead_letters, h.dead_letters);
+            set(&self.shard_serving, u64::from(h.serving));
+            for (state, n) in &h.operations {
+                self.shard_operations
+                    .with_label_values(&[id.as_str(), state.as_str()])
+                    .set(i64::try_from(*n).unwrap_or(i64::MAX));
+            }
+            set(&self.shard_reserved_bytes, h.reserved_bytes);
+            set(&self.shard_reservations, h.reservations);
             set(
-                &self.shard_unresolved_uploads,
-                c.uploads + c.deleting_uploads,
+                &self.shard_reservations_match,
+                u64::from(h.reservations_match),
             );
-            set(&self.shard_guards, c.guards);
-            set(&self.shard_unknown_guards, c.unknown_guards);
-            set(&self.shard_collectable, c.collectable);
-            set(
-                &self.shard_dead_letters,
-                c.operations[crate::meta::OpState::DeadLetter as usize],
-            );
-            set(&self.shard_serving, u64::from(serving));
+            set(&self.shard_quarantined, h.quarantined);
+            self.shard_oldest_unresolved_age
+                .with_label_values(&label)
+                .set(h.oldest_unresolved_age_ms as f64 / 1000.0);
         }
     }
 

@@ -291,6 +291,32 @@ fn metrics_are_scraped_over_http_as_prometheus_text_and_count_the_rpcs_a_client_
     assert_eq!(per_shard("nokv_shard_serving"), vec![1.0; 16]);
     assert_eq!(per_shard("nokv_shard_entries").iter().sum::<f64>(), 1.0);
     assert_eq!(per_shard("nokv_shard_unresolved_uploads").len(), 16);
+    // Every health counter is a gauge too, and agrees with `admin health`.
+    let health = d.cli(&["--json", "admin", "health"]).assert_ok().json();
+    for name in [
+        "nokv_shard_reserved_bytes",
+        "nokv_shard_reservations",
+        "nokv_shard_quarantined",
+        "nokv_shard_oldest_unresolved_age_seconds",
+    ] {
+        assert_eq!(per_shard(name), vec![0.0; 16], "{name}");
+    }
+    assert_eq!(per_shard("nokv_shard_reservations_match"), vec![1.0; 16]);
+    let states = health["operations"].as_object().unwrap();
+    assert_eq!(states.len(), 7, "{health}");
+    for (state, n) in states {
+        let per_state: Vec<f64> = after
+            .iter()
+            .filter(|s| s.name == "nokv_shard_operations" && s.labels.get("state") == Some(state))
+            .map(|s| s.value)
+            .collect();
+        assert_eq!(per_state.len(), 16, "{state}: one per shard");
+        assert_eq!(
+            per_state.iter().sum::<f64>(),
+            n.as_f64().unwrap(),
+            "{state}"
+        );
+    }
 
     // Only /metrics is served.
     let host = url.strip_suffix("/metrics").unwrap();

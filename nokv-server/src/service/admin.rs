@@ -23,7 +23,7 @@ use crate::auth::{authenticate, authenticate_with_id};
 use crate::control::etcd::{ClusterView, ShardState};
 use crate::error::{Error, Result};
 use crate::events::{self, Action, Who};
-use crate::meta::{Counts, LedgerRow, OpState};
+use crate::meta::{LedgerRow, OpState};
 use crate::node::Node;
 use crate::shard::operations;
 use crate::token::Role;
@@ -86,45 +86,7 @@ impl Admin for AdminService {
         self.admit(&req)?;
         let mut shards = Vec::new();
         for s in self.node.shards() {
-            // A shard out of service answers Unavailable; health reports it instead of failing.
-            let (serving, c) = match s.counts().await {
-                Ok(c) => (s.serving(), c),
-                Err(Error::Unavailable(_)) => (false, Default::default()),
-                Err(e) => return Err(e.into()),
-            };
-            let quarantined = match s.inventory_status().await {
-                Ok(st) => st.quarantined,
-                Err(Error::Unavailable(_)) => 0,
-                Err(e) => return Err(e.into()),
-            };
-            let (operations, oldest_unresolved_age_ms) = ledger_health(&c, s.now_ms());
-            shards.push(pb::ShardHealth {
-                operations,
-                oldest_unresolved_age_ms,
-                shard: s.id,
-                owned: true,
-                entries: c.entries,
-                open_uploads: c.uploads,
-                guards: c.guards,
-                serving,
-                unknown_guards: c.unknown_guards,
-                unresolved_uploads: c.uploads + c.deleting_uploads,
-                guards_finished: c.guards - c.unknown_guards,
-                collectable: c.collectable,
-                quarantined,
-                dead_letters: c.operations[OpState::DeadLetter as usize],
-                ..Default::default()
-            });
-            // Quota accounting: a shard out of service reads 0 like its other counts.
-            let t = match s.usage_totals().await {
-                Ok(t) => t,
-                Err(Error::Unavailable(_)) => Default::default(),
-                Err(e) => return Err(e.into()),
-            };
-            let h = shards.last_mut().expect("just pushed");
-            h.reserved_bytes = t.reserved_bytes;
-            h.reservations = t.reservations;
-            h.reservations_match = h.reservations == h.unresolved_uploads;
+            shards.push(s.health().await?);
         }
         let all_serving = shards.iter().all(|s| s.serving);
         for s in shards.iter().filter(|s| !s.reservations_match) {
@@ -505,18 +467,6 @@ fn summary(shard: u32, row: &LedgerRow) -> pb::OperationSummary {
 
 /// The ledger part of one shard's health: operations per state (every state, zeros
 /// included) and the oldest unresolved operation's age at `now_ms` (shard clock).
-fn ledger_health(c: &Counts, now_ms: i64) -> (std::collections::HashMap<String, u64>, i64) {
-    let operations = OpState::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, st)| (st.name().to_string(), c.operations[i]))
-        .collect();
-    let age = c
-        .oldest_unresolved_ms
-        .map_or(0, |created| (now_ms - created).max(0));
-    (operations, age)
-}
-
 fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

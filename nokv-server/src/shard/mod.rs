@@ -15,6 +15,7 @@ pub mod files;
 #[cfg(test)]
 pub(crate) mod fixture;
 pub mod gate;
+pub mod health;
 pub mod inventory;
 pub mod operations;
 pub mod quota;
