@@ -129,6 +129,8 @@ fn a_foreign_object_put_straight_into_the_bucket_is_quarantined_and_still_exists
     // A bad limit is refused and changes nothing.
     d.cli(&["admin", "quarantine", "--limit", "1001"])
         .assert_fails_with("InvalidArgument");
+    let zero = d.cli(&["admin", "quarantine", "--limit", "0"]);
+    assert_eq!(zero.status, 2, "a usage error: {}", zero.stderr);
 }
 
 #[test]

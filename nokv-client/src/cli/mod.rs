@@ -146,7 +146,8 @@ enum Command {
         limit: Option<u32>,
     },
     /// Search the small files of a workspace on the server, grep-style: `path:line:text`
-    /// (context lines `path-line-text`). Artifacts and non-UTF-8 files are skipped.
+    /// (context lines `path-line-text`). Non-UTF-8 files are skipped, and artifacts unless
+    /// `--include-artifacts`.
     Grep {
         /// Regular expression (Rust `regex` syntax), matched line by line.
         regex: String,
@@ -241,7 +242,7 @@ enum AdminCommand {
     /// (key, size, first and last seen, shard). They are kept, never deleted.
     Quarantine {
         /// Observations to list, 1 to 1000 [default: 100].
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         limit: Option<u32>,
     },
     /// Per-workspace byte quotas.
