@@ -191,6 +191,10 @@ class McpServerTest(unittest.TestCase):
                                                 "content": "hello, agent\n"})
                 await self.fails(s, "nokv_stat", {"workspace": "agent", "path": "nope.txt"},
                                  "NotFound")
+                # Arguments that do not fit the schema are a typed tool error like any other.
+                text = await self.fails(s, "nokv_stat", {"workspace": "agent"},
+                                        "InvalidArgument")
+                self.assertIn("path", text)
             type(self).transcript = record
             return tools
 

@@ -11,6 +11,9 @@ use serde_json::{Value, json};
 
 /// The reason of a refused write tool in `--read-only` mode.
 pub const READ_ONLY: &str = "ReadOnly";
+/// The reason of a call whose arguments do not fit the tool's schema (a missing `path`, a
+/// string where a number goes), like the daemon's for bad input.
+pub const INVALID_ARGUMENT: &str = "InvalidArgument";
 
 pub fn ok(text: impl Into<String>, structured: Value) -> CallToolResult {
     let mut r = CallToolResult::success(vec![ContentBlock::text(text.into())]);
