@@ -294,6 +294,17 @@ pub struct WorkspaceRecord {
     pub retired_cursor_rev: u64,
     #[prost(bool, tag = "5")]
     pub retired_cursor_set: bool,
+    /// The request id of the call that set the fence: the session that completes the
+    /// deletion records the totals below as that call's answer, so its retry gets them.
+    #[prost(string, tag = "6")]
+    pub request_id: String,
+    /// What the deletion released so far.
+    #[prost(uint64, tag = "7")]
+    pub entries_removed: u64,
+    #[prost(uint64, tag = "8")]
+    pub uploads_ended: u64,
+    #[prost(uint64, tag = "9")]
+    pub retired_released: u64,
 }
 
 /// The inventory scan of one shard (one record per shard store; see

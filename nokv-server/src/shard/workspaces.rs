@@ -23,7 +23,9 @@
 //!    revived: its uploads are ended (their later calls are refused by upload state), its
 //!    revisions are gone. Path generations continue from the old ones (they are never reused)
 //!    and replay records of old request ids stay until their TTL (a retry gets the recorded
-//!    outcome; it changes nothing).
+//!    outcome; it changes nothing). The record counts what the pages released, and the
+//!    completing session — the caller's, or the reconciler's after a crash — writes the totals
+//!    into the fencing call's replay record: a retry answers what the deletion did.
 //!
 //! The call drives the pages to completion itself; a deletion cut short (crash, shutdown)
 //! is resumed by the reconciler's next pass ([`Shard::resume_workspace_deletions`]), since
@@ -36,6 +38,7 @@
 //! and is refused: never a live entry in a deleted workspace.
 
 use nokv_proto::v1 as pb;
+use prost::Message;
 
 use super::Shard;
 use super::quota::Accounts;
@@ -62,14 +65,16 @@ pub(crate) fn require_not_deleting(w: &WriteView, ws: &str) -> Result<()> {
     }
 }
 
-/// Sets the deletion fence of `ws` (a no-op while a deletion of it is already under way).
-fn fence(w: &mut WriteView, ws: &str, now: i64) -> Result<()> {
+/// Sets the deletion fence of `ws` for the call with `request_id` (a no-op while a deletion
+/// of it is already under way).
+fn fence(w: &mut WriteView, ws: &str, now: i64, request_id: &str) -> Result<()> {
     if w.workspace(ws)?.is_none() {
         w.put_workspace(
             ws,
             &WorkspaceRecord {
                 state: WorkspaceState::Deleting as i32,
                 deleting_since_ms: now,
+                request_id: request_id.to_string(),
                 ..Default::default()
             },
         )?;
@@ -108,23 +113,35 @@ impl Shard {
         let key = RequestKey::new(&req.workspace, &request_id, "DeleteWorkspace", &req);
         let ws = req.workspace;
         let first = {
-            let ws = ws.clone();
+            let (ws, key) = (ws.clone(), key.clone());
             let clock = self.clock.clone();
             let accounts = self.accounts.clone();
             self.gate
                 .write(move |w| {
                     if let Some(done) = key.recorded::<pb::DeleteWorkspaceResponse>(w)? {
                         // A retry: never a second fence (the name may be in use again by
-                        // now); a deletion still in progress is only driven on.
+                        // now).
                         done?;
-                        return Ok(Page::default());
+                        return Ok(None);
                     }
                     let now = clock.now_ms();
-                    fence(w, &ws, now)?;
+                    fence(w, &ws, now, &key.request_id)?;
                     key.record(w, &pb::DeleteWorkspaceResponse::default(), now)?;
-                    release_page(w, &accounts, &ws, now)
+                    release_page(w, &accounts, &ws, now).map(Some)
                 })
                 .await?
+        };
+        let Some(first) = first else {
+            // A deletion still in progress is only driven on; then the answer is the one the
+            // completing session recorded.
+            self.drain_deletion(&ws).await?;
+            return self
+                .gate
+                .write(move |w| {
+                    key.recorded::<pb::DeleteWorkspaceResponse>(w)?
+                        .unwrap_or_else(|| Ok(Default::default()))
+                })
+                .await;
         };
         let mut total = first;
         if !first.done {
@@ -232,12 +249,12 @@ fn release_page(w: &mut WriteView, accounts: &Accounts, ws: &str, now: i64) -> R
         left -= w.remove_receipts(ws, left)?;
     }
 
+    let mut rec = w
+        .workspace(ws)?
+        .ok_or_else(|| Error::Internal(format!("workspace {ws:?} lost its record")))?;
     // Retired revisions of the workspace, from where the previous page stopped. Nothing of
     // the workspace can be retired after the fence, so a forward scan sees all of them.
     if left > 0 {
-        let mut rec = w
-            .workspace(ws)?
-            .ok_or_else(|| Error::Internal(format!("workspace {ws:?} lost its record")))?;
         let after = rec
             .retired_cursor_set
             .then_some((rec.retired_cursor_ms, rec.retired_cursor_rev));
@@ -252,11 +269,16 @@ fn release_page(w: &mut WriteView, accounts: &Accounts, ws: &str, now: i64) -> R
             rec.retired_cursor_set = true;
             left -= 1;
         }
-        w.put_workspace(ws, &rec)?;
     }
+    rec.entries_removed += page.entries;
+    rec.uploads_ended += page.uploads;
+    rec.retired_released += page.retired;
 
     // Every kind came back short of what was asked: nothing of the workspace is left.
-    if left > 0 {
+    if left == 0 {
+        w.put_workspace(ws, &rec)?;
+    } else {
+        answer_fencing_call(w, ws, &rec)?;
         w.remove_workspace(ws)?;
         // The fresh workspace of the same name starts without a quota. Reservations of
         // claimed uploads still settling stay counted until they are reclaimed.
@@ -265,6 +287,24 @@ fn release_page(w: &mut WriteView, accounts: &Accounts, ws: &str, now: i64) -> R
         tracing::info!(workspace = %ws, "workspace deletion completed");
     }
     Ok(page)
+}
+
+/// Records the deletion's totals as the answer of the call that fenced it (its replay record,
+/// while that is kept).
+fn answer_fencing_call(w: &mut WriteView, ws: &str, rec: &WorkspaceRecord) -> Result<()> {
+    if rec.request_id.is_empty() {
+        return Ok(());
+    }
+    if let Some(mut replay) = w.replay(ws, &rec.request_id)? {
+        replay.response = pb::DeleteWorkspaceResponse {
+            entries_removed: rec.entries_removed,
+            uploads_ended: rec.uploads_ended,
+            retired_revisions_released: rec.retired_released,
+        }
+        .encode_to_vec();
+        w.put_replay(ws, &rec.request_id, &replay)?;
+    }
+    Ok(())
 }
 
 /// Drops a revision and makes its block keys collectable (the reconciler deletes them).

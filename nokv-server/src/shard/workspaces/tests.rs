@@ -170,7 +170,11 @@ async fn every_mutation_of_a_workspace_being_deleted_is_refused_and_changes_noth
 
     // The fence as a deletion sets it first; the pages that release the contents come later
     // (a big workspace is released over several sessions).
-    f.shard.gate.write(|w| fence(w, "ws", 1_000)).await.unwrap();
+    f.shard
+        .gate
+        .write(|w| fence(w, "ws", 1_000, ""))
+        .await
+        .unwrap();
 
     assert_fenced(write(&f, "ws", "new.txt", b"x").await, "Write");
     assert_fenced(write(&f, "ws", "notes.txt", b"y").await, "overwrite");
@@ -362,7 +366,11 @@ async fn a_commit_racing_a_workspace_deletion_either_committed_before_it_or_is_r
         .put_block(writer(), block(&up, 0, b"commit2!"))
         .await
         .unwrap();
-    f.shard.gate.write(|w| fence(w, "ws", 1_000)).await.unwrap();
+    f.shard
+        .gate
+        .write(|w| fence(w, "ws", 1_000, ""))
+        .await
+        .unwrap();
     assert_fenced(commit(&f, &up, b"commit2!").await, "commit after the fence");
     // Then the deletion completes: the upload is ended and stays uncommittable.
     delete_ws(&f, "ws").await;
@@ -387,10 +395,11 @@ async fn a_retried_workspace_deletion_never_deletes_the_fresh_workspace_of_the_s
         workspace: "ws".into(),
         request_id: "delete-once".into(),
     };
-    f.shard.delete_workspace(req.clone()).await.unwrap();
+    let first = f.shard.delete_workspace(req.clone()).await.unwrap();
+    assert_eq!(first.entries_removed, 1);
     write(&f, "ws", "new.txt", b"new").await.unwrap();
     let again = f.shard.delete_workspace(req).await.unwrap();
-    assert_eq!(again.entries_removed, 0);
+    assert_eq!(again, first, "the retry answers what the deletion did");
     assert_eq!(
         f.shard.read("ws", "new.txt").await.unwrap().data,
         b"new".as_slice()
@@ -408,7 +417,7 @@ async fn a_deletion_cut_short_after_its_fence_is_finished_by_the_next_reconciler
     f.shard
         .gate
         .write(move |w| {
-            fence(w, "ws", 1_000)?;
+            fence(w, "ws", 1_000, "")?;
             super::release_page(w, &accounts, "ws", 1_000)
         })
         .await
@@ -429,6 +438,47 @@ async fn a_deletion_cut_short_after_its_fence_is_finished_by_the_next_reconciler
             .is_empty()
     );
     write(&f, "ws", "x", b"x").await.unwrap();
+}
+
+// Catches: a retry answering zeros (or only its own pages) for a deletion that a crash cut
+// short and the reconciler finished: the completing session must record the totals as the
+// fencing call's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_a_deletion_the_reconciler_finished_answers_its_totals() {
+    let f = fixture();
+    let n = super::PAGE + 3;
+    for i in 0..n {
+        write(&f, "ws", &format!("f{i:04}"), b"x").await.unwrap();
+    }
+    let req = pb::DeleteWorkspaceRequest {
+        workspace: "ws".into(),
+        request_id: "delete-crashed".into(),
+    };
+    // The call's first session committed (fence, replay record, one page), then the
+    // process stopped.
+    let key = crate::shard::replay::RequestKey::new(
+        "ws",
+        &req.request_id,
+        "DeleteWorkspace",
+        &pb::DeleteWorkspaceRequest {
+            request_id: String::new(),
+            ..req.clone()
+        },
+    );
+    let accounts = f.shard.accounts.clone();
+    f.shard
+        .gate
+        .write(move |w| {
+            fence(w, "ws", 1_000, &key.request_id)?;
+            key.record(w, &pb::DeleteWorkspaceResponse::default(), 1_000)?;
+            super::release_page(w, &accounts, "ws", 1_000)
+        })
+        .await
+        .unwrap();
+    f.shard.reconcile().await.unwrap();
+
+    let again = f.shard.delete_workspace(req).await.unwrap();
+    assert_eq!(again.entries_removed, n as u64);
 }
 
 /// Occupies every bulk permit (the fixture has two) until the returned senders are dropped
@@ -501,7 +551,11 @@ async fn a_commit_verified_before_the_fence_is_refused_by_its_commit_session() {
     })
     .await;
     // The deletion's fence lands between the verification and the commit session.
-    f.shard.gate.write(|w| fence(w, "ws", 1_000)).await.unwrap();
+    f.shard
+        .gate
+        .write(|w| fence(w, "ws", 1_000, ""))
+        .await
+        .unwrap();
     drop(releases);
     assert_fenced(
         within(committing).await.unwrap(),
