@@ -226,6 +226,15 @@ impl ObjectProvider {
 
     /// One create-if-absent attempt with no client retry.
     pub async fn create(&self, key: &str, data: Bytes) -> PutOutcome {
+        // The in-memory store keeps the very buffer it is given, for as long as the object
+        // lives. A block's buffer carries its block-memory reservation (see `crate::memory`),
+        // so that store gets a copy: otherwise every stored block would hold its share of the
+        // budget forever and the node would refuse every block once it filled up.
+        let data = if self.kind == "memory" {
+            Bytes::copy_from_slice(&data)
+        } else {
+            data
+        };
         let opts = PutOptions {
             mode: PutMode::Create,
             ..PutOptions::default()
@@ -492,6 +501,25 @@ mod tests {
         assert!(is_loopback_url("http://[::1]:9000"));
         assert!(!is_loopback_url("http://s3.example.com"));
         assert!(!is_loopback_url("http://10.0.0.1:9000"));
+    }
+
+    // Catches: the in-memory provider storing the caller's buffer, which keeps the buffer's
+    // block-memory reservation alive as long as the object (the budget never comes back).
+    #[tokio::test]
+    async fn a_block_stored_in_memory_gives_its_block_memory_back() {
+        let p = ObjectProvider::open(&ProviderConfig::Memory, "pfx").unwrap();
+        let budget = crate::memory::BlockMemory::new(1024, std::time::Duration::from_millis(10));
+        let held = budget
+            .reserve(1024)
+            .await
+            .unwrap()
+            .hold(Bytes::from(vec![7u8; 1024]));
+        assert_eq!(p.create("k", held).await, PutOutcome::Written);
+        assert!(
+            budget.reserve(1024).await.is_ok(),
+            "the budget is free again"
+        );
+        assert_eq!(p.get("k").await.unwrap(), vec![7u8; 1024]);
     }
 
     #[tokio::test]
