@@ -47,7 +47,7 @@ use crate::meta::{
     BlockRecord, BlockState, EntryRecord, GuardRecord, KIND_ARTIFACT, RevisionBlock,
     RevisionRecord, UploadRecord, UploadState, WriteView, WriterState,
 };
-use crate::object::PutOutcome;
+use crate::object::{ObjectError, PutOutcome};
 use crate::token::{Claims, Role};
 
 /// Largest artifact accepted: the block index must fit the wire's u32.
@@ -649,7 +649,28 @@ impl Shard {
         // A restore's block read is bulk work: it yields to interactive requests.
         self.bulk.admit(length).await;
         let reserved = memory.reserve(length).await?;
-        Ok(reserved.hold(self.object.get(&key).await?))
+        let data = match self.object.get(&key).await {
+            Ok(data) => data,
+            // The revision was live when its key was read, but the read then waited (bulk
+            // admission, block memory): its retired grace may have ended meanwhile and its
+            // blocks been deleted. That is the replaced-artifact answer, not a lost object.
+            Err(ObjectError::NotFound(k)) => {
+                let live = self
+                    .gate
+                    .read(|r| Ok(r.revision(revision)?.is_some()))
+                    .await?;
+                return Err(if live {
+                    ObjectError::NotFound(k).into()
+                } else {
+                    Error::NotFound(format!(
+                        "revision {revision} is no longer readable: the artifact was replaced \
+                         or deleted and its retired-grace period has ended"
+                    ))
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(reserved.hold(data))
     }
 }
 

@@ -713,6 +713,34 @@ async fn a_replaced_revision_stays_readable_until_the_retired_grace_has_passed()
     assert_accounted(&f).await;
 }
 
+// Catches: a block read that found its key while the revision was live, then waited for
+// block memory while the grace ended and the block was deleted, answering `Internal` ("a
+// referenced object is missing") instead of the replaced-artifact answer.
+#[tokio::test]
+async fn a_block_read_that_waited_past_the_retired_grace_says_the_artifact_was_replaced() {
+    let f = fixture_with(ShardConfig {
+        block_size: 4,
+        retired_grace: Duration::ZERO,
+        ..ShardConfig::default()
+    });
+    publish_one(&f, "art", b"old!", "1").await;
+    let old = f.shard.get_manifest("ws", "art").await.unwrap().revision;
+    let budget = crate::memory::BlockMemory::new(4, Duration::from_secs(600));
+    let taken = budget.reserve(4).await.unwrap();
+    let mut read = Box::pin(f.shard.read_block("ws", old, 0, &budget));
+    // Polled once, the read has its key and waits for block memory.
+    assert!(futures::poll!(read.as_mut()).is_pending());
+    publish_one(&f, "art", b"new!", "2").await;
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!((pass.released_revisions, pass.deleted_keys), (1, 1));
+    drop(taken);
+    let err = read.await.unwrap_err();
+    assert!(
+        matches!(&err, Error::NotFound(m) if m.contains("replaced")),
+        "{err:?}"
+    );
+}
+
 #[tokio::test]
 async fn after_the_retired_grace_reading_a_replaced_revision_says_the_artifact_was_replaced() {
     let f = fixture_with(ShardConfig {
