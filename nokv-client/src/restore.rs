@@ -294,6 +294,12 @@ fn open_partial(partial: &Path) -> Result<(std::fs::File, bool)> {
             md.permissions().mode() & 0o7777
         )));
     }
+    // A partial file of this user's own with a looser mode (0644 after a copy) is resumed, but
+    // what it becomes is restored data: 0600 like a fresh one, before a byte of it is written.
+    if md.permissions().mode() & 0o7777 != 0o600 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| io(partial, e))?;
+    }
     Ok((file, existed))
 }
 

@@ -381,6 +381,7 @@ fn restore_refuses_a_corrupted_block_and_leaves_no_dest() {
 
 #[test]
 fn an_interrupted_restore_resumes_from_the_verified_blocks_of_its_partial_file() {
+    use std::os::unix::fs::PermissionsExt;
     let d = Daemon::start(&[]);
     let dir = tempfile::tempdir().unwrap();
     let data = pseudo_random_bytes(30, 3 * BLOCK);
@@ -407,10 +408,14 @@ fn an_interrupted_restore_resumes_from_the_verified_blocks_of_its_partial_file()
     let mut partial = good.clone();
     partial[2 * BLOCK..].fill(0);
     std::fs::write(partial_of(&dest), &partial).unwrap();
+    // The user's own partial file with a looser mode is resumed, and the result is 0600.
+    std::fs::set_permissions(partial_of(&dest), std::fs::Permissions::from_mode(0o644)).unwrap();
     let summary = restore(&d, "ws:models/m.bin", &dest);
     assert_eq!(summary["resumed_blocks"], 2, "{summary}");
     assert_same_bytes(&std::fs::read(&dest).unwrap(), &data, "resumed restore");
     assert!(!partial_of(&dest).exists(), "the .partial was renamed");
+    let mode = std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "restored file mode {mode:o}");
 
     // A damaged block in the partial is not trusted: it is fetched again.
     std::fs::remove_file(&dest).unwrap();

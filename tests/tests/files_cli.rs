@@ -880,3 +880,23 @@ fn a_mutation_whose_outcome_is_unknown_prints_its_request_id_for_a_safe_retry() 
             .assert_ok();
     }
 }
+
+// Catches: a CLI whose reader went away (`nokv ls | head -1`) panicking on the closed pipe
+// (exit 101 and a backtrace) instead of ending quietly like any Unix filter (141, what a
+// shell shows for a SIGPIPE death).
+#[test]
+fn output_into_a_closed_pipe_ends_the_cli_quietly() {
+    let d = Daemon::start(&[]);
+    put(&d, "ws:a.txt", b"a");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = d
+        .cli_command(&["--json", "admin", "health"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.is_empty(), "{stderr}");
+    assert_eq!(out.status.code(), Some(141), "{:?}", out.status);
+}

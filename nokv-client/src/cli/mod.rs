@@ -172,8 +172,8 @@ enum Command {
         /// Source file; `-` reads stdin.
         file: PathBuf,
         target: Target,
-        /// Blocks in flight at once.
-        #[arg(long, default_value_t = 4)]
+        /// Blocks in flight at once (1 or more).
+        #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         parallel: usize,
         /// No progress bar.
         #[arg(long, short)]
@@ -190,8 +190,8 @@ enum Command {
     Restore {
         target: Target,
         dest: PathBuf,
-        /// Blocks fetched at once.
-        #[arg(long, default_value_t = 4)]
+        /// Blocks fetched at once (1 or more).
+        #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         parallel: usize,
         /// No progress bar.
         #[arg(long, short)]
