@@ -349,8 +349,9 @@ impl Cluster {
         })
     }
 
-    /// `nokv admin shard move S NODE`: hands `shard` to node `to` and answers once `to`
-    /// serves it, with its epoch.
+    /// `nokv admin shard move S NODE`: hands `shard` to node `to` and answers once the routes
+    /// name `to` as its owner, with its epoch. `to` may still be opening the checkpoint then:
+    /// its first answers for the shard can be a retryable `Unavailable`.
     pub async fn move_shard(&self, shard: u32, to: &str) -> Result<u64> {
         if shard >= self.node.shard_count() {
             return Err(Error::InvalidArgument(format!(
@@ -385,7 +386,7 @@ impl Cluster {
                 )));
             }
         }
-        // Answer once the target serves it (its endpoint in the routes at a higher epoch).
+        // Answer once the target owns it (its endpoint in the routes at a higher epoch).
         let target_endpoint = view
             .nodes
             .iter()

@@ -282,7 +282,8 @@ enum InventoryCommand {
 #[derive(Debug, Subcommand)]
 enum ShardCommand {
     /// Hand shard S gracefully to node NODE (cluster mode): drain, checkpoint, release. Returns
-    /// once NODE serves it; clients see at most a retry.
+    /// once NODE owns it (NODE may still answer a retryable Unavailable for the moment it
+    /// takes to open the checkpoint); clients see at most a retry.
     Move {
         /// Shard number (0 to shard count - 1).
         shard: u32,

@@ -1075,6 +1075,16 @@ async fn keep_alive_loop(
         let opened = tokio::time::timeout(period, client.lease_keep_alive(lease_id)).await;
         let (mut keeper, mut stream) = match opened {
             Ok(Ok(pair)) => pair,
+            // The client's words for a first answer with TTL 0: etcd no longer knows the
+            // lease, the same end as below (retrying it would never succeed).
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(why))) if why == "lease not found" => {
+                tracing::error!(
+                    lease = lease_id,
+                    "the node's lease is gone; acknowledging nothing more"
+                );
+                deadline.revoke();
+                return;
+            }
             Ok(Err(error)) => {
                 tracing::warn!(lease = lease_id, %error, "cannot open the keep-alive stream");
                 tokio::time::sleep(period).await;

@@ -145,6 +145,15 @@ impl Shard {
         let grace_ms = self.cfg.retired_grace.as_millis() as i64;
         let mut released = 0;
         while started.elapsed() < self.cfg.scan_budget {
+            // Read first: an idle shard's pass opens no write session (see `reconcile`).
+            let cutoff = self.clock.now_ms() - grace_ms;
+            if self
+                .gate
+                .read(|r| Ok(r.retired_before(cutoff, 1)?.is_empty()))
+                .await?
+            {
+                break;
+            }
             let clock = self.clock.clone();
             let n = self
                 .gate

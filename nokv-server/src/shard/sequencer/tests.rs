@@ -713,6 +713,25 @@ async fn a_replaced_revision_stays_readable_until_the_retired_grace_has_passed()
     assert_accounted(&f).await;
 }
 
+// Catches: a reconcile pass that opens a write session with nothing to do (release_retired
+// used to check inside its session): on an idle shard every pass then costs a batch, and in a
+// cluster marks the shard changed since its checkpoint.
+#[tokio::test]
+async fn an_idle_shards_reconcile_pass_opens_no_write_session() {
+    let f = fixture_with(ShardConfig {
+        block_size: 4,
+        ..ShardConfig::default()
+    });
+    publish_one(&f, "art", b"old!", "1").await;
+    // A replaced revision within its retired grace: retired, not yet due.
+    publish_one(&f, "art", b"new!", "2").await;
+    f.shard.reconcile().await.unwrap();
+    let before = f.shard.gate.stats();
+    let pass = f.shard.reconcile().await.unwrap();
+    assert_eq!(pass.released_revisions, 0);
+    assert_eq!(f.shard.gate.stats().sessions, before.sessions);
+}
+
 // Catches: a block read that found its key while the revision was live, then waited for
 // block memory while the grace ended and the block was deleted, answering `Internal` ("a
 // referenced object is missing") instead of the replaced-artifact answer.
