@@ -478,7 +478,7 @@ fn now_unix_ms() -> u64 {
 /// keys exist only while their leases do. A shard without an ownership record is `unowned`
 /// (its owner key, should one exist, still names who holds it).
 fn cluster_response(view: &ClusterView, now_ms: u64) -> pb::ClusterResponse {
-    let nodes = view
+    let mut nodes: Vec<pb::ClusterNode> = view
         .nodes
         .iter()
         .map(|(id, n)| pb::ClusterNode {
@@ -487,6 +487,25 @@ fn cluster_response(view: &ClusterView, now_ms: u64) -> pb::ClusterResponse {
             alive: true,
         })
         .collect();
+    // A node's key lives only with its lease, so a crashed node is known only from the shards
+    // it still holds (serving or draining, with no live owner key): listed, not alive. A node
+    // that handed its shards off and left is not listed.
+    let mut dead: Vec<pb::ClusterNode> = Vec::new();
+    for s in &view.shards {
+        let Some(r) = &s.record else { continue };
+        let holding = matches!(r.state, ShardState::Serving | ShardState::Draining);
+        if let Some(owner) = r.owner.as_ref().filter(|_| holding && s.owner.is_none())
+            && !nodes.iter().chain(&dead).any(|n| &n.id == owner)
+        {
+            dead.push(pb::ClusterNode {
+                id: owner.clone(),
+                endpoint: r.endpoint.clone().unwrap_or_default(),
+                alive: false,
+            });
+        }
+    }
+    dead.sort_by(|a, b| a.id.cmp(&b.id));
+    nodes.extend(dead);
     let shards = view
         .shards
         .iter()
@@ -591,20 +610,37 @@ mod tests {
                     record: None,
                     owner: None,
                 },
+                // Held by a node whose lease is gone (it crashed): listed, not alive.
+                ShardView {
+                    shard: 4,
+                    record: Some(record(ShardState::Serving, "c", 5)),
+                    owner: None,
+                },
             ],
         };
         let r = cluster_response(&view, 15_000);
         assert_eq!(r.cluster, "demo");
         assert_eq!(
             r.nodes,
-            [pb::ClusterNode {
-                id: "a".into(),
-                endpoint: "https://a:7878".into(),
-                alive: true,
-            }]
+            [
+                pb::ClusterNode {
+                    id: "a".into(),
+                    endpoint: "https://a:7878".into(),
+                    alive: true,
+                },
+                pb::ClusterNode {
+                    id: "c".into(),
+                    endpoint: "https://c:7878".into(),
+                    alive: false,
+                }
+            ],
+            "b handed its shard off and left: not listed"
         );
         let states: Vec<_> = r.shards.iter().map(|s| s.state.as_str()).collect();
-        assert_eq!(states, ["serving", "handoff", "draining", "unowned"]);
+        assert_eq!(
+            states,
+            ["serving", "handoff", "draining", "unowned", "serving"]
+        );
         let s0 = &r.shards[0];
         assert_eq!(
             (s0.owner.as_str(), s0.epoch, s0.owner_alive),
