@@ -732,11 +732,8 @@ async fn an_idle_shards_reconcile_pass_opens_no_write_session() {
     assert_eq!(f.shard.gate.stats().sessions, before.sessions);
 }
 
-// Catches: a block read that found its key while the revision was live, then waited for
-// block memory while the grace ended and the block was deleted, answering `Internal` ("a
-// referenced object is missing") instead of the replaced-artifact answer.
-#[tokio::test]
-async fn a_block_read_that_waited_past_the_retired_grace_says_the_artifact_was_replaced() {
+/// A shard with no retired grace and artifact `art` published once; returns its revision.
+async fn published_without_retired_grace() -> (Fixture, u64) {
     let f = fixture_with(ShardConfig {
         block_size: 4,
         retired_grace: Duration::ZERO,
@@ -744,6 +741,15 @@ async fn a_block_read_that_waited_past_the_retired_grace_says_the_artifact_was_r
     });
     publish_one(&f, "art", b"old!", "1").await;
     let old = f.shard.get_manifest("ws", "art").await.unwrap().revision;
+    (f, old)
+}
+
+// Catches: a block read that found its key while the revision was live, then waited for
+// block memory while the grace ended and the block was deleted, answering `Internal` ("a
+// referenced object is missing") instead of the replaced-artifact answer.
+#[tokio::test]
+async fn a_block_read_that_waited_past_the_retired_grace_says_the_artifact_was_replaced() {
+    let (f, old) = published_without_retired_grace().await;
     let budget = crate::memory::BlockMemory::new(4, Duration::from_secs(600));
     let taken = budget.reserve(4).await.unwrap();
     let mut read = Box::pin(f.shard.read_block("ws", old, 0, &budget));
@@ -762,13 +768,7 @@ async fn a_block_read_that_waited_past_the_retired_grace_says_the_artifact_was_r
 
 #[tokio::test]
 async fn after_the_retired_grace_reading_a_replaced_revision_says_the_artifact_was_replaced() {
-    let f = fixture_with(ShardConfig {
-        block_size: 4,
-        retired_grace: Duration::ZERO,
-        ..ShardConfig::default()
-    });
-    publish_one(&f, "art", b"old!", "1").await;
-    let old = f.shard.get_manifest("ws", "art").await.unwrap().revision;
+    let (f, old) = published_without_retired_grace().await;
     publish_one(&f, "art", b"new!", "2").await;
     let pass = f.shard.reconcile().await.unwrap();
     assert_eq!((pass.released_revisions, pass.deleted_keys), (1, 1));
