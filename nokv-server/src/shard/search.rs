@@ -274,6 +274,7 @@ impl GrepSearch {
                 artifacts.push(Artifact {
                     path,
                     generation: e.generation,
+                    revision: e.revision,
                     blocks: rev.blocks,
                 });
                 continue;

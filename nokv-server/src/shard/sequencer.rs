@@ -633,10 +633,7 @@ impl Shard {
                     }
                     // Issued once and gone now: only the end of a retired grace drops one.
                     None if revision != 0 && revision <= r.last_sequence("revision")? => {
-                        return Err(Error::NotFound(format!(
-                            "revision {revision} is no longer readable: the artifact was replaced \
-                             or deleted and its retired-grace period has ended"
-                        )));
+                        return Err(no_longer_readable(revision));
                     }
                     None => return Err(Error::NotFound(format!("revision {revision} not found"))),
                 };
@@ -646,11 +643,23 @@ impl Shard {
                     .ok_or_else(|| Error::NotFound(format!("block {index} not found")))
             })
             .await?;
-        // A restore's block read is bulk work: it yields to interactive requests.
+        self.fetch_block(revision, &key, length, memory).await
+    }
+
+    /// The bytes of block `key` (`length` bytes) of a revision, read with no lock held: bulk
+    /// work that yields to interactive requests, its length reserved from `memory` before the
+    /// fetch (the returned bytes carry the reservation). Restores and Grep read blocks here.
+    pub(crate) async fn fetch_block(
+        &self,
+        revision: u64,
+        key: &str,
+        length: u64,
+        memory: &BlockMemory,
+    ) -> Result<Bytes> {
         self.bulk.admit(length).await;
         let reserved = memory.reserve(length).await?;
-        let data = match self.object.get(&key).await {
-            Ok(data) => data,
+        match self.object.get(key).await {
+            Ok(data) => Ok(reserved.hold(data)),
             // The revision was live when its key was read, but the read then waited (bulk
             // admission, block memory): its retired grace may have ended meanwhile and its
             // blocks been deleted. That is the replaced-artifact answer, not a lost object.
@@ -659,19 +668,24 @@ impl Shard {
                     .gate
                     .read(|r| Ok(r.revision(revision)?.is_some()))
                     .await?;
-                return Err(if live {
+                Err(if live {
                     ObjectError::NotFound(k).into()
                 } else {
-                    Error::NotFound(format!(
-                        "revision {revision} is no longer readable: the artifact was replaced \
-                         or deleted and its retired-grace period has ended"
-                    ))
-                });
+                    no_longer_readable(revision)
+                })
             }
-            Err(e) => return Err(e.into()),
-        };
-        Ok(reserved.hold(data))
+            Err(e) => Err(e.into()),
+        }
     }
+}
+
+/// The answer for a revision issued once and gone now: only the end of a retired grace drops
+/// one (the artifact was replaced or deleted).
+fn no_longer_readable(revision: u64) -> Error {
+    Error::NotFound(format!(
+        "revision {revision} is no longer readable: the artifact was replaced or deleted and its \
+         retired-grace period has ended"
+    ))
 }
 
 /// The length block `index` must have in an artifact of `size` bytes.

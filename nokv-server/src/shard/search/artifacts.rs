@@ -28,6 +28,7 @@ pub const MAX_ARTIFACT_LINE: usize = 1024 * 1024;
 pub(super) struct Artifact {
     pub path: String,
     pub generation: u64,
+    pub revision: u64,
     pub blocks: Vec<RevisionBlock>,
 }
 
@@ -80,16 +81,17 @@ pub(super) async fn scan(
     Ok("")
 }
 
-/// One block's bytes, verified against the digest its revision recorded.
+/// One block's bytes (read like a restore's, see [`Shard::fetch_block`]), verified against the
+/// digest its revision recorded.
 async fn fetch(
     shard: &Shard,
     artifact: &Artifact,
     block: &RevisionBlock,
     memory: &BlockMemory,
 ) -> Result<bytes::Bytes> {
-    shard.bulk.admit(block.length).await;
-    let reserved = memory.reserve(block.length).await?;
-    let data = reserved.hold(shard.object.get(&block.key).await?);
+    let data = shard
+        .fetch_block(artifact.revision, &block.key, block.length, memory)
+        .await?;
     if Sha256::digest(&data).as_slice() != block.sha256.as_slice() {
         tracing::error!(
             shard = shard.id,
