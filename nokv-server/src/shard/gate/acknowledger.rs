@@ -5,7 +5,11 @@
 //! it runs the next batch at once. This thread takes every stage queued at that moment,
 //! appends their records with one write and one fsync, and only then shows readers the newest
 //! snapshot and answers the callers — so one fsync serves every batch that queued behind it,
-//! and the committer never waits for the disk.
+//! and the committer never waits for the disk while others wait for it. The one exception is a
+//! lone batch (nothing queued behind it, nothing left here): the committer runs [`handle`] for
+//! it itself, which saves a thread wake-up per put when writes come one at a time
+//! (`gate::hand_over`). The invariants below hold for both, because the committer does so only
+//! when this thread has finished every stage it was handed.
 //!
 //! Invariants:
 //! * **acknowledged ⇒ durable, and visible ⇒ durable**: a batch's answers go out, and its
@@ -62,39 +66,54 @@ pub(super) fn run(
     while let Ok(first) = stages.recv() {
         let mut round = vec![first];
         round.extend(stages.try_iter());
-        let appended = append(&round);
-        if let Err(reason) = &appended {
-            out_of_service(slot, name, reason, &wake);
-        }
-        let newest = round.iter().rev().find_map(|s| match s {
+        let handled = round.len();
+        handle(slot, name, round, &wake);
+        // Only now may the committer answer a lone batch itself (see `gate::hand_over`).
+        slot.handed_over.fetch_sub(handled, Ordering::AcqRel);
+    }
+}
+
+/// Handles one round of stages, in order: appends their records with one fsync, then shows the
+/// newest snapshot and answers. Run by this thread, or by the committer for a lone batch when
+/// this thread has nothing left (see `gate::hand_over`).
+pub(super) fn handle(
+    slot: &Slot,
+    name: &str,
+    round: Vec<Stage>,
+    wake: &mpsc::WeakUnboundedSender<Job>,
+) {
+    let appended = append(&round);
+    if let Err(reason) = &appended {
+        out_of_service(slot, name, reason, wake);
+    }
+    let newest = round.iter().rev().find_map(|s| match s {
+        Stage::Logged {
+            store, snapshot, ..
+        } if appended.is_ok() => Some((store.clone(), snapshot.clone())),
+        Stage::Known {
+            visible: Some(v), ..
+        } => Some(v.clone()),
+        _ => None,
+    });
+    if let Some((store, snapshot)) = newest {
+        slot.show(store, snapshot);
+    }
+    for stage in round {
+        match stage {
             Stage::Logged {
-                store, snapshot, ..
-            } if appended.is_ok() => Some((store.clone(), snapshot.clone())),
-            Stage::Known {
-                visible: Some(v), ..
-            } => Some(v.clone()),
-            _ => None,
-        });
-        if let Some((store, snapshot)) = newest {
-            slot.show(store, snapshot);
-        }
-        for stage in round {
-            match stage {
-                Stage::Logged {
-                    answers, committed, ..
-                } => {
-                    if appended.is_ok() {
-                        slot.stats
-                            .acknowledged
-                            .fetch_add(committed, Ordering::AcqRel);
-                    }
-                    answers.into_iter().for_each(|a| a(&appended));
+                answers, committed, ..
+            } => {
+                if appended.is_ok() {
+                    slot.stats
+                        .acknowledged
+                        .fetch_add(committed, Ordering::AcqRel);
                 }
-                Stage::Known {
-                    answers, outcome, ..
-                } => answers.into_iter().for_each(|a| a(&outcome)),
-                Stage::Checkpoint(_) => {}
+                answers.into_iter().for_each(|a| a(&appended));
             }
+            Stage::Known {
+                answers, outcome, ..
+            } => answers.into_iter().for_each(|a| a(&outcome)),
+            Stage::Checkpoint(_) => {}
         }
     }
 }
