@@ -921,6 +921,16 @@ mod tests {
         }
     }
 
+    /// Resumes paused log appends when dropped — even if an assertion fails — so the gate can be
+    /// dropped (its committer joins the acknowledger, which would wait at the pause forever).
+    struct Resume(crate::meta::StoreFaults);
+
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            self.0.resume_log();
+        }
+    }
+
     /// A gate on a fresh standalone store, and the fault hook of that store.
     fn gate_with_faults() -> (tempfile::TempDir, crate::meta::StoreFaults, Arc<Gate>) {
         let dir = tempfile::tempdir().unwrap();
@@ -1383,12 +1393,6 @@ mod tests {
     async fn a_lone_batch_queues_behind_a_record_still_with_the_acknowledger() {
         let (dir, faults, gate) = gate_with_faults();
         faults.pause_log();
-        struct Resume(crate::meta::StoreFaults);
-        impl Drop for Resume {
-            fn drop(&mut self) {
-                self.0.resume_log();
-            }
-        }
         let _resume = Resume(faults.clone());
 
         // H (held) runs; an exclusive job X and a session B queue behind it, so H's batch ends
@@ -1467,14 +1471,6 @@ mod tests {
             .unwrap();
 
         faults.pause_log();
-        // Resumes even if an assertion fails, so the gate can be dropped (its committer joins
-        // the acknowledger, which would wait at the pause forever).
-        struct Resume(crate::meta::StoreFaults);
-        impl Drop for Resume {
-            fn drop(&mut self) {
-                self.0.resume_log();
-            }
-        }
         let _resume = Resume(faults.clone());
         let g = gate.clone();
         let pending =
