@@ -618,8 +618,9 @@ fn run_batches(
         if let Stage::Logged { redo, .. } = &stage {
             checkpoint.logged(redo.len());
         }
-        // Answered after the fsync that makes the batch durable.
-        let lone = jobs.is_empty();
+        // Answered after the fsync that makes the batch durable. Lone: no job waits behind it
+        // (neither queued nor carried over).
+        let lone = carry.is_none() && jobs.is_empty();
         hand_over(slot, name, stage, lone, stages, nudge);
         if failure.is_none() && checkpoint.due() {
             match meta.flush() {
