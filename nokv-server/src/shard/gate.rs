@@ -1387,9 +1387,9 @@ mod tests {
 
     // The path both ways in one run: a batch with sessions queued behind it goes to the
     // acknowledger (its append held at the pause here), and the lone batch after it must queue
-    // behind it — the committer stays free (an exclusive job still runs) and answers come in
-    // batch order once the log moves again. Then a lone batch with nothing at the acknowledger
-    // is answered (by the committer) and durable across a reopen.
+    // behind it — the committer stays free (an exclusive job still runs), and neither is
+    // answered before the log moves again. Then a lone batch with nothing at the acknowledger
+    // is answered (by the committer), and all three writes survive a reopen.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lone_batch_queues_behind_a_record_still_with_the_acknowledger() {
         let (dir, faults, gate) = gate_with_faults();
