@@ -664,10 +664,10 @@ fn run_batches(
 /// with); doing it here took 13 % off the daemon's CPU per lone put (README, Benchmarks).
 /// But when writes come faster than one per fsync, a session that arrives during that fsync
 /// waits for it instead of running its own batch meanwhile — the probe's eight agents in a
-/// tool loop lost 2-14 % of their operations to it. So once a session arrived while the committer answered
-/// a lone batch, it hands the next [`LONE_BACKOFF`] batches over whatever they are: a
-/// lone batch is answered here again only after that many batches. Returns whether the batch
-/// was answered here.
+/// tool loop lost 2-14 % of their operations to it. So once a session arrived while the
+/// committer answered a lone batch, it hands the next [`LONE_BACKOFF`] batches over whatever
+/// they are: a lone batch is answered here again only after that many batches. Returns whether
+/// the batch was answered here.
 ///
 /// Invariant: the committer does it itself only for a committed batch (`Logged`) when no job
 /// is queued (`lone`: nobody waits behind this fsync) **and** the acknowledger has finished
