@@ -694,8 +694,8 @@ fn hand_over(
     }
 }
 
-/// The rule of [`hand_over`]: a committed batch with no job queued behind it, and nothing
-/// handed to the acknowledger that it has not finished.
+/// The rule of [`hand_over`]: a committed, lone batch (no job queued behind it and not backing
+/// off, see `run_batches`), and nothing handed to the acknowledger that it has not finished.
 fn answers_here(stage: &Stage, lone: bool, handed_over: usize) -> bool {
     lone && handed_over == 0 && matches!(stage, Stage::Logged { .. })
 }
@@ -947,6 +947,14 @@ mod tests {
         fn drop(&mut self) {
             self.0.resume_log();
         }
+    }
+
+    /// Returns once an append waits at the paused log (its batch committed, not yet durable).
+    async fn a_paused_append(faults: &crate::meta::StoreFaults) {
+        let waiting = faults.clone();
+        tokio::task::spawn_blocking(move || waiting.wait_for_a_paused_append())
+            .await
+            .unwrap();
     }
 
     /// Whether the committer runs an exclusive job within 10 s (it is not stuck in an append),
@@ -1444,10 +1452,7 @@ mod tests {
         ];
         submit(&mut queued).await;
         held.release.send(()).unwrap();
-        let waiting = faults.clone();
-        tokio::task::spawn_blocking(move || waiting.wait_for_a_paused_append())
-            .await
-            .unwrap();
+        a_paused_append(&faults).await;
         // H, X and B have run (B as a batch of its own, nothing queued behind it).
         while gate.stats().sessions < before.sessions + 3 {
             tokio::task::yield_now().await;
@@ -1488,15 +1493,11 @@ mod tests {
         let (_dir, faults, gate) = gate_with_faults();
         faults.pause_log();
         let _resume = Resume(faults.clone());
-        let paused = || {
-            let waiting = faults.clone();
-            tokio::task::spawn_blocking(move || waiting.wait_for_a_paused_append())
-        };
 
         // A is lone: the committer appends it itself and waits at the pause; B arrives then.
         let mut a = put(&gate, "a".into());
         assert!(futures::poll!(a.as_mut()).is_pending());
-        paused().await.unwrap();
+        a_paused_append(&faults).await;
         let mut b = [put(&gate, "b".into())];
         submit(&mut b).await;
         faults.resume_log();
@@ -1509,7 +1510,7 @@ mod tests {
         faults.pause_log();
         let g = gate.clone();
         let c = tokio::spawn(async move { g.write(|w| Ok(w.put_inline("ws", "c", b"x")?)).await });
-        paused().await.unwrap();
+        a_paused_append(&faults).await;
         let (free, probe) = committer_is_free(&gate).await;
         assert!(free, "the committer sits in a lone batch's append again");
         assert!(!c.is_finished(), "answered before durable");
@@ -1541,10 +1542,7 @@ mod tests {
                 async move { g.write(|w| Ok(w.put_inline("ws", "pending", b"x")?)).await },
             );
         // The batch is committed and its append waits: the window before durability.
-        let waiting = faults.clone();
-        tokio::task::spawn_blocking(move || waiting.wait_for_a_paused_append())
-            .await
-            .unwrap();
+        a_paused_append(&faults).await;
         assert!(seen("before").await.is_some());
         assert!(seen("pending").await.is_none(), "visible before durable");
         assert!(!pending.is_finished(), "answered before durable");
