@@ -38,6 +38,11 @@ Every condition also reports how the machine's cores spent it (`machine`: busy, 
 so a difference of more than 5 points between idle and unpaced is printed as a warning (the
 verdict is unchanged).
 
+Every condition also reports where the CPU went (`cpu_cores`: the daemon, the sessions, the
+uploader and the provider when the probe started it, in cores, from /proc/PID/stat at each
+window's edges; and `daemon_cpu_ms_per_session_op`): with the machine saturated by the sessions,
+a rise of the unpaced ratios is the CPU those other processes took, and this says whose it was.
+
 Percentiles use linear interpolation between closest ranks (numpy's default, Excel's
 PERCENTILE.INC): rank = p/100 * (n - 1) over the sorted samples.
 
@@ -182,6 +187,10 @@ class Window:
     # The whole machine's CPU ticks over the window, from /proc/stat: (idle incl. iowait, stolen
     # by the hypervisor, total); None where /proc/stat is unavailable.
     ticks: tuple[int, int, int] | None = None
+    # CPU seconds each process group spent over the window (see cpu_between): "daemon",
+    # "sessions", "uploader", "provider" (moto, when the probe started it); a group the probe
+    # did not start is absent. None where /proc is unavailable.
+    cpu: dict[str, float] | None = None
 
     def inner(self, margin: float) -> tuple[float, float]:
         """The judged part of the window: both edges trimmed by `margin`."""
@@ -219,6 +228,59 @@ def ticks_between(
     if a is None or b is None:
         return None
     return (b[0] - a[0], b[1] - a[1], b[2] - a[2])
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+# The process groups whose CPU the probe reports per condition, in table order.
+CPU_GROUPS = ("daemon", "sessions", "uploader", "provider")
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of every thread of process `pid` so far, from /proc/PID/stat;
+    None once the process is gone (or where /proc is unavailable)."""
+    try:
+        # The command name (field 2) may contain spaces and parentheses: split after its ")".
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def group_cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float] | None:
+    """CPU seconds used so far by each group of processes (summed over its pids); None if any
+    process cannot be read, so that a window never reports part of a group."""
+    out = {}
+    for name, pids in groups.items():
+        vals = [process_cpu_seconds(pid) for pid in pids]
+        if any(v is None for v in vals):
+            return None
+        out[name] = sum(vals)
+    return out
+
+
+def cpu_between(
+    a: dict[str, float] | None, b: dict[str, float] | None
+) -> dict[str, float] | None:
+    """CPU seconds per group between two readings; a group missing from `a` started in between
+    (the uploader of an upload condition), so all it used counts."""
+    if a is None or b is None:
+        return None
+    return {name: used - a.get(name, 0.0) for name, used in b.items()}
+
+
+def cpu_cores(windows: Sequence[Window]) -> dict[str, float] | None:
+    """Each process group's CPU over the pooled windows, in cores (CPU seconds per second of
+    the untrimmed windows): what the daemon, the sessions, the uploader and the provider took
+    of the machine in that condition. None unless every window has its reading."""
+    if not windows or any(w.cpu is None for w in windows):
+        return None
+    seconds = sum(w.end - w.start for w in windows)
+    if seconds <= 0:
+        return None
+    groups = {name for w in windows for name in w.cpu}
+    return {g: sum(w.cpu.get(g, 0.0) for w in windows) / seconds
+            for g in CPU_GROUPS if g in groups}
 
 
 def machine_share(ticks: Sequence[tuple[int, int, int] | None]) -> dict | None:
@@ -297,10 +359,12 @@ def summarize(
     upload_records: Sequence[dict],
     seconds: float,
     machine: dict | None = None,
+    cpu: dict[str, float] | None = None,
 ) -> dict:
     """Figures of one condition (one window, or several pooled): `session_records` are already
     attributed to it; `upload_records` are all the uploader's records that may overlap it and
-    must carry `_bytes_in` (their bytes attributed to the window(s), see pool())."""
+    must carry `_bytes_in` (their bytes attributed to the window(s), see pool()); `cpu` is
+    cpu_cores() of its windows."""
     out: dict[str, Any] = {"seconds": seconds}
     for op in SESSION_OPS:
         out[op] = latency_stats([r for r in session_records if r["op"] == op])
@@ -318,6 +382,13 @@ def summarize(
         "latency": latency_stats(started),
     }
     out["machine"] = machine
+    out["cpu_cores"] = cpu
+    # The daemon's CPU per session operation: with the uploader running, what the daemon
+    # spends on bulk work shows up here as a rise over idle at the same session work.
+    daemon = (cpu or {}).get("daemon")
+    rate = out["ops_per_s"]
+    out["daemon_cpu_ms_per_session_op"] = (
+        1000.0 * daemon / rate if daemon is not None and rate else None)
     return out
 
 
@@ -336,11 +407,13 @@ def pool(
     seconds = 0.0
     ups: dict[int, dict] = {}
     ticks: list[tuple[int, int, int] | None] = []
+    mine: list[Window] = []
     for w, recs in zip(windows, per_window):
         if w.condition != condition or (wanted is not None and w.cycle not in wanted):
             continue
         sess.extend(recs)
         ticks.append(w.ticks)
+        mine.append(w)
         seconds += w.effective_seconds(margin)
         a, b = w.inner(margin)
         for u in uploads:
@@ -350,7 +423,7 @@ def pool(
                 entry = ups.setdefault(id(u), dict(u, _bytes_in=0.0, _started_in=False))
                 entry["_bytes_in"] += share
                 entry["_started_in"] = entry["_started_in"] or started
-    return summarize(sess, list(ups.values()), seconds, machine_share(ticks))
+    return summarize(sess, list(ups.values()), seconds, machine_share(ticks), cpu_cores(mine))
 
 
 def timeline(
@@ -513,6 +586,27 @@ def format_table(label: str, conditions: dict) -> list[str]:
             f"{_f(c['ops_per_s'], 1):>8} {c['session_errors']:>6} "
             f"{_f(c['upload']['mib_per_s'], 1):>12} "
             f"{_f((c.get('machine') or {}).get('steal_pct'), 1):>7}"
+        )
+    return lines
+
+
+def format_cpu(label: str, conditions: dict) -> list[str]:
+    """Text table of where the machine's CPU went per condition: each process group in cores,
+    the daemon's CPU per session operation, and the machine's busy share. Empty when no
+    condition has a CPU reading."""
+    if not any((conditions.get(c) or {}).get("cpu_cores") for c in CONDITIONS):
+        return []
+    head = (f"{'condition':<11} " + " ".join(f"{g:>9}" for g in CPU_GROUPS)
+            + f" {'daemon ms/op':>12} {'busy %':>7}")
+    lines = [f"[{label}] CPU in cores (CPU seconds per second) by process; daemon ms per "
+             "session op", head, "-" * len(head)]
+    for cond in CONDITIONS:
+        c = conditions.get(cond) or {}
+        cores = c.get("cpu_cores") or {}
+        lines.append(
+            f"{cond:<11} " + " ".join(f"{_f(cores.get(g)):>9}" for g in CPU_GROUPS)
+            + f" {_f(c.get('daemon_cpu_ms_per_session_op'), 3):>12}"
+            + f" {_f((c.get('machine') or {}).get('busy_pct'), 1):>7}"
         )
     return lines
 
@@ -824,6 +918,8 @@ class Target:
     warnings: list[str] = dataclasses.field(default_factory=list)
     health_before: dict | None = None
     health_after: dict | None = None
+    # The provider's process when the probe started it (moto), for its CPU per condition.
+    provider_pid: int | None = None
 
 
 def prepare_target(args, d: Daemon, log) -> Target:
@@ -897,9 +993,15 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
     log(f"[{label}] cycle {cycle}: {len(procs)} sessions started; warm-up {args.warmup:g} s")
     _sleep_watching(args.warmup, t, procs)
     up_files: list[Path] = []
+    groups = {"sessions": [p.pid for _, p, _ in procs]}
+    if t.daemon.proc is not None:
+        groups["daemon"] = [t.daemon.proc.pid]
+    if t.provider_pid is not None:
+        groups["provider"] = [t.provider_pid]
     for cond in CONDITIONS:
         up = None
         ws_start, ticks0 = time.time(), read_machine_ticks()
+        cpu0 = group_cpu_seconds(groups)
         if cond in UPLOAD_CONDITIONS and not args.control:
             n = len(up_files)
             outp, errp = cdir / f"upload{n}-{cond}.jsonl", cdir / f"upload{n}-{cond}.stderr.log"
@@ -916,10 +1018,12 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
         watch = procs + ([up] if up else [])
         _sleep_watching(args.seconds, t, watch)
         ws_end, ticks1 = time.time(), read_machine_ticks()
+        cpu1 = group_cpu_seconds(groups | ({"uploader": [up[1].pid]} if up else {}))
         if up:
             rc = children.stop(up[1])
             _stopped_ok(t, up[0], rc, up[2])
-        t.windows.append(Window(cycle, cond, ws_start, ws_end, ticks_between(ticks0, ticks1)))
+        t.windows.append(Window(cycle, cond, ws_start, ws_end, ticks_between(ticks0, ticks1),
+                                cpu_between(cpu0, cpu1)))
         log(f"[{label}] cycle {cycle}: {cond} done")
     t_end = time.time()
     for name, p, err in procs:
@@ -1549,6 +1653,8 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
 
     targets = [prepare_target(args, d, log) for d in daemons]
     for t in targets:
+        t.provider_pid = moto.proc.pid if moto else None
+    for t in targets:
         log(f"[{t.daemon.label}] shards {t.shard_count}, uploader {t.uploader[0]} on shard "
             f"{t.shard}, sessions {[w for w, _ in t.sessions]}")
 
@@ -1577,6 +1683,7 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
                      f"{r['placement']}, uploader shard {r['uploader_shard']} of "
                      f"{r['shard_count']}")
         lines.extend(format_table(r["label"], r["conditions"]))
+        lines.extend(format_cpu(r["label"], r["conditions"]))
         lines.append(format_ratios(r["conditions"], args.ratio))
         for w in r["warnings"]:
             lines.append(f"warning: {w}")

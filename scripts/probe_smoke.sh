@@ -40,6 +40,15 @@ python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/out/report.jso
 python3 scripts/owner_upload_interference_probe.py --check-png "$work/out/timeline.png" \
     || fail "timeline.png is not a valid PNG"
 
+# Where the CPU went: the daemon and the sessions in every condition, the uploader while it ran.
+python3 - "$work/out/report.json" <<'PY' || fail "report.json lacks the CPU by process"
+import json, sys
+c = json.load(open(sys.argv[1]))["targets"]["candidate"]["conditions"]
+ok = all(c[k]["cpu_cores"]["daemon"] > 0 and c[k]["cpu_cores"]["sessions"] > 0 for k in c)
+sys.exit(0 if ok and c["unpaced"]["cpu_cores"]["uploader"] > 0 else 1)
+PY
+grep -q 'CPU in cores' "$log" || fail "no CPU-by-process table printed"
+
 verdict=$(grep '^verdict: ' "$log")
 
 # --control: the same run with no uploader at all; it reports the drift and never uploads.

@@ -5,9 +5,12 @@ Run: python3 -m unittest discover -s scripts/tests -v
 
 import json
 import math
+import os
 import struct
+import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import zlib
 from pathlib import Path
@@ -231,6 +234,56 @@ class MachineShareTest(unittest.TestCase):
         self.assertIsNone(probe.ticks_between(None, (4, 2, 30)))
         if Path("/proc/stat").exists():
             self.assertIsNotNone(probe.read_machine_ticks())
+
+
+class ProcessCpuTest(unittest.TestCase):
+    def test_each_group_is_reported_in_cores_over_its_untrimmed_windows(self):
+        windows = [
+            probe.Window(0, "idle", 0.0, 10.0, cpu={"daemon": 8.0, "sessions": 9.0}),
+            probe.Window(0, "unpaced", 10.0, 20.0,
+                         cpu={"daemon": 9.0, "sessions": 8.0, "uploader": 1.0}),
+            probe.Window(1, "idle", 20.0, 30.0, cpu={"daemon": 10.0, "sessions": 7.0}),
+        ]
+        sessions = [rec("stat", 1.0 + k * 0.01, 1.0) for k in range(400)]
+        per, _ = probe.attribute(sessions, windows, 0.5)
+        idle = probe.pool(windows, per, [], 0.5, "idle")
+        # 18 s of daemon CPU over 20 s of idle windows (margins trim samples, not CPU).
+        self.assertEqual(idle["cpu_cores"], {"daemon": 0.9, "sessions": 0.8})
+        # 400 ops over 18 trimmed seconds: 22.2 ops/s, at 0.9 cores of daemon.
+        self.assertAlmostEqual(idle["daemon_cpu_ms_per_session_op"], 1000 * 0.9 / (400 / 18))
+        unpaced = probe.pool(windows, per, [], 0.5, "unpaced")
+        self.assertEqual(unpaced["cpu_cores"]["uploader"], 0.1)
+        self.assertIsNone(unpaced["daemon_cpu_ms_per_session_op"])  # no session ops there
+        lines = probe.format_cpu("t", {"idle": idle, "unpaced": unpaced})
+        self.assertIn("uploader", lines[1])
+        self.assertTrue(lines[3].startswith("idle") and "0.90" in lines[3], lines[3])
+
+    def test_a_window_without_a_reading_leaves_the_condition_unknown(self):
+        windows = [probe.Window(0, "idle", 0.0, 10.0, cpu={"daemon": 1.0}),
+                   probe.Window(1, "idle", 20.0, 30.0)]
+        pooled = probe.pool(windows, [[], []], [], 0.5, "idle")
+        self.assertIsNone(pooled["cpu_cores"])
+        self.assertIsNone(pooled["daemon_cpu_ms_per_session_op"])
+        self.assertEqual(probe.format_cpu("t", {"idle": pooled}), [])
+
+    def test_a_group_started_inside_the_window_counts_all_its_cpu(self):
+        self.assertEqual(probe.cpu_between({"daemon": 5.0}, {"daemon": 7.5, "uploader": 0.5}),
+                         {"daemon": 2.5, "uploader": 0.5})
+        self.assertIsNone(probe.cpu_between(None, {"daemon": 1.0}))
+
+    @unittest.skipUnless(Path("/proc/self/stat").exists(), "needs /proc")
+    def test_a_live_process_reads_its_cpu_and_a_gone_one_reads_none(self):
+        before = probe.process_cpu_seconds(os.getpid())
+        deadline = time.process_time() + 0.2
+        while time.process_time() < deadline:
+            pass
+        after = probe.process_cpu_seconds(os.getpid())
+        self.assertGreater(after, before)
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        self.assertIsNone(probe.process_cpu_seconds(gone.pid))
+        self.assertIsNone(probe.group_cpu_seconds({"daemon": [os.getpid(), gone.pid]}))
+        self.assertEqual(set(probe.group_cpu_seconds({"sessions": [os.getpid()]})), {"sessions"})
 
 
 class OverlapTest(unittest.TestCase):
