@@ -406,13 +406,11 @@ def pool(
     sess: list[dict] = []
     seconds = 0.0
     ups: dict[int, dict] = {}
-    ticks: list[tuple[int, int, int] | None] = []
     mine: list[Window] = []
     for w, recs in zip(windows, per_window):
         if w.condition != condition or (wanted is not None and w.cycle not in wanted):
             continue
         sess.extend(recs)
-        ticks.append(w.ticks)
         mine.append(w)
         seconds += w.effective_seconds(margin)
         a, b = w.inner(margin)
@@ -423,7 +421,8 @@ def pool(
                 entry = ups.setdefault(id(u), dict(u, _bytes_in=0.0, _started_in=False))
                 entry["_bytes_in"] += share
                 entry["_started_in"] = entry["_started_in"] or started
-    return summarize(sess, list(ups.values()), seconds, machine_share(ticks), cpu_cores(mine))
+    return summarize(sess, list(ups.values()), seconds,
+                     machine_share([w.ticks for w in mine]), cpu_cores(mine))
 
 
 def timeline(
@@ -1654,7 +1653,6 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
     targets = [prepare_target(args, d, log) for d in daemons]
     for t in targets:
         t.provider_pid = moto.proc.pid if moto else None
-    for t in targets:
         log(f"[{t.daemon.label}] shards {t.shard_count}, uploader {t.uploader[0]} on shard "
             f"{t.shard}, sessions {[w for w, _ in t.sessions]}")
 
