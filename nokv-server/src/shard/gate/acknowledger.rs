@@ -82,25 +82,6 @@ pub(super) fn handle(
     round: Vec<Stage>,
     wake: &mpsc::WeakUnboundedSender<Job>,
 ) {
-    answer(slot, persist(slot, name, round, wake));
-}
-
-/// A round whose records were appended (or failed to be) and whose newest snapshot was shown;
-/// its callers are not answered yet. Split from [`answer`] so the committer can look at its
-/// queue between the two (see `gate::hand_over`).
-pub(super) struct Persisted {
-    round: Vec<Stage>,
-    appended: Result<(), String>,
-}
-
-/// The first half of [`handle`]: append with one fsync, then show the newest snapshot (never
-/// before the append: visible ⇒ durable).
-pub(super) fn persist(
-    slot: &Slot,
-    name: &str,
-    round: Vec<Stage>,
-    wake: &mpsc::WeakUnboundedSender<Job>,
-) -> Persisted {
     let appended = append(&round);
     if let Err(reason) = &appended {
         out_of_service(slot, name, reason, wake);
@@ -117,12 +98,6 @@ pub(super) fn persist(
     if let Some((store, snapshot)) = newest {
         slot.show(store, snapshot);
     }
-    Persisted { round, appended }
-}
-
-/// The second half of [`handle`]: answers every caller of the round, in order.
-pub(super) fn answer(slot: &Slot, persisted: Persisted) {
-    let Persisted { round, appended } = persisted;
     for stage in round {
         match stage {
             Stage::Logged {
