@@ -1,0 +1,354 @@
+//! The store handle: opening a metadata file, one-off write sessions, snapshots for readers,
+//! the redo log's appending end, and the failure latch that stops every write after a storage
+//! error.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase};
+
+use super::{
+    Batch, Commit, MetaError, MetaResult, Namespace, ReadView, Snapshot, StoreFaults, Tables,
+    WriteView,
+};
+use super::{open, redo};
+
+pub struct MetaStore {
+    pub(super) db: Database,
+    path: PathBuf,
+    faults: StoreFaults,
+    /// The namespace [`MetaStore::read`] and [`MetaStore::write`] use: the canonical one for a
+    /// standalone file. A node file has no home: its callers name a shard's namespace.
+    home: Option<Namespace>,
+    /// Durable commits (each one fsync) made through this handle: tests prove with it that
+    /// sessions of many shards share one.
+    durable_commits: std::sync::atomic::AtomicU64,
+    /// Why a write failed at the storage level, once one did. Like redb after an I/O error,
+    /// the handle then refuses every write: only dropping it and opening the file again
+    /// (which lets redb recover to the last durable commit) brings the store back.
+    failure: parking_lot::Mutex<Option<String>>,
+    /// The redo log's appending end (see [`redo`]), opened by the first batch logged.
+    log: parking_lot::Mutex<Option<redo::Log>>,
+    /// Appends to the redo log (each one fsync) through this handle.
+    log_syncs: std::sync::atomic::AtomicU64,
+    /// The sequence number of the last batch committed (its redo record may not be durable
+    /// yet): every batch takes the next one.
+    pub(super) last_seq: std::sync::atomic::AtomicU64,
+}
+
+impl MetaStore {
+    /// Creates a standalone single-shard file (a test's store, a checkpoint being written), or
+    /// opens it if a first start was interrupted after creating it.
+    pub fn create(path: &Path) -> MetaResult<MetaStore> {
+        Self::create_as(path, Some(Tables::canonical()))
+    }
+
+    /// Opens an existing standalone single-shard file; refuses, naming the file, one that is
+    /// missing, empty or damaged (never creates or reinitialises it, and never panics on a
+    /// corrupt file).
+    pub fn open(path: &Path) -> MetaResult<MetaStore> {
+        Self::open_as(path, StoreFaults::default(), Some(Tables::canonical()))
+    }
+
+    /// Creates the node file of a brand-new data directory: it holds every shard the node
+    /// holds, each in its own namespace ([`MetaStore::prepare`] makes a shard's tables).
+    pub fn create_node(path: &Path) -> MetaResult<MetaStore> {
+        Self::create_as(path, None)
+    }
+
+    /// Opens an existing node file (refusing a missing, empty or damaged one like
+    /// [`MetaStore::open`]).
+    pub fn open_node(path: &Path) -> MetaResult<MetaStore> {
+        Self::open_as(path, StoreFaults::default(), None)
+    }
+
+    /// How to open this store's file again, with the same kind and fault hook, once this
+    /// handle is dropped (after a storage failure).
+    pub fn reopener(&self) -> Reopen {
+        Reopen {
+            path: self.path.clone(),
+            faults: self.faults.clone(),
+            home: self.home,
+        }
+    }
+
+    /// [`MetaStore::open`] with a fault hook (tests).
+    pub fn open_with(path: &Path, faults: StoreFaults) -> MetaResult<MetaStore> {
+        Self::open_as(path, faults, Some(Tables::canonical()))
+    }
+
+    fn create_as(path: &Path, home: Option<Namespace>) -> MetaResult<MetaStore> {
+        open::guarded(path, || {
+            let db = Database::create(path).map_err(|e| damaged(path, e))?;
+            Self::init(db, path, StoreFaults::default(), home)
+        })
+    }
+
+    fn open_as(path: &Path, faults: StoreFaults, home: Option<Namespace>) -> MetaResult<MetaStore> {
+        open::require_existing(path)?;
+        open::guarded(path, || {
+            let db = Database::open(path).map_err(|e| damaged(path, e))?;
+            Self::init(db, path, faults, home)
+        })
+    }
+
+    /// A standalone store makes sure its tables exist, so read views never meet a missing
+    /// table; a node file does that per shard ([`MetaStore::prepare`]).
+    fn init(
+        db: Database,
+        path: &Path,
+        faults: StoreFaults,
+        home: Option<Namespace>,
+    ) -> MetaResult<MetaStore> {
+        let last_seq = Self::replay(&db, path)?;
+        let store = MetaStore {
+            db,
+            path: path.to_path_buf(),
+            faults,
+            home,
+            durable_commits: Default::default(),
+            failure: parking_lot::Mutex::new(None),
+            log: parking_lot::Mutex::new(None),
+            log_syncs: Default::default(),
+            last_seq: last_seq.into(),
+        };
+        if let Some(ns) = home {
+            store.prepare(ns)?;
+        }
+        Ok(store)
+    }
+
+    /// Brings the file up to date with its redo log (one durable commit; the log's records are
+    /// then all at or below the file's `applied` sequence, and the next one logged starts the
+    /// log over); returns the sequence number of the last batch the file holds.
+    fn replay(db: &Database, path: &Path) -> MetaResult<u64> {
+        let log = redo::path_for(path);
+        let txn = db.begin_write()?;
+        let (last, replayed) = redo::replay(&txn, &log)?;
+        if replayed == 0 {
+            // Nothing to write (no log, or nothing above the file's sequence): a reopen on a
+            // full disk must not need space for an empty commit.
+            txn.abort()?;
+            return Ok(last);
+        }
+        txn.commit()?;
+        tracing::info!(store = %path.display(), batches = replayed, "replayed the redo log");
+        Ok(last)
+    }
+
+    /// Appends batch records to the redo log and makes them durable: the batches are durable
+    /// once this returns `Ok`. After a failure the handle is failed (nothing more is ever
+    /// appended through it, see [`redo`]).
+    pub fn log(&self, records: &[u8]) -> MetaResult<()> {
+        if let Some(reason) = self.failure() {
+            return Err(MetaError::Failed(reason));
+        }
+        let mut log = self.log.lock();
+        let appended = self.faults.check_log().and_then(|()| {
+            if log.is_none() {
+                *log = Some(redo::Log::open(&redo::path_for(&self.path))?);
+            }
+            log.as_mut().expect("opened above").append(records)
+        });
+        appended.map_err(|e| self.fail(redb::StorageError::Io(e)))?;
+        self.log_syncs
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Record bytes the redo log may take before the next checkpoint, from the free space
+    /// where the store lives now (see [`redo::budget`]).
+    pub fn log_budget(&self) -> usize {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        redo::budget(redo::free_space(dir))
+    }
+
+    /// Appends to the redo log (fsyncs that made batches durable) through this handle so far.
+    pub fn log_syncs(&self) -> u64 {
+        self.log_syncs.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Starts the redo log over. Only after a durable commit that followed every record in it
+    /// (see [`MetaStore::flush`]), by the thread that appends.
+    pub fn clear_log(&self) {
+        if let Some(log) = self.log.lock().as_mut() {
+            log.clear();
+        }
+    }
+
+    /// A snapshot of the last commit, durable or not: the committer takes one after each
+    /// batch, and the gate shows it to readers once that batch's record is durable.
+    pub fn snapshot(&self) -> MetaResult<Snapshot> {
+        Ok(Snapshot(std::sync::Arc::new(self.db.begin_read()?)))
+    }
+
+    /// Makes every table of `ns` exist and brings it to the current layout (one-time
+    /// backfills), durably. Idempotent; the store's single writer calls it before the shard's
+    /// first session.
+    pub fn prepare(&self, ns: Namespace) -> MetaResult<()> {
+        self.write_in(ns, Commit::Durable, |w| {
+            ns.create_all(w.txn)?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            w.backfill_operations(now)?;
+            Ok::<_, MetaError>(())
+        })
+    }
+
+    /// True if `ns` has tables in this file (its shard was held here at some point).
+    pub fn holds(&self, ns: Namespace) -> MetaResult<bool> {
+        let txn = self.db.begin_read()?;
+        ns.exists_in(&txn)
+    }
+
+    /// The file this store was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The fault hook of this store (shared with stores reopened from it).
+    pub fn faults(&self) -> &StoreFaults {
+        &self.faults
+    }
+
+    /// Why a write of this handle failed at the storage level, if one did: the handle must
+    /// then be replaced.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
+    }
+
+    /// Marks the handle failed (keeping the first reason) and describes why.
+    pub(super) fn fail(&self, e: impl Into<redb::Error>) -> MetaError {
+        let reason = e.into().to_string();
+        self.failure.lock().get_or_insert_with(|| reason.clone());
+        MetaError::Failed(reason)
+    }
+
+    pub(super) fn begin_write(&self) -> MetaResult<redb::WriteTransaction> {
+        if self.failure.lock().is_some() {
+            return Err(MetaError::Failed(
+                "an earlier write of this handle failed".into(),
+            ));
+        }
+        self.db.begin_write().map_err(|e| self.fail(e))
+    }
+
+    pub(super) fn commit(&self, txn: redb::WriteTransaction) -> MetaResult<()> {
+        if let Err(e) = self.faults.check_commit() {
+            // Dropping the transaction aborts it: nothing is written, as with a real failure.
+            drop(txn);
+            return Err(self.fail(redb::StorageError::Io(e)));
+        }
+        txn.commit().map_err(|e| self.fail(e))
+    }
+
+    /// The namespace of a standalone file.
+    pub(super) fn home(&self) -> Namespace {
+        self.home
+            .expect("a node file has no default namespace: name the shard's (read_in/write_in)")
+    }
+
+    /// Runs `f` on a consistent snapshot of a standalone file.
+    pub fn read<T, E: From<MetaError>>(
+        &self,
+        f: impl FnOnce(&ReadView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.read_in(self.home(), f)
+    }
+
+    /// Runs `f` on a consistent snapshot of namespace `ns`.
+    pub fn read_in<T, E: From<MetaError>>(
+        &self,
+        ns: Namespace,
+        f: impl FnOnce(&ReadView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.snapshot()?.read_in(ns, f)
+    }
+
+    /// Runs `f` as the single writer of a standalone file; commits durably on `Ok`, aborts on
+    /// `Err`.
+    pub fn write<T, E: From<MetaError>>(
+        &self,
+        f: impl FnOnce(&mut WriteView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.write_in(self.home(), Commit::Durable, f)
+    }
+
+    /// [`MetaStore::write_in`] on a standalone file's namespace.
+    pub fn write_with<T, E: From<MetaError>>(
+        &self,
+        commit: Commit,
+        f: impl FnOnce(&mut WriteView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.write_in(self.home(), commit, f)
+    }
+
+    /// Runs `f` as the single writer on namespace `ns`. A `Deferred` commit is atomic and
+    /// visible to later sessions without being durable yet: it becomes durable with the next
+    /// `Durable` commit or [`MetaStore::flush`] — of any namespace, since they share the
+    /// file. Used for group commit: nothing may be acknowledged before that flush.
+    pub fn write_in<T, E: From<MetaError>>(
+        &self,
+        ns: Namespace,
+        commit: Commit,
+        f: impl FnOnce(&mut WriteView) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut txn = self.begin_write()?;
+        if commit == Commit::Deferred {
+            txn.set_durability(redb::Durability::None)
+                .map_err(|e| self.fail(e))?;
+        }
+        let out = f(&mut WriteView::new(&txn, ns))?;
+        self.commit(txn)?;
+        if commit == Commit::Durable {
+            self.count_durable();
+        }
+        Ok(out)
+    }
+
+    pub(super) fn count_durable(&self) {
+        self.durable_commits
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Durable commits (fsyncs) made through this handle so far.
+    pub fn durable_commits(&self) -> u64 {
+        self.durable_commits
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Begins a batch: one transaction for many sessions (see [`Batch`]).
+    pub fn batch(&self) -> MetaResult<Batch<'_>> {
+        Batch::begin(self)
+    }
+
+    /// Makes every deferred commit durable (an empty durable commit: redb writes and fsyncs
+    /// the header regardless of content).
+    pub fn flush(&self) -> MetaResult<()> {
+        let txn = self.begin_write()?;
+        self.commit(txn)?;
+        self.count_durable();
+        Ok(())
+    }
+}
+
+/// See [`MetaStore::reopener`].
+pub struct Reopen {
+    path: PathBuf,
+    faults: StoreFaults,
+    home: Option<Namespace>,
+}
+
+impl Reopen {
+    pub fn open(&self) -> MetaResult<MetaStore> {
+        MetaStore::open_as(&self.path, self.faults.clone(), self.home)
+    }
+}
+
+/// An open-time failure of `path`, with redb's own words.
+fn damaged(path: &Path, e: redb::DatabaseError) -> MetaError {
+    MetaError::Damaged {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    }
+}
