@@ -8,8 +8,9 @@ use super::{MetaError, MetaResult, MetaStore, Namespace, ReadView, Redo, WriteVi
 /// made durable by its redo record ([`Batch::commit_logged`]).
 ///
 /// Each session runs as if alone: one that fails has its writes undone before the next runs
-/// (see [`super::undo`]), so it changes nothing. If an undo itself fails the batch is poisoned: later
-/// sessions are refused and the commit fails, so nothing of the batch is acknowledged.
+/// (see [`super::undo`]), so it changes nothing. If an undo itself fails the batch is
+/// poisoned: later sessions are refused and the commit fails, so nothing of the batch is
+/// acknowledged.
 pub struct Batch<'s> {
     store: &'s MetaStore,
     txn: redb::WriteTransaction,
@@ -50,6 +51,7 @@ impl Snapshot {
 }
 
 impl<'s> Batch<'s> {
+    /// Opens the batch's transaction ([`MetaStore::batch`]); refused once the store failed.
     pub(super) fn begin(store: &'s MetaStore) -> MetaResult<Batch<'s>> {
         Ok(Batch {
             store,
