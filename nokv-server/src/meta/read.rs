@@ -14,6 +14,30 @@ pub struct ReadView {
     pub(super) t: Namespace,
 }
 
+/// The first `limit` keys of a time index (`(ms, id) => ()`, oldest first) whose time is at
+/// or before `cutoff_ms`, each turned by `key` into its time and what the caller keeps. The
+/// scan stops at the first later key, so it reads only what is due, however long the index;
+/// an index absent from an older data dir is empty.
+fn due<K: redb::Key + 'static, T>(
+    index: Option<impl ReadableTable<K, ()>>,
+    cutoff_ms: i64,
+    limit: usize,
+    key: impl Fn(K::SelfType<'_>) -> (i64, T),
+) -> MetaResult<Vec<T>> {
+    let mut out = Vec::new();
+    let Some(index) = index else {
+        return Ok(out);
+    };
+    for item in index.iter()? {
+        let (ms, kept) = key(item?.0.value());
+        if ms > cutoff_ms || out.len() == limit {
+            break;
+        }
+        out.push(kept);
+    }
+    Ok(out)
+}
+
 /// Point reads and scans shared by both views: a write session must see its own writes, so it
 /// reads through its write transaction rather than a snapshot.
 macro_rules! readable {
@@ -158,37 +182,15 @@ macro_rules! readable {
             /// expired first (a range of the open-upload index: its cost does not grow with
             /// the number of ended uploads).
             pub fn expired_uploads(&self, now_ms: i64, limit: usize) -> MetaResult<Vec<String>> {
-                let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(self.t.open_uploads))? else {
-                    return Ok(out);
-                };
-                for item in t.iter()? {
-                    let (k, _) = item?;
-                    let (lease, id) = k.value();
-                    if lease > now_ms || out.len() == limit {
-                        break;
-                    }
-                    out.push(id.to_string());
-                }
-                Ok(out)
+                let t = optional(self.txn.open_table(self.t.open_uploads))?;
+                due(t, now_ms, limit, |(lease, id)| (lease, id.to_string()))
             }
 
             /// Up to `limit` terminal uploads that ended at or before `cutoff_ms`, oldest
             /// first.
             pub fn ended_uploads(&self, cutoff_ms: i64, limit: usize) -> MetaResult<Vec<String>> {
-                let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(self.t.ended_uploads))? else {
-                    return Ok(out);
-                };
-                for item in t.iter()? {
-                    let (k, _) = item?;
-                    let (ended, id) = k.value();
-                    if ended > cutoff_ms || out.len() == limit {
-                        break;
-                    }
-                    out.push(id.to_string());
-                }
-                Ok(out)
+                let t = optional(self.txn.open_table(self.t.ended_uploads))?;
+                due(t, cutoff_ms, limit, |(ended, id)| (ended, id.to_string()))
             }
 
             /// Up to `limit` retired revisions retired at or before `cutoff_ms`, oldest first.
@@ -197,19 +199,8 @@ macro_rules! readable {
                 cutoff_ms: i64,
                 limit: usize,
             ) -> MetaResult<Vec<(i64, u64)>> {
-                let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(self.t.retired))? else {
-                    return Ok(out);
-                };
-                for item in t.iter()? {
-                    let (k, _) = item?;
-                    let (ms, rev) = k.value();
-                    if ms > cutoff_ms || out.len() == limit {
-                        break;
-                    }
-                    out.push((ms, rev));
-                }
-                Ok(out)
+                let t = optional(self.txn.open_table(self.t.retired))?;
+                due(t, cutoff_ms, limit, |(ms, rev)| (ms, (ms, rev)))
             }
 
             /// True once every upload record is covered by the upload indexes.
@@ -485,18 +476,8 @@ macro_rules! ledger_reads {
             /// Up to `limit` deleted delete operations that ended at or before `cutoff_ms`,
             /// oldest first.
             pub fn deleted_ops_before(&self, cutoff_ms: i64, limit: usize) -> MetaResult<Vec<u64>> {
-                let mut out = Vec::new();
-                let Some(t) = optional(self.txn.open_table(self.t.deleted_ops))? else {
-                    return Ok(out);
-                };
-                for item in t.iter()? {
-                    let (ms, id) = item?.0.value();
-                    if ms > cutoff_ms || out.len() == limit {
-                        break;
-                    }
-                    out.push(id);
-                }
-                Ok(out)
+                let t = optional(self.txn.open_table(self.t.deleted_ops))?;
+                due(t, cutoff_ms, limit, |(ms, id)| (ms, id))
             }
         }
     };
