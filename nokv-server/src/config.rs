@@ -68,6 +68,26 @@ pub enum Command {
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
     },
+    /// Measure the transport's floor: serve `Write` on the daemon's TLS and HTTP/2 settings
+    /// doing only what no store can skip (authenticate, validate, make the body durable in a
+    /// scratch file, answer). A measuring instrument for `nokv bench limits`, never a store:
+    /// it answers writes it does not keep. Serves until SIGINT/SIGTERM.
+    RpcFloor {
+        /// A daemon's data directory: its TLS identity and token secret are used (read only).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Scratch file the bodies are written to (created; 16 MiB, zeroed first).
+        #[arg(long)]
+        scratch: PathBuf,
+        /// Listen address; port 0 picks a free port.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// Where each body's durable write runs: `writer` (handed to one writer thread that
+        /// fsyncs once for every body waiting, as the node committer does) or `inline` (on the
+        /// async worker that received the call).
+        #[arg(long, value_enum, default_value = "writer")]
+        durable: crate::rpc_floor::Durable,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -30,6 +30,7 @@ pub mod placement;
 pub mod pressure;
 pub mod provider_bench;
 pub mod route;
+pub mod rpc_floor;
 pub mod server;
 pub mod service;
 pub mod shard;

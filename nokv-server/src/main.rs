@@ -57,6 +57,12 @@ fn main() -> ExitCode {
         }) => measure("store-bench", *serve, |s| async move {
             nokv_server::store_bench::run(&s, &sessions, seconds).await
         }),
+        Some(Command::RpcFloor {
+            data_dir,
+            scratch,
+            listen,
+            durable,
+        }) => rpc_floor(&data_dir, &scratch, &listen, durable),
         None => serve(cli.serve),
     }
 }
@@ -85,6 +91,28 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("nokv-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn rpc_floor(
+    data_dir: &std::path::Path,
+    scratch: &std::path::Path,
+    listen: &str,
+    durable: nokv_server::rpc_floor::Durable,
+) -> ExitCode {
+    // The daemon's runtime: one async worker per CPU.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(nokv_server::rpc_floor::run(
+        data_dir, scratch, listen, durable,
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nokv-server rpc-floor: {e}");
             ExitCode::FAILURE
         }
     }

@@ -193,31 +193,19 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
 
     // Built before the banner: a bad TLS identity is a start-up failure, never a daemon that
     // announced itself and then exits.
-    let router = Server::builder()
-        // Per-RPC counts and latencies (see crate::metrics); cheap whether or not scraped.
-        .layer(crate::metrics::RpcMetricsLayer)
-        // Interactive requests in flight: bulk work yields to them (see crate::bulk).
-        .layer(crate::pressure::PressureLayer(node.pressure()))
-        // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
-        // round trips. One block per stream and a few blocks per connection bound the memory
-        // a connection can make the server buffer (see MAX_STREAMS_PER_CONNECTION).
-        .initial_stream_window_size(Some(MAX_MESSAGE as u32))
-        .initial_connection_window_size(Some(4 * MAX_MESSAGE as u32))
-        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-        .tls_config(
-            ServerTlsConfig::new()
-                .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
-        )
-        .map_err(|source| ServeError::Identity {
-            key: material.key_path.clone(),
-            cert: material.cert_path.clone(),
-            source,
-        })?
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
-        .add_service(workspace)
-        .add_service(admin);
+    let router = transport(
+        Server::builder()
+            // Per-RPC counts and latencies (see crate::metrics); cheap whether or not scraped.
+            .layer(crate::metrics::RpcMetricsLayer)
+            // Interactive requests in flight: bulk work yields to them (see crate::bulk).
+            .layer(crate::pressure::PressureLayer(node.pressure())),
+        &material,
+    )?
+    .add_service(health_service)
+    .add_service(reflection)
+    .add_service(reflection_alpha)
+    .add_service(workspace)
+    .add_service(admin);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let balancing = cluster
@@ -294,11 +282,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         tracing::info!("shutdown requested: draining in-flight requests");
     };
     router
-        .serve_with_incoming_shutdown(
-            // Small unary calls must not wait for Nagle + delayed ACK (a 40 ms tail).
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await?;
 
     let _ = stop_tx.send(true);
@@ -316,9 +300,39 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// The daemon's transport on `builder`: HTTP/2 windows and stream limit, and TLS with the
+/// node's identity. `rpc-floor` serves on the same (see [`crate::rpc_floor`]).
+pub(crate) fn transport<L>(
+    builder: Server<L>,
+    material: &bootstrap::Material,
+) -> Result<Server<L>, ServeError> {
+    builder
+        // HTTP/2 flow control: the 64 KiB default window would stall every 4 MiB block on
+        // round trips. One block per stream and a few blocks per connection bound the memory
+        // a connection can make the server buffer (see MAX_STREAMS_PER_CONNECTION).
+        .initial_stream_window_size(Some(MAX_MESSAGE as u32))
+        .initial_connection_window_size(Some(4 * MAX_MESSAGE as u32))
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+        .tls_config(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(&material.cert_pem, &material.key_pem)),
+        )
+        .map_err(|source| ServeError::Identity {
+            key: material.key_path.clone(),
+            cert: material.cert_path.clone(),
+            source,
+        })
+}
+
+/// Connections accepted on `listener`, with `TCP_NODELAY`: small unary calls must not wait
+/// for Nagle + delayed ACK (a 40 ms tail).
+pub(crate) fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// `https://HOST:PORT` clients reach this node at: `--advertise` as given when it names a
 /// port (`HOST:PORT`, the form a cluster node advertises), else its host with the bound port.
-fn advertised_endpoint(advertise: Option<&str>, local: SocketAddr) -> String {
+pub(crate) fn advertised_endpoint(advertise: Option<&str>, local: SocketAddr) -> String {
     let names_port = |a: &str| match a.strip_prefix('[') {
         Some(inner) => inner.contains("]:"),
         None => a
@@ -431,7 +445,7 @@ async fn maintain(node: Arc<Node>, interval: Duration, mut stop: watch::Receiver
     }
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
     tokio::select! {

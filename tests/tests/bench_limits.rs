@@ -83,13 +83,16 @@ fn bench_limits_measures_every_load_beside_etcd_at_each_client_count() {
             "store_alone",
             "bare_rpc",
             "refused_write",
+            "durable_rpc_writer",
+            "durable_rpc_inline",
             "nokv_put",
             "etcd_put",
             "etcd_tls_put",
         ] {
             // A load counts only operations that did what it names: a refused write only
-            // when the daemon answered InvalidArgument, an etcd put over TLS only when the
-            // handshake and the put succeeded.
+            // when the daemon answered InvalidArgument, a durable RPC only when rpc-floor
+            // accepted the token and answered once the body was synced, an etcd put over TLS
+            // only when the handshake and the put succeeded.
             let ops = r[load]["summary"]["ops"].as_u64();
             assert!(ops.unwrap_or(0) > 0, "{load} completed nothing: {r}");
         }

@@ -97,37 +97,19 @@ impl Daemon {
         listen: &str,
         extra: &[String],
     ) -> Result<Daemon> {
-        let mut child = with_test_credentials(&mut Command::new(server_bin))
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["--listen", listen, "--log", "warn"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| local(format!("{}: {e}", server_bin.display())))?;
-        let stdout = child.stdout.take().expect("piped");
-        let mut lines = BufReader::new(stdout).lines();
-        let endpoint = loop {
-            match lines.next() {
-                Some(Ok(l)) => {
-                    if let Some(ep) = l.strip_prefix("nokv-server listening on ") {
-                        break ep.trim().to_string();
-                    }
-                }
-                _ => {
-                    let _ = child.kill();
-                    return Err(local("nokv-server exited before it was ready"));
-                }
-            }
-        };
-        // Keep draining stdout so the daemon never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let (child, endpoint) = spawn_listening(
+            with_test_credentials(&mut Command::new(server_bin))
+                .arg("--data-dir")
+                .arg(data_dir)
+                .args(["--listen", listen, "--log", "warn"])
+                .args(extra),
+            server_bin,
+        )?;
         let cfg = std::fs::read_to_string(data_dir.join("client.toml"))
             .map_err(|e| local(format!("client.toml: {e}")))?;
         let table: toml::Table = toml::from_str(&cfg).map_err(|e| local(e.to_string()))?;
         Ok(Daemon {
-            _proc: Proc(child),
+            _proc: child,
             server_bin: server_bin.to_path_buf(),
             data_dir: data_dir.to_path_buf(),
             endpoint,
@@ -142,6 +124,32 @@ impl Daemon {
                 .unwrap_or_default()
                 .to_string(),
             secret_dir: data_dir.to_path_buf(),
+        })
+    }
+
+    /// `nokv-server rpc-floor` beside this daemon: `Write` on the same transport, TLS identity
+    /// and token secret, doing only the checks and a durable write of the body into
+    /// `scratch` (`durable`: `writer` or `inline`, see `nokv-server rpc-floor --help`). Tokens
+    /// and configs of the returned handle work against it as against the daemon.
+    pub fn floor(&self, scratch: &Path, durable: &str) -> Result<Daemon> {
+        let (child, endpoint) = spawn_listening(
+            Command::new(&self.server_bin)
+                .arg("rpc-floor")
+                .arg("--data-dir")
+                .arg(&self.data_dir)
+                .arg("--scratch")
+                .arg(scratch)
+                .args(["--durable", durable]),
+            &self.server_bin,
+        )?;
+        Ok(Daemon {
+            _proc: child,
+            server_bin: self.server_bin.clone(),
+            data_dir: self.data_dir.clone(),
+            endpoint,
+            ca: self.ca.clone(),
+            admin_token: String::new(),
+            secret_dir: self.secret_dir.clone(),
         })
     }
 
@@ -177,6 +185,31 @@ impl Daemon {
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
+}
+
+/// Starts `cmd` (a `nokv-server` command, `bin`) and waits for its `nokv-server listening on
+/// ENDPOINT` line; its stdout keeps being drained so it never blocks on a full pipe.
+fn spawn_listening(cmd: &mut Command, bin: &Path) -> Result<(Proc, String)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| local(format!("{}: {e}", bin.display())))?;
+    let stdout = child.stdout.take().expect("piped");
+    let child = Proc(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let endpoint = loop {
+        match lines.next() {
+            Some(Ok(l)) => {
+                if let Some(ep) = l.strip_prefix("nokv-server listening on ") {
+                    break ep.trim().to_string();
+                }
+            }
+            _ => return Err(local("nokv-server exited before it was ready")),
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Ok((child, endpoint))
 }
 
 /// Debian's `etcd` on free loopback ports, data under `dir`.

@@ -12,6 +12,12 @@
 //! * **refused write** — a 4 KiB `Write` whose path the daemon refuses (`..`): the same
 //!   payload, decoding, authentication and error path as a put, but no store work. The
 //!   difference to a put is what the store costs.
+//! * **durable RPC, writer thread** and **durable RPC, inline** — the same 4 KiB `Write` to
+//!   `nokv-server rpc-floor` beside the daemon: the daemon's transport, TLS identity and token
+//!   checks, then only a durable write of the body into a scratch file — on one writer thread
+//!   that fsyncs once for every body waiting (as the node committer does), or on the async
+//!   worker that received the call (no hand-off: at one client the least any design on this
+//!   transport pays). Measured, not summed: what a put costs above these rows is the store.
 //! * **nokv put** — the 4 KiB durable write of `put-vs-etcd`.
 //! * **etcd put**, plaintext gRPC (as `put-vs-etcd` compares against), and **etcd put over
 //!   TLS** with the nokv daemon's own certificate: etcd paying the transport nokv always pays.
@@ -221,6 +227,8 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
         cpu: durable.1,
     };
     let daemon = env.daemon(&scratch, &[])?;
+    let writer_floor = daemon.floor(&scratch.0.join("floor-writer"), "writer")?;
+    let inline_floor = daemon.floor(&scratch.0.join("floor-inline"), "inline")?;
     let etcd = Etcd::start(&scratch.0)?;
     let tls = daemon.data_dir.join("tls");
     let etcd_tls = Etcd::start_tls(&scratch.0, &tls.join("server.pem"), &tls.join("server.key"))?;
@@ -254,6 +262,13 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
             summary,
             cpu,
         });
+        for (floor, name) in [
+            (&writer_floor, "durable RPC, writer thread"),
+            (&inline_floor, "durable RPC, inline"),
+        ] {
+            let (summary, cpu) = nokv_writes(floor, n, s).await?;
+            rows.push(Row { name, summary, cpu });
+        }
         let (summary, cpu) = nokv_writes(&daemon, n, s).await?;
         rows.push(Row {
             name: "nokv 4 KiB put",
@@ -274,8 +289,18 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
             cpu,
         });
         table.extend(rows.iter().map(|r| r.table_row(n)));
-        let [store, bare, refused, put, etcd_plain, etcd_tls_row] = &rows[..] else {
-            unreachable!("six rows per client count")
+        let [
+            store,
+            bare,
+            refused,
+            writer_row,
+            inline_row,
+            put,
+            etcd_plain,
+            etcd_tls_row,
+        ] = &rows[..]
+        else {
+            unreachable!("eight rows per client count")
         };
         let ops = |r: &Row| r.summary.ops_per_s;
         results.push(json!({
@@ -283,6 +308,8 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
             "store_alone": store.json(),
             "bare_rpc": bare.json(),
             "refused_write": refused.json(),
+            "durable_rpc_writer": writer_row.json(),
+            "durable_rpc_inline": inline_row.json(),
             "nokv_put": put.json(),
             "etcd_put": etcd_plain.json(),
             "etcd_tls_put": etcd_tls_row.json(),
@@ -308,7 +335,8 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
             "  {} client(s): ceilings over etcd put ops/s: store alone {:.2}, bare TLS RPC {:.2}; \
              nokv put / bare RPC {:.2}; nokv / etcd ops/s {:.2}, vs etcd over TLS {:.2}; \
              p50 nokv / etcd {:.2}, vs etcd over TLS {:.2}; server CPU per put at least {} ms \
-             (bare RPC + durable write / {})",
+             (bare RPC + durable write / {}); measured: durable RPC {} ms with a writer thread, \
+             {} ms inline, nokv put {} ms",
             r["clients"],
             f("store_alone_ops_over_etcd_put"),
             f("bare_rpc_ops_over_etcd_put"),
@@ -319,6 +347,9 @@ pub async fn limits(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
             f("nokv_put_p50_over_etcd_tls_put"),
             super::cpu::cell(r["server_cpu_floor_ms_per_put"].as_f64()),
             r["clients"],
+            super::cpu::cell(r["durable_rpc_writer"]["server_cpu_ms_per_op"].as_f64()),
+            super::cpu::cell(r["durable_rpc_inline"]["server_cpu_ms_per_op"].as_f64()),
+            super::cpu::cell(r["nokv_put"]["server_cpu_ms_per_op"].as_f64()),
         );
     }
     Ok(json!({
