@@ -157,6 +157,38 @@ pub fn load_signer(data_dir: &Path) -> Result<Signer> {
     pki::parse_secret(&path, &hex_secret)
 }
 
+/// The material a daemon on `data_dir` serves with, read and never written (for
+/// `nokv-server rpc-floor`, which must not re-issue a running daemon's certificate): refused
+/// when any of it is missing. No admin token is loaded.
+pub fn load_existing(data_dir: &Path) -> Result<Material> {
+    let signer = load_signer(data_dir)?;
+    let tls = data_dir.join("tls");
+    let (ca_path, cert_path, key_path) = (
+        tls.join("ca.pem"),
+        tls.join("server.pem"),
+        tls.join("server.key"),
+    );
+    let read = |path: &Path| {
+        read_opt(path)?.ok_or_else(|| {
+            BootstrapError::Invalid(format!(
+                "{} does not exist: start nokv-server on this data dir first",
+                path.display()
+            ))
+        })
+    };
+    let (cert_pem, key_pem) = (read(&cert_path)?, read(&key_path)?);
+    read(&ca_path)?;
+    Ok(Material {
+        ca_path: canonical(&ca_path)?,
+        cert_path,
+        key_path,
+        cert_pem,
+        key_pem,
+        signer,
+        admin_token: String::new(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,5 +220,25 @@ mod tests {
             "a new advertised name re-issues the certificate"
         );
         assert!(b.signer.verify(&a.admin_token).is_ok());
+    }
+
+    #[test]
+    fn loading_existing_material_reads_what_a_start_wrote_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            load_existing(dir.path()).is_err(),
+            "an empty dir has no material"
+        );
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "and stays empty"
+        );
+        let started = ensure(dir.path(), Some("nokv.example")).unwrap();
+        let loaded = load_existing(dir.path()).unwrap();
+        // `ensure` without the advertised name would have re-issued the certificate.
+        assert_eq!(loaded.cert_pem, started.cert_pem);
+        assert_eq!(loaded.key_pem, started.key_pem);
+        assert!(loaded.signer.verify(&started.admin_token).is_ok());
     }
 }

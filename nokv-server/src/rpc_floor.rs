@@ -266,7 +266,7 @@ pub async fn run(
     listen: &str,
     durable: Durable,
 ) -> std::result::Result<(), FloorError> {
-    let material = bootstrap::ensure(data_dir, None).map_err(ServeError::from)?;
+    let material = bootstrap::load_existing(data_dir).map_err(ServeError::from)?;
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Listen {

@@ -28,7 +28,7 @@ async fn start(durable: Durable) -> Running {
     let s = scratch.clone();
     tokio::spawn(async move {
         // The same material, read back from the data dir as `run` does.
-        let m = bootstrap::ensure(&data, None).unwrap();
+        let m = bootstrap::load_existing(&data).unwrap();
         serve(
             &m,
             &s,
