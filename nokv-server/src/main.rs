@@ -1,4 +1,5 @@
-//! `nokv-server`: serve (the default), issue a token, or prepare a cluster TLS directory.
+//! `nokv-server`: serve (the default), issue a token, prepare a cluster TLS directory, or run one
+//! of the measuring instruments (`provider-bench`, `store-bench`, `rpc-floor`).
 
 use std::process::ExitCode;
 

@@ -41,7 +41,9 @@ use crate::bootstrap;
 use crate::error::{Error, Result};
 use crate::names;
 use crate::server::{MAX_MESSAGE, ServeError};
+use crate::token::{Role, Signer};
 
+/// Why `rpc-floor` could not serve.
 #[derive(Debug, thiserror::Error)]
 pub enum FloorError {
     #[error(transparent)]
@@ -52,7 +54,6 @@ pub enum FloorError {
         source: std::io::Error,
     },
 }
-use crate::token::{Role, Signer};
 
 /// Bytes of the preallocated scratch file; bodies are written round it, each at a 4 KiB
 /// boundary, so every measured write overwrites allocated blocks (no file-size change, no
