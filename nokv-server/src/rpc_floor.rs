@@ -268,12 +268,7 @@ pub async fn run(
     durable: Durable,
 ) -> std::result::Result<(), FloorError> {
     let material = bootstrap::load_existing(data_dir).map_err(ServeError::from)?;
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|source| ServeError::Listen {
-            addr: listen.to_string(),
-            source,
-        })?;
+    let listener = crate::server::bind(listen).await?;
     let announce = |endpoint: &str| println!("nokv-server listening on {endpoint}");
     serve(
         &material,
@@ -286,12 +281,12 @@ pub async fn run(
     .await
 }
 
-/// Serves on `listener` until `shutdown` completes; `announce` gets the endpoint once the
-/// scratch file is ready and the transport is built.
+/// Serves on `listener` (from [`crate::server::bind`]) until `shutdown` completes; `announce`
+/// gets the endpoint once the scratch file is ready and the transport is built.
 async fn serve(
     material: &bootstrap::Material,
     scratch: &Path,
-    listener: TcpListener,
+    (listener, local): (TcpListener, std::net::SocketAddr),
     durable: Durable,
     announce: impl FnOnce(&str),
     shutdown: impl std::future::Future<Output = ()>,
@@ -304,10 +299,6 @@ async fn serve(
         signer: material.signer.clone(),
         sink: Sink::new(durable, scratch),
     }));
-    let local = listener.local_addr().map_err(|source| ServeError::Listen {
-        addr: "rpc-floor listener".into(),
-        source,
-    })?;
     let router =
         crate::server::transport(tonic::transport::Server::builder(), material)?.add_service(floor);
     announce(&crate::server::advertised_endpoint(None, local));

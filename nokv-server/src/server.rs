@@ -113,16 +113,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         );
     }
 
-    let listener = TcpListener::bind(&settings.listen)
-        .await
-        .map_err(|source| ServeError::Listen {
-            addr: settings.listen.clone(),
-            source,
-        })?;
-    let local: SocketAddr = listener.local_addr().map_err(|source| ServeError::Listen {
-        addr: settings.listen.clone(),
-        source,
-    })?;
+    let (listener, local) = bind(&settings.listen).await?;
     let endpoint = advertised_endpoint(settings.advertise.as_deref(), local);
     let client_config = bootstrap::write_client_config(&settings.data_dir, &endpoint, &material)?;
 
@@ -213,16 +204,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         .map(|c| tokio::spawn(c.run(stop_rx.clone())));
     let metrics = match &settings.metrics_listen {
         Some(addr) => {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServeError::Listen {
-                    addr: addr.clone(),
-                    source,
-                })?;
-            let bound = listener.local_addr().map_err(|source| ServeError::Listen {
-                addr: addr.clone(),
-                source,
-            })?;
+            let (listener, bound) = bind(addr).await?;
             Some((
                 bound,
                 tokio::spawn(crate::metrics::serve(
@@ -322,6 +304,17 @@ pub(crate) fn transport<L>(
             cert: material.cert_path.clone(),
             source,
         })
+}
+
+/// Listens on `addr` (port 0 picks a free one) and says which address it got.
+pub(crate) async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), ServeError> {
+    let listen = |source| ServeError::Listen {
+        addr: addr.to_string(),
+        source,
+    };
+    let listener = TcpListener::bind(addr).await.map_err(listen)?;
+    let local = listener.local_addr().map_err(listen)?;
+    Ok((listener, local))
 }
 
 /// Connections accepted on `listener`, with `TCP_NODELAY`: small unary calls must not wait

@@ -22,7 +22,7 @@ async fn start(durable: Durable) -> Running {
     let data = dir.path().join("data");
     let material = bootstrap::ensure(&data, None).unwrap();
     let scratch = dir.path().join("scratch");
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = crate::server::bind("127.0.0.1:0").await.unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let (ready, endpoint) = oneshot::channel::<String>();
     let s = scratch.clone();
