@@ -42,6 +42,10 @@ Every condition also reports where the CPU went (`cpu_cores`: the daemon, the se
 uploader and the provider when the probe started it, in cores, from /proc/PID/stat at each
 window's edges; and `daemon_cpu_ms_per_session_op`): with the machine saturated by the sessions,
 a rise of the unpaced ratios is the CPU those other processes took, and this says whose it was.
+`session_cpu_ms_per_op`, the sessions' CPU per operation, is the machine's speed: their work
+per operation does not depend on the daemon, so when it differs between idle and unpaced by more
+than 5 % the machine ran at a different speed (neighbours sharing caches and memory bandwidth
+show here, not in steal) and a warning says so (the verdict is unchanged).
 
 Percentiles use linear interpolation between closest ranks (numpy's default, Excel's
 PERCENTILE.INC): rank = p/100 * (n - 1) over the sorted samples.
@@ -316,6 +320,24 @@ def steal_warning(conditions: dict, points: float = STEAL_WARN_POINTS) -> str | 
             f"in idle: the unpaced/idle ratios include that difference, not only the upload")
 
 
+SPEED_WARN_PCT = 5.0
+
+
+def speed_warning(conditions: dict, pct: float = SPEED_WARN_PCT) -> str | None:
+    """A warning when the sessions' CPU per operation in unpaced differs from idle's by more
+    than `pct` percent: their work per operation is the same in every condition, so the machine
+    itself ran at a different speed (see summarize()), and the judged ratios include that as
+    well as the daemon's response to the upload. The verdict itself is unchanged."""
+    per_op = {c: (conditions.get(c) or {}).get("session_cpu_ms_per_op")
+              for c in ("idle", "unpaced")}
+    i, u = per_op["idle"], per_op["unpaced"]
+    if not i or u is None or abs(u / i - 1.0) * 100.0 <= pct:
+        return None
+    return (f"the sessions spent {u:.3f} ms of CPU per operation in unpaced and {i:.3f} ms in "
+            f"idle ({u / i:.2f}x) for the same work: the machine ran at a different speed, and "
+            "the unpaced/idle ratios include that, not only the daemon's response to the upload")
+
+
 def window_of(t: float, windows: Sequence[Window], margin: float) -> int | None:
     """Index of the window whose trimmed interval [start+margin, end-margin) contains t."""
     for i, w in enumerate(windows):
@@ -389,6 +411,13 @@ def summarize(
     rate = out["ops_per_s"]
     out["daemon_cpu_ms_per_session_op"] = (
         1000.0 * daemon / rate if daemon is not None and rate else None)
+    # The sessions' CPU per operation: a session's work per operation (encoding, TLS, decoding
+    # the answer) does not depend on the daemon or its store, so a change between conditions is
+    # the machine running faster or slower (neighbours sharing caches and memory, which steal
+    # does not show, or the uploader's use of them): the ratios' reference of machine speed.
+    sessions = (cpu or {}).get("sessions")
+    out["session_cpu_ms_per_op"] = (
+        1000.0 * sessions / rate if sessions is not None and rate else None)
     return out
 
 
@@ -596,15 +625,16 @@ def format_cpu(label: str, conditions: dict) -> list[str]:
     if not any((conditions.get(c) or {}).get("cpu_cores") for c in CONDITIONS):
         return []
     head = (f"{'condition':<11} " + " ".join(f"{g:>9}" for g in CPU_GROUPS)
-            + f" {'daemon ms/op':>12} {'busy %':>7}")
-    lines = [f"[{label}] CPU in cores (CPU seconds per second) by process; daemon ms per "
-             "session op", head, "-" * len(head)]
+            + f" {'daemon ms/op':>12} {'sessions ms/op':>14} {'busy %':>7}")
+    lines = [f"[{label}] CPU in cores (CPU seconds per second) by process; daemon and sessions "
+             "ms per session op", head, "-" * len(head)]
     for cond in CONDITIONS:
         c = conditions.get(cond) or {}
         cores = c.get("cpu_cores") or {}
         lines.append(
             f"{cond:<11} " + " ".join(f"{_f(cores.get(g)):>9}" for g in CPU_GROUPS)
             + f" {_f(c.get('daemon_cpu_ms_per_session_op'), 3):>12}"
+            + f" {_f(c.get('session_cpu_ms_per_op'), 3):>14}"
             + f" {_f((c.get('machine') or {}).get('busy_pct'), 1):>7}"
         )
     return lines
@@ -1056,8 +1086,9 @@ def analyse(args, t: Target) -> dict:
         tls.append({"cycle": cy, "t0": a,
                     "buckets": timeline(sess, t.upload_records, ws, a, b, args.bucket)})
     v = judge(conds, args.ratio, args.control)
-    if (warning := steal_warning(conds)) is not None:
-        t.warnings.append(warning)
+    for warning in (steal_warning(conds), speed_warning(conds)):
+        if warning is not None:
+            t.warnings.append(warning)
     d = t.daemon
     placement_seen = None
     if t.health_after and isinstance(t.health_after.get("shards"), list):

@@ -229,6 +229,19 @@ class MachineShareTest(unittest.TestCase):
         self.assertIsNotNone(probe.steal_warning(conds(20.0, 2.0)))
         self.assertIsNone(probe.steal_warning({"idle": {"machine": None}, "unpaced": {}}))
 
+    def test_a_machine_running_slower_for_the_same_session_work_is_warned_about(self):
+        def conds(idle, unpaced):
+            return {"idle": {"session_cpu_ms_per_op": idle},
+                    "unpaced": {"session_cpu_ms_per_op": unpaced}}
+        self.assertIsNone(probe.speed_warning(conds(0.169, 0.175)))
+        # The control run of 2026-12-03 13:51 (no uploader): 0.169 -> 0.194 ms per op.
+        warning = probe.speed_warning(conds(0.169, 0.194))
+        self.assertIn("0.194 ms of CPU per operation in unpaced and 0.169 ms in idle (1.15x)",
+                      warning)
+        self.assertIsNotNone(probe.speed_warning(conds(0.2, 0.17)))
+        self.assertIsNone(probe.speed_warning(conds(None, 0.2)))
+        self.assertIsNone(probe.speed_warning({"idle": {}, "unpaced": None}))
+
     def test_ticks_between_two_samples_and_this_machines_proc_stat(self):
         self.assertEqual(probe.ticks_between((1, 2, 10), (4, 2, 30)), (3, 0, 20))
         self.assertIsNone(probe.ticks_between(None, (4, 2, 30)))
@@ -251,12 +264,15 @@ class ProcessCpuTest(unittest.TestCase):
         self.assertEqual(idle["cpu_cores"], {"daemon": 0.9, "sessions": 0.8})
         # 400 ops over 18 trimmed seconds: 22.2 ops/s, at 0.9 cores of daemon.
         self.assertAlmostEqual(idle["daemon_cpu_ms_per_session_op"], 1000 * 0.9 / (400 / 18))
+        self.assertAlmostEqual(idle["session_cpu_ms_per_op"], 1000 * 0.8 / (400 / 18))
         unpaced = probe.pool(windows, per, [], 0.5, "unpaced")
         self.assertEqual(unpaced["cpu_cores"]["uploader"], 0.1)
         self.assertIsNone(unpaced["daemon_cpu_ms_per_session_op"])  # no session ops there
         lines = probe.format_cpu("t", {"idle": idle, "unpaced": unpaced})
         self.assertIn("uploader", lines[1])
         self.assertTrue(lines[3].startswith("idle") and "0.90" in lines[3], lines[3])
+        self.assertIn("sessions ms/op", lines[1])
+        self.assertIn(f"{1000 * 0.8 / (400 / 18):.3f}", lines[3])
 
     def test_a_window_without_a_reading_leaves_the_condition_unknown(self):
         windows = [probe.Window(0, "idle", 0.0, 10.0, cpu={"daemon": 1.0}),
