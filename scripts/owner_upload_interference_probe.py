@@ -326,16 +326,18 @@ SPEED_WARN_PCT = 5.0
 def speed_warning(conditions: dict, pct: float = SPEED_WARN_PCT) -> str | None:
     """A warning when the sessions' CPU per operation in unpaced differs from idle's by more
     than `pct` percent: their work per operation is the same in every condition, so the machine
-    itself ran at a different speed (see summarize()), and the judged ratios include that as
-    well as the daemon's response to the upload. The verdict itself is unchanged."""
+    ran at a different speed for them (see summarize(): the neighbours, or the uploader's share
+    of caches and memory; a `--control` run has no uploader), and the judged ratios include that
+    as well as the daemon's response to the upload. The verdict itself is unchanged."""
     per_op = {c: (conditions.get(c) or {}).get("session_cpu_ms_per_op")
               for c in ("idle", "unpaced")}
     i, u = per_op["idle"], per_op["unpaced"]
     if not i or u is None or abs(u / i - 1.0) * 100.0 <= pct:
         return None
     return (f"the sessions spent {u:.3f} ms of CPU per operation in unpaced and {i:.3f} ms in "
-            f"idle ({u / i:.2f}x) for the same work: the machine ran at a different speed, and "
-            "the unpaced/idle ratios include that, not only the daemon's response to the upload")
+            f"idle ({u / i:.2f}x) for the same work: the machine ran at a different speed for "
+            "them (the neighbours, or the uploader's share of caches and memory), and the "
+            "unpaced/idle ratios include that, not only the daemon's response to the upload")
 
 
 def window_of(t: float, windows: Sequence[Window], margin: float) -> int | None:

@@ -234,9 +234,9 @@ class MachineShareTest(unittest.TestCase):
             return {"idle": {"session_cpu_ms_per_op": idle},
                     "unpaced": {"session_cpu_ms_per_op": unpaced}}
         self.assertIsNone(probe.speed_warning(conds(0.169, 0.175)))
-        # The control run of 2026-12-03 13:51 (no uploader): 0.169 -> 0.194 ms per op.
-        warning = probe.speed_warning(conds(0.169, 0.194))
-        self.assertIn("0.194 ms of CPU per operation in unpaced and 0.169 ms in idle (1.15x)",
+        # The control run started 2026-12-03 13:49 UTC (no uploader): 0.170 -> 0.194 ms per op.
+        warning = probe.speed_warning(conds(0.170, 0.194))
+        self.assertIn("0.194 ms of CPU per operation in unpaced and 0.170 ms in idle (1.14x)",
                       warning)
         self.assertIsNotNone(probe.speed_warning(conds(0.2, 0.17)))
         self.assertIsNone(probe.speed_warning(conds(None, 0.2)))
