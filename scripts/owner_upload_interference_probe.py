@@ -45,7 +45,8 @@ a rise of the unpaced ratios is the CPU those other processes took, and this say
 `session_cpu_ms_per_op`, the sessions' CPU per operation, is the machine's speed: their work
 per operation does not depend on the daemon, so when it differs between idle and unpaced by more
 than 5 % the machine ran at a different speed (neighbours sharing caches and memory bandwidth
-show here, not in steal) and a warning says so (the verdict is unchanged).
+show here, not in steal) and a warning says so (the verdict is unchanged). The unpaced/idle
+ratios divided by that change are reported too (`ratios_over_machine_speed`; not judged).
 
 Percentiles use linear interpolation between closest ranks (numpy's default, Excel's
 PERCENTILE.INC): rank = p/100 * (n - 1) over the sorted samples.
@@ -338,6 +339,24 @@ def speed_warning(conditions: dict, pct: float = SPEED_WARN_PCT) -> str | None:
             f"idle ({u / i:.2f}x) for the same work: the machine ran at a different speed for "
             "them (the neighbours, or the uploader's share of caches and memory), and the "
             "unpaced/idle ratios include that, not only the daemon's response to the upload")
+
+
+def ratios_over_machine_speed(conditions: dict) -> dict | None:
+    """Unpaced p50 / idle p50 of stat and put, each divided by the sessions' unpaced / idle CPU
+    per operation: the judged ratios with the machine's change of speed taken out (see
+    summarize()). Reported beside the verdict, never judged: when the uploader itself slows the
+    sessions through shared caches, dividing takes that share out too. None without CPU
+    readings."""
+    idle, unpaced = conditions.get("idle") or {}, conditions.get("unpaced") or {}
+    i, u = idle.get("session_cpu_ms_per_op"), unpaced.get("session_cpu_ms_per_op")
+    if not i or not u:
+        return None
+    out = {}
+    for op in SESSION_OPS:
+        i50 = (idle.get(op) or {}).get("p50_ms")
+        u50 = (unpaced.get(op) or {}).get("p50_ms")
+        out[op] = (u50 / i50) / (u / i) if i50 and u50 is not None else None
+    return out
 
 
 def window_of(t: float, windows: Sequence[Window], margin: float) -> int | None:
@@ -653,6 +672,12 @@ def format_ratios(conditions: dict, ratio: float) -> str:
             r = (c50 / i50) if (i50 and c50 is not None) else None
             parts.append(f"{cond} {op} {_f(r)}x")
     return f"p50 vs idle (judged: unpaced <= {ratio:g}x): " + ", ".join(parts)
+
+
+def format_over_machine_speed(adjusted: dict) -> str:
+    parts = [f"{op} {_f(adjusted.get(op), 3)}x" for op in SESSION_OPS]
+    return ("unpaced p50 vs idle over the sessions' CPU per op (the machine's speed; reported, "
+            "not judged): " + ", ".join(parts))
 
 
 def format_side_by_side(cand: dict, base: dict) -> list[str]:
@@ -1121,6 +1146,7 @@ def analyse(args, t: Target) -> dict:
                     "uploads": len(t.upload_records),
                     "malformed_lines_skipped": t.skipped_lines},
         "conditions": conds,
+        "ratios_over_machine_speed": ratios_over_machine_speed(conds),
         "per_cycle": per_cycle,
         "timeline": tls,
         "verdict": v.as_dict(),
@@ -1716,6 +1742,8 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
         lines.extend(format_table(r["label"], r["conditions"]))
         lines.extend(format_cpu(r["label"], r["conditions"]))
         lines.append(format_ratios(r["conditions"], args.ratio))
+        if (adjusted := r.get("ratios_over_machine_speed")) is not None:
+            lines.append(format_over_machine_speed(adjusted))
         for w in r["warnings"]:
             lines.append(f"warning: {w}")
     by = {r["label"]: r for r in results}

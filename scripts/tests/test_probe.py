@@ -242,6 +242,20 @@ class MachineShareTest(unittest.TestCase):
         self.assertIsNone(probe.speed_warning(conds(None, 0.2)))
         self.assertIsNone(probe.speed_warning({"idle": {}, "unpaced": None}))
 
+    def test_the_ratios_over_the_machines_speed_divide_by_the_sessions_own_slowdown(self):
+        # The s3 run started 2026-12-03 14:24 UTC: put 2.54 / 2.07 ms while the sessions' CPU per
+        # operation went 0.187 -> 0.218 ms.
+        conds = {"idle": {"stat": {"p50_ms": 0.80}, "put": {"p50_ms": 2.07},
+                          "session_cpu_ms_per_op": 0.187},
+                 "unpaced": {"stat": {"p50_ms": 0.90}, "put": {"p50_ms": 2.54},
+                             "session_cpu_ms_per_op": 0.218}}
+        adjusted = probe.ratios_over_machine_speed(conds)
+        self.assertAlmostEqual(adjusted["put"], (2.54 / 2.07) / (0.218 / 0.187))
+        self.assertAlmostEqual(adjusted["stat"], (0.90 / 0.80) / (0.218 / 0.187))
+        self.assertIn("put 1.053x", probe.format_over_machine_speed(adjusted))
+        conds["idle"]["session_cpu_ms_per_op"] = None
+        self.assertIsNone(probe.ratios_over_machine_speed(conds))
+
     def test_ticks_between_two_samples_and_this_machines_proc_stat(self):
         self.assertEqual(probe.ticks_between((1, 2, 10), (4, 2, 30)), (3, 0, 20))
         self.assertIsNone(probe.ticks_between(None, (4, 2, 30)))
