@@ -324,39 +324,41 @@ def steal_warning(conditions: dict, points: float = STEAL_WARN_POINTS) -> str | 
 SPEED_WARN_PCT = 5.0
 
 
+def session_speed_change(conditions: dict) -> float | None:
+    """The sessions' CPU per operation in unpaced over idle's (see summarize()): how much
+    slower (above 1) the machine ran their fixed work while the upload ran. None without CPU
+    readings."""
+    i = (conditions.get("idle") or {}).get("session_cpu_ms_per_op")
+    u = (conditions.get("unpaced") or {}).get("session_cpu_ms_per_op")
+    return u / i if i and u is not None else None
+
+
 def speed_warning(conditions: dict, pct: float = SPEED_WARN_PCT) -> str | None:
     """A warning when the sessions' CPU per operation in unpaced differs from idle's by more
     than `pct` percent: their work per operation is the same in every condition, so the machine
     ran at a different speed for them (see summarize(): the neighbours, or the uploader's share
     of caches and memory; a `--control` run has no uploader), and the judged ratios include that
     as well as the daemon's response to the upload. The verdict itself is unchanged."""
-    per_op = {c: (conditions.get(c) or {}).get("session_cpu_ms_per_op")
-              for c in ("idle", "unpaced")}
-    i, u = per_op["idle"], per_op["unpaced"]
-    if not i or u is None or abs(u / i - 1.0) * 100.0 <= pct:
+    change = session_speed_change(conditions)
+    if change is None or abs(change - 1.0) * 100.0 <= pct:
         return None
+    i = conditions["idle"]["session_cpu_ms_per_op"]
+    u = conditions["unpaced"]["session_cpu_ms_per_op"]
     return (f"the sessions spent {u:.3f} ms of CPU per operation in unpaced and {i:.3f} ms in "
-            f"idle ({u / i:.2f}x) for the same work: the machine ran at a different speed for "
+            f"idle ({change:.2f}x) for the same work: the machine ran at a different speed for "
             "them (the neighbours, or the uploader's share of caches and memory), and the "
             "unpaced/idle ratios include that, not only the daemon's response to the upload")
 
 
-def ratios_over_machine_speed(conditions: dict) -> dict | None:
-    """Unpaced p50 / idle p50 of stat and put, each divided by the sessions' unpaced / idle CPU
-    per operation: the judged ratios with the machine's change of speed taken out (see
-    summarize()). Reported beside the verdict, never judged: when the uploader itself slows the
-    sessions through shared caches, dividing takes that share out too. None without CPU
-    readings."""
-    idle, unpaced = conditions.get("idle") or {}, conditions.get("unpaced") or {}
-    i, u = idle.get("session_cpu_ms_per_op"), unpaced.get("session_cpu_ms_per_op")
-    if not i or not u:
+def ratios_over_machine_speed(judged: dict, conditions: dict) -> dict | None:
+    """The judged unpaced/idle ratios (judge()'s) of stat and put, each divided by
+    session_speed_change(): the ratios with the machine's change of speed taken out. Reported
+    beside the verdict, never judged: when the uploader itself slows the sessions through shared
+    caches, dividing takes that share out too. None without CPU readings."""
+    change = session_speed_change(conditions)
+    if not change:
         return None
-    out = {}
-    for op in SESSION_OPS:
-        i50 = (idle.get(op) or {}).get("p50_ms")
-        u50 = (unpaced.get(op) or {}).get("p50_ms")
-        out[op] = (u50 / i50) / (u / i) if i50 and u50 is not None else None
-    return out
+    return {op: (r / change if r is not None else None) for op, r in judged.items()}
 
 
 def window_of(t: float, windows: Sequence[Window], margin: float) -> int | None:
@@ -428,17 +430,18 @@ def summarize(
     out["cpu_cores"] = cpu
     # The daemon's CPU per session operation: with the uploader running, what the daemon
     # spends on bulk work shows up here as a rise over idle at the same session work.
-    daemon = (cpu or {}).get("daemon")
     rate = out["ops_per_s"]
-    out["daemon_cpu_ms_per_session_op"] = (
-        1000.0 * daemon / rate if daemon is not None and rate else None)
+
+    def ms_per_session_op(group: str) -> float | None:
+        cores = (cpu or {}).get(group)
+        return 1000.0 * cores / rate if cores is not None and rate else None
+
+    out["daemon_cpu_ms_per_session_op"] = ms_per_session_op("daemon")
     # The sessions' CPU per operation: a session's work per operation (encoding, TLS, decoding
     # the answer) does not depend on the daemon or its store, so a change between conditions is
     # the machine running faster or slower (neighbours sharing caches and memory, which steal
     # does not show, or the uploader's use of them): the ratios' reference of machine speed.
-    sessions = (cpu or {}).get("sessions")
-    out["session_cpu_ms_per_op"] = (
-        1000.0 * sessions / rate if sessions is not None and rate else None)
+    out["session_cpu_ms_per_op"] = ms_per_session_op("sessions")
     return out
 
 
@@ -1146,7 +1149,7 @@ def analyse(args, t: Target) -> dict:
                     "uploads": len(t.upload_records),
                     "malformed_lines_skipped": t.skipped_lines},
         "conditions": conds,
-        "ratios_over_machine_speed": ratios_over_machine_speed(conds),
+        "ratios_over_machine_speed": ratios_over_machine_speed(v.ratios, conds),
         "per_cycle": per_cycle,
         "timeline": tls,
         "verdict": v.as_dict(),

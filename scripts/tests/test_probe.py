@@ -249,12 +249,13 @@ class MachineShareTest(unittest.TestCase):
                           "session_cpu_ms_per_op": 0.187},
                  "unpaced": {"stat": {"p50_ms": 0.90}, "put": {"p50_ms": 2.54},
                              "session_cpu_ms_per_op": 0.218}}
-        adjusted = probe.ratios_over_machine_speed(conds)
+        judged = probe.judge(conds).ratios
+        adjusted = probe.ratios_over_machine_speed(judged, conds)
         self.assertAlmostEqual(adjusted["put"], (2.54 / 2.07) / (0.218 / 0.187))
         self.assertAlmostEqual(adjusted["stat"], (0.90 / 0.80) / (0.218 / 0.187))
         self.assertIn("put 1.053x", probe.format_over_machine_speed(adjusted))
         conds["idle"]["session_cpu_ms_per_op"] = None
-        self.assertIsNone(probe.ratios_over_machine_speed(conds))
+        self.assertIsNone(probe.ratios_over_machine_speed(judged, conds))
 
     def test_ticks_between_two_samples_and_this_machines_proc_stat(self):
         self.assertEqual(probe.ticks_between((1, 2, 10), (4, 2, 30)), (3, 0, 20))
