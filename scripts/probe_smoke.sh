@@ -40,14 +40,21 @@ python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/out/report.jso
 python3 scripts/owner_upload_interference_probe.py --check-png "$work/out/timeline.png" \
     || fail "timeline.png is not a valid PNG"
 
-# Where the CPU went: the daemon and the sessions in every condition, the uploader while it ran.
-python3 - "$work/out/report.json" <<'PY' || fail "report.json lacks the CPU by process"
+# Where the CPU went: the daemon and the sessions in every condition, the uploader while it ran;
+# the sessions' CPU per operation (the machine's speed) and the ratios divided by its change.
+python3 - "$work/out/report.json" <<'PY' || fail "report.json lacks the CPU by process or the ratios over the machine's speed"
 import json, sys
-c = json.load(open(sys.argv[1]))["targets"]["candidate"]["conditions"]
-ok = all(c[k]["cpu_cores"]["daemon"] > 0 and c[k]["cpu_cores"]["sessions"] > 0 for k in c)
+t = json.load(open(sys.argv[1]))["targets"]["candidate"]
+c = t["conditions"]
+ok = all(c[k]["cpu_cores"]["daemon"] > 0 and c[k]["cpu_cores"]["sessions"] > 0
+         and c[k]["session_cpu_ms_per_op"] > 0 for k in c)
+adjusted = t["ratios_over_machine_speed"]
+ok = ok and all(adjusted[op] > 0 for op in ("stat", "put"))
 sys.exit(0 if ok and c["unpaced"]["cpu_cores"]["uploader"] > 0 else 1)
 PY
 grep -q 'CPU in cores' "$log" || fail "no CPU-by-process table printed"
+grep -q "^unpaced p50 vs idle over the sessions' CPU per op" "$log" \
+    || fail "no ratios over the machine's speed printed"
 
 verdict=$(grep '^verdict: ' "$log")
 
