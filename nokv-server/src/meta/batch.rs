@@ -1,22 +1,39 @@
 //! A batch: the sessions the committer runs together in one redb transaction, and the
 //! snapshot readers are shown once the batch is durable.
 
+use std::sync::Arc;
+
+use super::overlay::{self, OverlaidTable, Overlay};
 use super::redo;
 use super::{MetaError, MetaResult, MetaStore, Namespace, ReadView, Redo, WriteView};
 
-/// The sessions of one batch in one transaction, committed once at the end without fsync and
-/// made durable by its redo record ([`Batch::commit_logged`]).
+/// Batches one transaction is held open across before it is committed: each batch after the
+/// first updates in place the pages the earlier ones already copied (see [`super::overlay`]).
+pub(super) const HOLD_BATCHES: usize = 16;
+/// Row bytes the layers of a held transaction may reach before it is committed (bounds the
+/// memory readers' views keep).
+pub(super) const HOLD_BYTES: usize = 1 << 20;
+
+/// The sessions of one batch, run in the committer's transaction and made durable by the
+/// batch's redo record. The transaction is committed (without fsync) at the end of the batch
+/// ([`Batch::commit_logged`]) or held open for the next batches ([`Batch::log`]); readers see
+/// held batches through the memtable ([`super::overlay`]).
 ///
 /// Each session runs as if alone: one that fails has its writes undone before the next runs
 /// (see [`super::undo`]), so it changes nothing. If an undo itself fails the batch is
 /// poisoned: later sessions are refused and the commit fails, so nothing of the batch is
 /// acknowledged.
-pub struct Batch<'s> {
-    store: &'s MetaStore,
+pub struct Batch {
+    store: Arc<MetaStore>,
     txn: redb::WriteTransaction,
     poisoned: Option<String>,
-    /// What the sessions that succeeded wrote, for the redo log.
+    /// What the sessions of the current batch that succeeded wrote, for the redo log.
     effects: std::cell::RefCell<redo::Effects>,
+    /// The last commit, which readers see through `overlay` (taken when the first batch is
+    /// held: a batch that commits at once needs none).
+    base: Option<Arc<redb::ReadTransaction>>,
+    /// The layers of the batches logged in this transaction so far.
+    overlay: Overlay,
 }
 
 /// A batch committed but not yet durable (see [`Batch::commit_logged`]).
@@ -27,14 +44,26 @@ pub struct Logged {
     pub snapshot: Snapshot,
 }
 
-/// A read snapshot that many readers share (see [`MetaStore::snapshot`]).
+/// A read snapshot that many readers share (see [`MetaStore::snapshot`]): a redb snapshot,
+/// and the batches after it that readers see through the memtable.
 #[derive(Clone)]
-pub struct Snapshot(pub(super) std::sync::Arc<redb::ReadTransaction>);
+pub struct Snapshot {
+    pub(super) txn: Arc<redb::ReadTransaction>,
+    pub(super) overlay: Overlay,
+}
 
 impl Snapshot {
-    /// True if `ns` has tables in this snapshot (see [`MetaStore::holds`]).
+    pub(super) fn new(txn: Arc<redb::ReadTransaction>) -> Snapshot {
+        Snapshot {
+            txn,
+            overlay: Overlay::default(),
+        }
+    }
+
+    /// True if `ns` has tables in this snapshot (see [`MetaStore::holds`]). Namespaces are
+    /// created by durable commits, never in a batch, so the redb snapshot alone answers.
     pub fn holds(&self, ns: Namespace) -> MetaResult<bool> {
-        ns.exists_in(&self.0)
+        ns.exists_in(&self.txn)
     }
 
     /// Runs `f` on namespace `ns` of this snapshot.
@@ -44,20 +73,30 @@ impl Snapshot {
         f: impl FnOnce(&ReadView) -> Result<T, E>,
     ) -> Result<T, E> {
         f(&ReadView {
-            txn: self.0.clone(),
+            txn: self.clone(),
             t: ns,
         })
     }
+
+    /// Opens a table as this snapshot shows it: the redb snapshot through the overlay.
+    pub(super) fn open_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        def: redb::TableDefinition<'static, K, V>,
+    ) -> Result<OverlaidTable<'_, K, V>, redb::TableError> {
+        overlay::open(&self.txn, &self.overlay, def)
+    }
 }
 
-impl<'s> Batch<'s> {
+impl Batch {
     /// Opens the batch's transaction ([`MetaStore::batch`]); refused once the store failed.
-    pub(super) fn begin(store: &'s MetaStore) -> MetaResult<Batch<'s>> {
+    pub(super) fn begin(store: &Arc<MetaStore>) -> MetaResult<Batch> {
         Ok(Batch {
-            store,
             txn: store.begin_write()?,
+            store: store.clone(),
             poisoned: None,
             effects: Default::default(),
+            base: None,
+            overlay: Overlay::default(),
         })
     }
 
@@ -87,16 +126,90 @@ impl<'s> Batch<'s> {
         out
     }
 
-    /// Commits every session that succeeded, atomically and visibly to the next batch but
-    /// not durably: the batch is durable once its record is in the redo log
-    /// ([`MetaStore::log`]). Nobody may be answered, and no reader shown the returned
-    /// snapshot, before that.
+    /// Ends the batch and commits the transaction — this batch and every batch held in it —
+    /// atomically and visibly to the next batch but not durably: the batch is durable once its
+    /// record is in the redo log ([`MetaStore::log`]). Nobody may be answered, and no reader
+    /// shown the returned snapshot, before that.
     pub fn commit_logged(mut self) -> MetaResult<Logged> {
-        if let Some(reason) = self.poisoned {
-            drop(self.txn);
+        let redo = self.end()?;
+        let snapshot = self.commit()?;
+        Ok(Logged { redo, snapshot })
+    }
+
+    /// Ends the batch and keeps the transaction open for the next batches: the returned
+    /// snapshot shows this batch to readers through the memtable (same rule: only once its
+    /// record is durable). The transaction must later be committed ([`Batch::commit`]) or its
+    /// store failed ([`Batch::abandon`]) — dropping it would silently take the batches it
+    /// holds out of redb while readers and the log still have them.
+    pub fn log(&mut self) -> MetaResult<Logged> {
+        let layer = self.effects.borrow().layer()?;
+        let base = match &self.base {
+            Some(base) => base.clone(),
+            // No commit since the transaction began: a snapshot now is its starting state.
+            None => self.base.insert(self.store.snapshot()?.txn).clone(),
+        };
+        let redo = self.end()?;
+        self.overlay = self.overlay.with(layer);
+        Ok(Logged {
+            redo,
+            snapshot: Snapshot {
+                txn: base,
+                overlay: self.overlay.clone(),
+            },
+        })
+    }
+
+    /// True once the held batches should be committed rather than held longer.
+    pub fn full(&self) -> bool {
+        self.overlay.batches() + 1 >= HOLD_BATCHES || self.overlay.bytes() >= HOLD_BYTES
+    }
+
+    /// True if an undo failed in this transaction: it must not be committed.
+    pub fn poisoned(&self) -> bool {
+        self.poisoned.is_some()
+    }
+
+    /// True if batches were logged in this transaction (dropping it would lose them from redb).
+    pub fn holds_batches(&self) -> bool {
+        self.overlay.batches() > 0
+    }
+
+    /// Commits the transaction without fsync (its batches are durable through their records)
+    /// and returns the snapshot of the commit.
+    pub fn commit(mut self) -> MetaResult<Snapshot> {
+        if let Some(reason) = self.poisoned.take() {
+            return Err(self.abandon_with(reason));
+        }
+        self.txn
+            .set_durability(redb::Durability::None)
+            .map_err(|e| self.store.fail(e))?;
+        self.store.commit(self.txn)?;
+        self.store.snapshot()
+    }
+
+    /// Gives the transaction up. If it holds logged batches the store is marked failed, so
+    /// that it is reopened — replaying them from the log — before anyone writes or reads on.
+    pub fn abandon(self) {
+        if self.holds_batches() {
+            self.abandon_with("a held transaction was given up".into());
+        }
+    }
+
+    fn abandon_with(self, reason: String) -> MetaError {
+        drop(self.txn);
+        self.store
+            .fail(redb::StorageError::Io(std::io::Error::other(reason)))
+    }
+
+    /// Ends the current batch: records its sequence number in the transaction and takes its
+    /// redo record. Refused (and the store failed) if the batch is poisoned.
+    fn end(&mut self) -> MetaResult<Redo> {
+        if let Some(reason) = &self.poisoned {
             return Err(self
                 .store
-                .fail(redb::StorageError::Io(std::io::Error::other(reason))));
+                .fail(redb::StorageError::Io(std::io::Error::other(
+                    reason.clone(),
+                ))));
         }
         let seq = self
             .store
@@ -104,16 +217,12 @@ impl<'s> Batch<'s> {
             .load(std::sync::atomic::Ordering::Acquire)
             + 1;
         redo::set_applied(&self.txn, seq)?;
-        self.txn
-            .set_durability(redb::Durability::None)
-            .map_err(|e| self.store.fail(e))?;
-        self.store.commit(self.txn)?;
         self.store
             .last_seq
             .store(seq, std::sync::atomic::Ordering::Release);
-        Ok(Logged {
-            redo: Redo::new(seq, self.effects.into_inner()),
-            snapshot: self.store.snapshot()?,
-        })
+        Ok(Redo::new(
+            seq,
+            std::mem::take(&mut *self.effects.borrow_mut()),
+        ))
     }
 }

@@ -24,6 +24,7 @@ pub mod fault;
 mod inventory;
 mod ledger;
 mod open;
+mod overlay;
 mod read;
 pub mod records;
 mod redo;
@@ -40,6 +41,7 @@ use prost::Message;
 
 pub use batch::{Batch, Logged, Snapshot};
 pub use fault::StoreFaults;
+pub use overlay::{OverlaidTable, Row, Rows};
 pub use read::ReadView;
 pub use records::*;
 pub use redo::Redo;

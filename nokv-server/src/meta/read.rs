@@ -5,12 +5,14 @@ use std::ops::Bound;
 
 use redb::{ReadableTable, ReadableTableMetadata};
 
+use super::overlay::Stored;
 use super::records::*;
 use super::{Counts, MetaResult, Namespace, WriteView, decode, optional, time_prefix};
 use super::{EPOCH_KEY, SELF_DATED_SKEW_MS, UPLOAD_INDEX_MARKER};
 
 pub struct ReadView {
-    pub(super) txn: std::sync::Arc<redb::ReadTransaction>,
+    /// The snapshot, read through the memtable (see [`super::overlay`]).
+    pub(super) txn: super::Snapshot,
     pub(super) t: Namespace,
 }
 
@@ -18,8 +20,8 @@ pub struct ReadView {
 /// or before `cutoff_ms`, each turned by `key` into its time and what the caller keeps. The
 /// scan stops at the first later key, so it reads only what is due, however long the index;
 /// an index absent from an older data dir is empty.
-fn due<K: redb::Key + 'static, T>(
-    index: Option<impl ReadableTable<K, ()>>,
+fn due<K: redb::Key + 'static, G: Stored<K>, X, T>(
+    index: Option<impl Iterator<Item = Result<(G, X), redb::StorageError>>>,
     cutoff_ms: i64,
     limit: usize,
     key: impl Fn(K::SelfType<'_>) -> (i64, T),
@@ -28,8 +30,8 @@ fn due<K: redb::Key + 'static, T>(
     let Some(index) = index else {
         return Ok(out);
     };
-    for item in index.iter()? {
-        let (ms, kept) = key(item?.0.value());
+    for item in index {
+        let (ms, kept) = key(item?.0.stored());
         if ms > cutoff_ms || out.len() == limit {
             break;
         }
@@ -183,14 +185,24 @@ macro_rules! readable {
             /// the number of ended uploads).
             pub fn expired_uploads(&self, now_ms: i64, limit: usize) -> MetaResult<Vec<String>> {
                 let t = optional(self.txn.open_table(self.t.open_uploads))?;
-                due(t, now_ms, limit, |(lease, id)| (lease, id.to_string()))
+                due(
+                    t.as_ref().map(|t| t.iter()).transpose()?,
+                    now_ms,
+                    limit,
+                    |(lease, id)| (lease, id.to_string()),
+                )
             }
 
             /// Up to `limit` terminal uploads that ended at or before `cutoff_ms`, oldest
             /// first.
             pub fn ended_uploads(&self, cutoff_ms: i64, limit: usize) -> MetaResult<Vec<String>> {
                 let t = optional(self.txn.open_table(self.t.ended_uploads))?;
-                due(t, cutoff_ms, limit, |(ended, id)| (ended, id.to_string()))
+                due(
+                    t.as_ref().map(|t| t.iter()).transpose()?,
+                    cutoff_ms,
+                    limit,
+                    |(ended, id)| (ended, id.to_string()),
+                )
             }
 
             /// Up to `limit` retired revisions retired at or before `cutoff_ms`, oldest first.
@@ -200,7 +212,12 @@ macro_rules! readable {
                 limit: usize,
             ) -> MetaResult<Vec<(i64, u64)>> {
                 let t = optional(self.txn.open_table(self.t.retired))?;
-                due(t, cutoff_ms, limit, |(ms, rev)| (ms, (ms, rev)))
+                due(
+                    t.as_ref().map(|t| t.iter()).transpose()?,
+                    cutoff_ms,
+                    limit,
+                    |(ms, rev)| (ms, (ms, rev)),
+                )
             }
 
             /// True once every upload record is covered by the upload indexes.
@@ -477,7 +494,12 @@ macro_rules! ledger_reads {
             /// oldest first.
             pub fn deleted_ops_before(&self, cutoff_ms: i64, limit: usize) -> MetaResult<Vec<u64>> {
                 let t = optional(self.txn.open_table(self.t.deleted_ops))?;
-                due(t, cutoff_ms, limit, |(ms, id)| (ms, id))
+                due(
+                    t.as_ref().map(|t| t.iter()).transpose()?,
+                    cutoff_ms,
+                    limit,
+                    |(ms, id)| (ms, id),
+                )
             }
         }
     };

@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{ReadableTable, TableDefinition, WriteTransaction};
 
+use super::overlay::Layer;
 use super::{MetaError, MetaResult, Tables};
 
 /// "applied" -> the sequence number of the last batch whose effects this file holds.
@@ -81,6 +82,15 @@ impl Effects {
                 b.extend_from_slice(v);
             }
         }
+    }
+
+    /// These effects as a memtable layer (see [`super::overlay`]).
+    pub(super) fn layer(&self) -> MetaResult<Layer> {
+        let mut layer = Layer::default();
+        rows(&self.buf, |table, key, value| {
+            layer.change(table, key, value)
+        })?;
+        Ok(layer)
     }
 
     /// Appends the framed log record of these effects as batch `seq` to `out`.
@@ -320,8 +330,12 @@ fn malformed() -> MetaError {
     MetaError::Failed("a redo record is malformed".into())
 }
 
-/// Applies one record's effects.
-fn apply(txn: &WriteTransaction, payload: &[u8]) -> MetaResult<()> {
+/// Calls `row` with each row effect of a record's payload, in order: table, key, new value
+/// (`None`: removed).
+fn rows(
+    payload: &[u8],
+    mut row: impl FnMut(&str, &[u8], Option<&[u8]>) -> MetaResult<()>,
+) -> MetaResult<()> {
     let mut c = Cursor(payload);
     while !c.0.is_empty() {
         let len = u16::from_le_bytes(c.take(2)?.try_into().expect("2")) as usize;
@@ -336,12 +350,20 @@ fn apply(txn: &WriteTransaction, payload: &[u8]) -> MetaResult<()> {
             }
             _ => return Err(malformed()),
         };
+        row(table, key, value)?;
+    }
+    Ok(())
+}
+
+/// Applies one record's effects.
+fn apply(txn: &WriteTransaction, payload: &[u8]) -> MetaResult<()> {
+    rows(payload, |table, key, value| {
         let (ns, name) = Tables::by_name(table).ok_or_else(malformed)?;
         if !ns.apply(txn, name, key, value)? {
             return Err(malformed());
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -419,7 +441,7 @@ mod replay_tests {
 
     /// Logs one batch writing `name` (and removing `gone`), as the committer does: committed
     /// without fsync, its record appended to the log.
-    fn logged_batch(store: &MetaStore, name: &str, gone: &str) {
+    fn logged_batch(store: &std::sync::Arc<MetaStore>, name: &str, gone: &str) {
         let ns = Tables::canonical();
         let mut batch = store.batch().unwrap();
         batch
@@ -458,7 +480,7 @@ mod replay_tests {
     fn batches_only_in_the_redo_log_are_replayed_when_the_store_opens() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let store = MetaStore::create(&path).unwrap();
+        let store = std::sync::Arc::new(MetaStore::create(&path).unwrap());
         store.write(|w| w.put_inline("ws", "old", b"old")).unwrap();
         logged_batch(&store, "first", "old");
         store.flush().unwrap(); // a checkpoint: "first" is now in the file itself
@@ -478,7 +500,7 @@ mod replay_tests {
 
         let crashed = dir.path().join("crashed.redb");
         crash_copy(&path, &crashed, true);
-        let reopened = MetaStore::open(&crashed).unwrap();
+        let reopened = std::sync::Arc::new(MetaStore::open(&crashed).unwrap());
         assert_eq!(inline(&reopened, "old"), None);
         assert_eq!(
             inline(&reopened, "first"),
@@ -503,13 +525,62 @@ mod replay_tests {
         assert_eq!(inline(&twice, "kept"), Some(b"kept".to_vec()));
     }
 
+    // Catches: held batches whose records share or skip sequence numbers (the replay would
+    // stop at the first repeat and lose the rest) or that are missing from the log — after a
+    // crash with the transaction still open, the log alone must bring every batch back.
+    #[test]
+    fn batches_held_in_an_open_transaction_come_back_from_the_log_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let store = std::sync::Arc::new(MetaStore::create(&path).unwrap());
+        store.write(|w| w.put_inline("ws", "old", b"old")).unwrap();
+        let ns = Tables::canonical();
+        let mut batch = store.batch().unwrap();
+        for (name, gone) in [("first", "old"), ("kept", "nothing"), ("second", "first")] {
+            batch
+                .session(ns, |w| {
+                    w.put_inline("ws", name, name.as_bytes())?;
+                    w.remove_inline("ws", gone)
+                })
+                .unwrap();
+            let logged = batch.log().unwrap();
+            let mut record = Vec::new();
+            logged.redo.frame_into(&mut record);
+            store.log(&record).unwrap();
+        }
+        assert!(batch.holds_batches());
+
+        let file_only = dir.path().join("file-only.redb");
+        crash_copy(&path, &file_only, false);
+        let file_only = MetaStore::open(&file_only).unwrap();
+        assert_eq!(inline(&file_only, "old"), Some(b"old".to_vec()));
+        assert_eq!(
+            inline(&file_only, "kept"),
+            None,
+            "held: only the log has it"
+        );
+
+        let crashed = dir.path().join("crashed.redb");
+        crash_copy(&path, &crashed, true);
+        drop(batch);
+        let reopened = MetaStore::open(&crashed).unwrap();
+        assert_eq!(inline(&reopened, "old"), None);
+        assert_eq!(
+            inline(&reopened, "first"),
+            None,
+            "removed by the third batch"
+        );
+        assert_eq!(inline(&reopened, "kept"), Some(b"kept".to_vec()));
+        assert_eq!(inline(&reopened, "second"), Some(b"second".to_vec()));
+    }
+
     // Catches: a replay that trusts a torn tail (the half-written batch was never
     // acknowledged) or gives up on the complete records before it.
     #[test]
     fn a_torn_last_record_is_not_replayed_and_the_ones_before_it_are() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let store = MetaStore::create(&path).unwrap();
+        let store = std::sync::Arc::new(MetaStore::create(&path).unwrap());
         logged_batch(&store, "whole", "nothing");
         logged_batch(&store, "torn", "nothing");
         let crashed = dir.path().join("crashed.redb");
@@ -520,7 +591,7 @@ mod replay_tests {
         let second = super::read(&log).unwrap()[1].1.len() + super::HEADER;
         bytes.truncate(first + second - 1);
         std::fs::write(&log, &bytes).unwrap();
-        let reopened = MetaStore::open(&crashed).unwrap();
+        let reopened = std::sync::Arc::new(MetaStore::open(&crashed).unwrap());
         assert_eq!(inline(&reopened, "whole"), Some(b"whole".to_vec()));
         assert_eq!(inline(&reopened, "torn"), None);
     }

@@ -22,6 +22,9 @@ pub struct MetaStore {
     /// Durable commits (each one fsync) made through this handle: tests prove with it that
     /// sessions of many shards share one.
     durable_commits: std::sync::atomic::AtomicU64,
+    /// Commits of any kind through this handle: tests prove with it that the committer holds
+    /// its transaction across batches.
+    commits: std::sync::atomic::AtomicU64,
     /// Why a write failed at the storage level, once one did. Like redb after an I/O error,
     /// the handle then refuses every write: only dropping it and opening the file again
     /// (which lets redb recover to the last durable commit) brings the store back.
@@ -106,6 +109,7 @@ impl MetaStore {
             faults,
             home,
             durable_commits: Default::default(),
+            commits: Default::default(),
             failure: parking_lot::Mutex::new(None),
             log: parking_lot::Mutex::new(None),
             log_syncs: Default::default(),
@@ -178,7 +182,7 @@ impl MetaStore {
     /// A snapshot of the last commit, durable or not: the committer takes one after each
     /// batch, and the gate shows it to readers once that batch's record is durable.
     pub fn snapshot(&self) -> MetaResult<Snapshot> {
-        Ok(Snapshot(std::sync::Arc::new(self.db.begin_read()?)))
+        Ok(Snapshot::new(std::sync::Arc::new(self.db.begin_read()?)))
     }
 
     /// Makes every table of `ns` exist and brings it to the current layout (one-time
@@ -239,7 +243,10 @@ impl MetaStore {
             drop(txn);
             return Err(self.fail(redb::StorageError::Io(e)));
         }
-        txn.commit().map_err(|e| self.fail(e))
+        txn.commit().map_err(|e| self.fail(e))?;
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
     }
 
     /// The namespace of a standalone file.
@@ -311,6 +318,11 @@ impl MetaStore {
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
+    /// Commits of any kind made through this handle so far.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Durable commits (fsyncs) made through this handle so far.
     pub fn durable_commits(&self) -> u64 {
         self.durable_commits
@@ -318,7 +330,7 @@ impl MetaStore {
     }
 
     /// Begins a batch: one transaction for many sessions (see [`Batch`]).
-    pub fn batch(&self) -> MetaResult<Batch<'_>> {
+    pub fn batch(self: &std::sync::Arc<Self>) -> MetaResult<Batch> {
         Batch::begin(self)
     }
 

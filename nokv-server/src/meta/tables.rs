@@ -60,6 +60,13 @@ macro_rules! tables {
                 Ok(false)
             }
 
+            /// The key order of the table called `name` in this namespace, over encoded keys
+            /// (what the memtable sorts a batch's rows by, see [`super::overlay`]).
+            pub(super) fn compare(&self, name: &str) -> Option<fn(&[u8], &[u8]) -> std::cmp::Ordering> {
+                $( if name == $name { return Some(<$k as redb::Key>::compare); } )*
+                None
+            }
+
             /// Copies every table of this namespace in `src` into namespace `to` of `dst`
             /// (tables absent from `src` are skipped: files from before they existed).
             pub(super) fn copy_all(

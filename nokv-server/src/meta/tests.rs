@@ -1,5 +1,3 @@
-use redb::ReadableTableMetadata;
-
 use super::*;
 
 fn store() -> (tempfile::TempDir, MetaStore) {

@@ -148,7 +148,7 @@ mod tests {
     #[test]
     fn a_failed_session_in_a_batch_is_undone_row_by_row_and_the_others_are_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let store = MetaStore::create(&dir.path().join("u.redb")).unwrap();
+        let store = std::sync::Arc::new(MetaStore::create(&dir.path().join("u.redb")).unwrap());
         store
             .write(|w| {
                 w.put_inline("ws", "a", b"old")?;

@@ -117,7 +117,7 @@ const REOPEN_CAP: Duration = Duration::from_secs(1);
 /// known.
 /// A write session: runs inside the batch's transaction (or, given `None`, is refused without
 /// running) and returns whether it committed and how to answer its caller.
-type SessionJob = Box<dyn FnOnce(Option<&mut Batch<'_>>) -> (bool, Answer) + Send>;
+type SessionJob = Box<dyn FnOnce(Option<&mut Batch>) -> (bool, Answer) + Send>;
 /// Work on the whole store between batches (no transaction open).
 type ExclusiveJob = Box<dyn FnOnce(Option<&MetaStore>) -> Answer + Send>;
 
@@ -300,6 +300,12 @@ impl Committer {
             .read()
             .as_ref()
             .map_or(0, |s| s.durable_commits())
+    }
+
+    /// Commits of any kind of the store in service, since it was opened: fewer than its
+    /// batches while the committer holds its transaction across them.
+    pub fn commits(&self) -> u64 {
+        self.slot.store.read().as_ref().map_or(0, |s| s.commits())
     }
 
     /// Appends to the redo log of the store in service (each one fsync making every batch
@@ -540,13 +546,19 @@ fn run_batches(
     // Batches to hand over before the committer answers a lone one itself again.
     let mut handing_over: u32 = 0;
     let mut checkpoint = Checkpoint::new(meta.log_budget());
+    // The transaction held open across batches (see `meta`'s `overlay`): committed before
+    // anything but a batch uses the store, given up (and the store reopened) on a failure.
+    let mut held: Option<Batch> = None;
     loop {
         let first = if let Some(job) = carry.take() {
             Some(job)
         } else if outage.failing() {
             match jobs.try_recv() {
                 Ok(job) => Some(job),
-                Err(mpsc::error::TryRecvError::Disconnected) => return Some(meta),
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    release(&mut held);
+                    return Some(meta);
+                }
                 // Idle during an outage: probe (after the back-off) instead of waiting.
                 Err(mpsc::error::TryRecvError::Empty) => {
                     std::thread::sleep(outage.next_delay());
@@ -556,10 +568,14 @@ fn run_batches(
         } else {
             match jobs.blocking_recv() {
                 Some(job) => Some(job),
-                None => return Some(meta),
+                None => {
+                    release(&mut held);
+                    return Some(meta);
+                }
             }
         };
         let Some(first) = first else {
+            release(&mut held);
             // The probe's counter lives in the canonical namespace, which a node file's
             // shards never use.
             let probe = meta.write_in(Tables::canonical(), Commit::Durable, |w| {
@@ -578,6 +594,7 @@ fn run_batches(
         };
         let (stage, sessions, committed) = match first {
             Job::Exclusive(job) => {
+                release(&mut held);
                 let answer = job(Some(&meta));
                 // The job made its writes durable itself; readers may see them now.
                 let visible = meta.snapshot().ok().map(|s| (meta.clone(), s));
@@ -601,7 +618,7 @@ fn run_batches(
                     }
                 }
                 let sessions = batch.len();
-                let (stage, committed) = run_batch(&meta, batch);
+                let (stage, committed) = run_batch(&meta, batch, &mut held);
                 (stage, sessions, committed)
             }
         };
@@ -632,6 +649,7 @@ fn run_batches(
             handing_over = LONE_BACKOFF;
         }
         if failure.is_none() && checkpoint.due() {
+            release(&mut held);
             match meta.flush() {
                 Ok(()) => {
                     checkpoint = Checkpoint::new(meta.log_budget());
@@ -645,6 +663,8 @@ fn run_batches(
             }
         }
         if let Some(reason) = meta.failure() {
+            // The held transaction goes with the handle: the reopen replays its batches.
+            drop(held.take());
             // Also a failure the acknowledger met (a log append) after this batch was checked:
             // the outage must be open, or the shard would never report serving again.
             slot.set(None);
@@ -726,11 +746,22 @@ impl Checkpoint {
     }
 }
 
-/// Runs the sessions of one batch in one transaction and commits it — without fsync, for the
-/// acknowledger to make durable — if any session committed (a failed session was undone
-/// inside it, see [`Batch`]). Returns the batch's stage and how many sessions committed.
-fn run_batch(meta: &Arc<MetaStore>, sessions: Vec<SessionJob>) -> (Stage, u64) {
-    let mut batch = match meta.batch() {
+/// Runs the sessions of one batch in the committer's transaction (`held`, or a new one) and,
+/// if any session committed (a failed session was undone inside it, see [`Batch`]), ends the
+/// batch for the acknowledger to make durable: committing the transaction without fsync once
+/// it is full, holding it open for the next batch otherwise (readers see held batches through
+/// the memtable, see `meta`'s `overlay`). Returns the batch's stage and how many sessions
+/// committed.
+fn run_batch(
+    meta: &Arc<MetaStore>,
+    sessions: Vec<SessionJob>,
+    held: &mut Option<Batch>,
+) -> (Stage, u64) {
+    let batch = match held.take() {
+        Some(b) => Ok(b),
+        None => meta.batch(),
+    };
+    let mut batch = match batch {
         Ok(b) => b,
         Err(e) => {
             let answers = sessions.into_iter().map(|s| s(None).1).collect();
@@ -750,8 +781,14 @@ fn run_batch(meta: &Arc<MetaStore>, sessions: Vec<SessionJob>) -> (Stage, u64) {
         answers.push(answer);
     }
     if committed == 0 {
-        // Nothing to keep: dropping the transaction aborts it, and nothing is owed.
-        drop(batch);
+        // Nothing of this batch to keep (its sessions undid themselves). A transaction that
+        // holds earlier batches stays held — unless an undo failed in it, when it is given up
+        // and the store reopened; a fresh one is simply aborted.
+        if batch.poisoned() {
+            batch.abandon();
+        } else if batch.holds_batches() {
+            *held = Some(batch);
+        }
         let stage = Stage::Known {
             answers,
             outcome: Ok(()),
@@ -759,7 +796,16 @@ fn run_batch(meta: &Arc<MetaStore>, sessions: Vec<SessionJob>) -> (Stage, u64) {
         };
         return (stage, 0);
     }
-    match batch.commit_logged() {
+    let logged = if batch.full() {
+        batch.commit_logged()
+    } else {
+        let logged = batch.log();
+        if logged.is_ok() {
+            *held = Some(batch);
+        }
+        logged
+    };
+    match logged {
         Ok(logged) => {
             let stage = Stage::Logged {
                 store: meta.clone(),
@@ -778,6 +824,17 @@ fn run_batch(meta: &Arc<MetaStore>, sessions: Vec<SessionJob>) -> (Stage, u64) {
             };
             (stage, committed)
         }
+    }
+}
+
+/// Commits the held transaction, if any, before the store is used for anything but a batch
+/// (a job, a checkpoint, a probe) or closed. A failed commit fails the store's handle, which
+/// the committer then reopens: the log holds every batch the transaction did.
+fn release(held: &mut Option<Batch>) {
+    if let Some(batch) = held.take()
+        && let Err(e) = batch.commit()
+    {
+        tracing::debug!(error = %e, "committing the held transaction failed");
     }
 }
 
@@ -1428,6 +1485,52 @@ mod tests {
             "sessions queued behind it"
         );
         assert!(!answers_here(&known(), true, 0), "not a committed batch");
+    }
+
+    // Catches: a batch shown to readers without its rows while the committer holds the
+    // transaction (a snapshot taken from the last commit, not read through the memtable), and
+    // a committer that commits every batch after all (the count of commits).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_answered_write_is_read_back_while_the_committer_holds_its_transaction() {
+        let (dir, _faults, gate) = gate_with_faults();
+        let (commits, batches) = (gate.committer.commits(), gate.stats().batches);
+        for i in 0..10 {
+            let name = format!("f{i}");
+            let body = name.clone().into_bytes();
+            gate.write(move |w| {
+                w.put_entry("ws", &name, &Default::default())?;
+                Ok(w.put_inline("ws", &name, &body)?)
+            })
+            .await
+            .unwrap();
+            let listed = gate
+                .read(|r| Ok(r.list("ws", "", None, 100)?.len()))
+                .await
+                .unwrap();
+            let read = gate
+                .read(move |r| Ok(r.inline("ws", &format!("f{i}"))?))
+                .await
+                .unwrap();
+            assert_eq!(read, Some(format!("f{i}").into_bytes()), "f{i} not shown");
+            assert_eq!(listed, i + 1, "the list misses a shown entry");
+        }
+        assert_eq!(gate.stats().batches - batches, 10);
+        assert!(
+            gate.committer.commits() - commits < 10,
+            "a commit per batch: no transaction was held"
+        );
+        // A job between batches (a checkpoint's copy) sees the held batches too.
+        let copy = dir.path().join("copy.redb");
+        gate.snapshot_to(copy.clone()).await.unwrap();
+        let copied = MetaStore::open(&copy).unwrap();
+        for i in 0..10 {
+            assert!(
+                copied
+                    .read(|r| r.inline("ws", &format!("f{i}")))
+                    .unwrap()
+                    .is_some()
+            );
+        }
     }
 
     // The path both ways in one run: a batch with sessions queued behind it goes to the
