@@ -77,6 +77,9 @@ impl Eq for RowKey {}
 /// One table's changed rows: the new value, or `None` for a removed row.
 type Changes = BTreeMap<RowKey, Option<Box<[u8]>>>;
 
+/// A changed row as a scan meets it: its key, and its value (`None`: removed).
+type Change<'a> = (&'a RowKey, Option<&'a [u8]>);
+
 /// The rows one batch changed, by full table name.
 #[derive(Default)]
 pub(super) struct Layer {
@@ -285,7 +288,7 @@ impl<'o, K: Key + 'static, V: Value + 'static> OverlaidTable<'o, K, V> {
     }
 
     /// Every change in `(start, end)`, newest batch's winning, in key order.
-    fn merged(&self, start: Bound<RowKey>, end: Bound<RowKey>) -> Vec<(&RowKey, Option<&[u8]>)> {
+    fn merged(&self, start: Bound<RowKey>, end: Bound<RowKey>) -> Vec<Change<'_>> {
         if self.changes.is_empty() || empty_range(&start, &end) {
             return Vec::new();
         }
@@ -320,14 +323,11 @@ fn stored_row<'a, K: Key + 'static, V: Value + 'static>(
 /// a changed row replacing (or, removed, hiding) the stored one.
 pub struct Rows<'a, K: Key + 'static, V: Value + 'static> {
     base: Option<Peekable<redb::Range<'a, K, V>>>,
-    changed: Peekable<std::vec::IntoIter<(&'a RowKey, Option<&'a [u8]>)>>,
+    changed: Peekable<std::vec::IntoIter<Change<'a>>>,
 }
 
 impl<'a, K: Key + 'static, V: Value + 'static> Rows<'a, K, V> {
-    fn new(
-        base: Option<redb::Range<'a, K, V>>,
-        changed: Vec<(&'a RowKey, Option<&'a [u8]>)>,
-    ) -> Self {
+    fn new(base: Option<redb::Range<'a, K, V>>, changed: Vec<Change<'a>>) -> Self {
         Rows {
             base: base.map(Iterator::peekable),
             changed: changed.into_iter().peekable(),
