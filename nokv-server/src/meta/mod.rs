@@ -5,15 +5,18 @@
 //! Callers get a [`ReadView`] (an MVCC snapshot) or a [`WriteView`] (the single writer) and
 //! speak in typed records; a write view commits with `Durability::Immediate` (fsync) when
 //! its closure returns `Ok`, and aborts — changing nothing — when it returns `Err`. A
-//! [`Batch`] of sessions is the exception: it commits without fsync and is made durable by its
-//! record in the store's redo log ([`redo`]), which opening the store replays. Sessions
+//! [`Batch`] of sessions is the exception: it commits without fsync — or stays in a
+//! transaction held open for the next batches, shown to readers through the memtable
+//! ([`overlay`]) — and is made durable by its record in the store's redo log ([`redo`]), which
+//! opening the store replays. Sessions
 //! are plain synchronous closures: the [`crate::shard::gate`] runs them, and a synchronous
 //! closure cannot await provider I/O while the gate is held.
 //!
 //! One concept a file: `store` opens the file and runs one-off sessions, `batch` runs the
 //! committer's sessions in one transaction, `read` and `write` are the two views' typed reads
 //! and writes (`ledger`, `usage` and `inventory` the parts that keep their own counters and
-//! indexes), `undo` and `redo` roll a failed session back and make a batch durable,
+//! indexes), `undo` and `redo` roll a failed session back and make a batch durable, `overlay`
+//! shows readers the batches a held transaction has not committed yet,
 //! `snapshot` copies a shard out and in, `tables` names a shard's tables, `open` keeps redb's
 //! panics on a damaged file at the boundary, `fault` injects storage faults in tests, and
 //! `records` are the stored types.

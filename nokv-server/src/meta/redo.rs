@@ -3,7 +3,9 @@
 //! A durable redb commit writes back every page the batch touched (5–6 scattered pages per
 //! small write) and fsyncs the file, and while it does the single writer can run nothing else.
 //! So the committer commits a batch with `Durability::None` (atomic and visible to later
-//! sessions, not durable) and appends the batch's **row effects** — every insert and remove its
+//! sessions, not durable) — or holds the transaction open for the next batches and commits it
+//! once (readers see held batches through [`super::overlay`], built from these records) — and
+//! appends the batch's **row effects** — every insert and remove its
 //! sessions made, in order, as captured by [`super::undo::UndoTable`] — to this log as one
 //! record; a second thread appends and fsyncs records while the committer already runs the next
 //! batch, and only then are the batch's sessions answered or shown to readers. Every second or
@@ -13,8 +15,9 @@
 //! **Invariant (what a crash leaves):** the durable state is redb's last durable commit plus
 //! every complete record of the log whose sequence number is above the `applied` sequence
 //! that commit holds, applied in log order. Hence:
-//! * every batch commit writes its own sequence number as `applied` in its transaction, so a
-//!   durable commit says exactly which batches it already contains (records at or below it are
+//! * every batch writes its own sequence number as `applied` in the transaction it runs in
+//!   (held across batches or not), so a durable commit says exactly which batches it already
+//!   contains (records at or below it are
 //!   skipped on replay, never applied twice);
 //! * records are appended in commit order and a batch is acknowledged only after its record
 //!   (and every record before it) was fsynced — a crash keeps a prefix of the batches, never a

@@ -13,7 +13,9 @@
 //! changes nothing and fails alone.
 //!
 //! **Durable through a redo log, answered by a second thread.** The transaction is committed
-//! *without* fsync, and the rows the batch's sessions wrote (captured by the same wrapper that
+//! *without* fsync — and not after every batch: it is held open across up to 16 batches (or
+//! 1 MiB of rows) and committed once, readers seeing the held batches through the memtable
+//! (see [`crate::meta`]'s `overlay`) — and the rows the batch's sessions wrote (captured by the same wrapper that
 //! records the undo steps) go to the store's redo log as one record (see [`crate::meta`]'s
 //! `redo` for the format and the crash rule). The [`acknowledger`] thread appends the records
 //! of every batch queued at that moment with one write and one fsync, and only then answers
@@ -64,9 +66,10 @@
 //! ([`GateStats`]), so tests can prove that batches form and metrics can report the average
 //! batch size; the counters are updated before the batch's callers are answered.
 //!
-//! **Reads** use the MVCC snapshot taken right after the last batch known durable (the
-//! acknowledger shows it before answering that batch), and run concurrently with write
-//! sessions, so a stat or list never queues behind an fsync. Reads observe every acknowledged
+//! **Reads** use the state right after the last batch known durable (the acknowledger shows it
+//! before answering that batch): the MVCC snapshot of the last commit, read through the
+//! memtable layers of the held batches after it. They run concurrently with write sessions,
+//! so a stat or list never queues behind an fsync or a commit. Reads observe every acknowledged
 //! mutation, and never one whose batch is not durable yet: nothing a reader saw can be lost by
 //! a crash.
 //!
