@@ -15,12 +15,12 @@
 //! **Durable through a redo log, answered by a second thread.** The transaction is committed
 //! *without* fsync — and not after every batch: it is held open across up to 16 batches (or
 //! 1 MiB of rows) and committed once, readers seeing the held batches through the memtable
-//! (see [`crate::meta`]'s `overlay`) — and the rows the batch's sessions wrote (captured by the same wrapper that
-//! records the undo steps) go to the store's redo log as one record (see [`crate::meta`]'s
-//! `redo` for the format and the crash rule). The [`acknowledger`] thread appends the records
-//! of every batch queued at that moment with one write and one fsync, and only then answers
-//! their callers and shows their state to readers — while the committer already runs the next
-//! batch. Every second (or sooner, once the log holds an eighth of the free disk space, 2-64
+//! (see [`crate::meta`]'s `overlay`) — and the rows the batch's sessions wrote (captured by
+//! the same wrapper that records the undo steps) go to the store's redo log as one record (see
+//! [`crate::meta`]'s `redo` for the format and the crash rule). The [`acknowledger`] thread
+//! appends the records of every batch queued at that moment with one write and one fsync, and
+//! only then answers their callers and shows their state to readers — while the committer
+//! already runs the next batch. Every second (or sooner, once the log holds an eighth of the free disk space, 2-64
 //! MiB) the committer makes the file itself durable with an empty durable commit and the log
 //! starts over; opening a store replays the log. Nobody is answered before the fsync that
 //! covers their batch, so every acknowledged mutation is durable. A *lone* batch — no session
