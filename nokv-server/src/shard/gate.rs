@@ -803,8 +803,10 @@ fn run_batch(
         batch.commit_logged()
     } else {
         let logged = batch.log();
-        if logged.is_ok() {
-            *held = Some(batch);
+        match logged {
+            Ok(_) => *held = Some(batch),
+            // Never dropped while it holds batches (see `Batch::abandon`).
+            Err(_) => batch.abandon(),
         }
         logged
     };
