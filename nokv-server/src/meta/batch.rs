@@ -131,7 +131,14 @@ impl Batch {
     /// record is in the redo log ([`MetaStore::log`]). Nobody may be answered, and no reader
     /// shown the returned snapshot, before that.
     pub fn commit_logged(mut self) -> MetaResult<Logged> {
-        let redo = self.end()?;
+        let redo = match self.end() {
+            Ok(redo) => redo,
+            Err(e) => {
+                // Never dropped while it holds batches (see `Batch::abandon`).
+                self.abandon();
+                return Err(e);
+            }
+        };
         let snapshot = self.commit()?;
         Ok(Logged { redo, snapshot })
     }
