@@ -440,28 +440,36 @@ mod tests {
 mod replay_tests {
     use std::path::Path;
 
-    use crate::meta::{MetaError, MetaStore, Tables};
+    use crate::meta::{Batch, Logged, MetaError, MetaStore, Tables};
 
-    /// Logs one batch writing `name` (and removing `gone`), as the committer does: committed
-    /// without fsync, its record appended to the log.
-    fn logged_batch(store: &std::sync::Arc<MetaStore>, name: &str, gone: &str) {
-        let ns = Tables::canonical();
-        let mut batch = store.batch().unwrap();
+    /// Runs a session writing `name` and removing `gone` in `batch`.
+    fn write_and_remove(batch: &mut Batch, name: &str, gone: &str) {
         batch
-            .session(ns, |w| {
+            .session(Tables::canonical(), |w| {
                 w.put_inline("ws", name, name.as_bytes())?;
                 w.remove_inline("ws", gone)
             })
             .unwrap();
-        let failed = batch.session(ns, |w| {
+    }
+
+    /// Appends an ended batch's record to the log, as the acknowledger does.
+    fn append(store: &MetaStore, logged: &Logged) {
+        let mut record = Vec::new();
+        logged.redo.frame_into(&mut record);
+        store.log(&record).unwrap();
+    }
+
+    /// Logs one batch writing `name` (and removing `gone`), as the committer does: committed
+    /// without fsync, its record appended to the log.
+    fn logged_batch(store: &std::sync::Arc<MetaStore>, name: &str, gone: &str) {
+        let mut batch = store.batch().unwrap();
+        write_and_remove(&mut batch, name, gone);
+        let failed = batch.session(Tables::canonical(), |w| {
             w.put_inline("ws", "undone", b"x")?;
             Err::<(), _>(MetaError::Failed("this session fails".into()))
         });
         assert!(failed.is_err());
-        let logged = batch.commit_logged().unwrap();
-        let mut record = Vec::new();
-        logged.redo.frame_into(&mut record);
-        store.log(&record).unwrap();
+        append(store, &batch.commit_logged().unwrap());
     }
 
     /// What a crash would leave of an open store: its file and (if `with_log`) its log.
@@ -537,19 +545,10 @@ mod replay_tests {
         let path = dir.path().join("m.redb");
         let store = std::sync::Arc::new(MetaStore::create(&path).unwrap());
         store.write(|w| w.put_inline("ws", "old", b"old")).unwrap();
-        let ns = Tables::canonical();
         let mut batch = store.batch().unwrap();
         for (name, gone) in [("first", "old"), ("kept", "nothing"), ("second", "first")] {
-            batch
-                .session(ns, |w| {
-                    w.put_inline("ws", name, name.as_bytes())?;
-                    w.remove_inline("ws", gone)
-                })
-                .unwrap();
-            let logged = batch.log().unwrap();
-            let mut record = Vec::new();
-            logged.redo.frame_into(&mut record);
-            store.log(&record).unwrap();
+            write_and_remove(&mut batch, name, gone);
+            append(&store, &batch.log().unwrap());
         }
         assert!(batch.holds_batches());
 
