@@ -44,7 +44,6 @@ use prost::Message;
 
 pub use batch::{Batch, Logged, Snapshot};
 pub use fault::StoreFaults;
-pub use overlay::{OverlaidTable, Row, Rows};
 pub use read::ReadView;
 pub use records::*;
 pub use redo::Redo;

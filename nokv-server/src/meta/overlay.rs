@@ -176,7 +176,7 @@ pub(super) fn open<'o, K: Key + 'static, V: Value + 'static>(
 }
 
 /// A table of a snapshot read through an overlay: the same reads as a redb table
-/// (`get`, `range`, `iter`, `first`, `len`, `is_empty`), so both views share their typed
+/// (`get`, `range`, `iter`, `first`, `len`), so both views share their typed
 /// reads.
 pub struct OverlaidTable<'o, K: Key + 'static, V: Value + 'static> {
     base: Option<ReadOnlyTable<K, V>>,
@@ -281,10 +281,6 @@ impl<'o, K: Key + 'static, V: Value + 'static> OverlaidTable<'o, K, V> {
             }
         }
         Ok(len)
-    }
-
-    pub fn is_empty(&self) -> Result<bool, StorageError> {
-        Ok(self.len()? == 0)
     }
 
     /// Every change in `(start, end)`, newest batch's winning, in key order.
