@@ -416,7 +416,8 @@ mod tests {
     // Catches: a layer ordered bytewise instead of by the table's key order (pages and
     // prefixes of the "a"/"ab"/"b" workspaces come out wrong), an older layer winning over a
     // newer one, a removed row that still shows, a row count that ignores the layers, and a
-    // scan that drops or repeats a row where a stored and a changed key meet.
+    // scan that drops or repeats a row where a stored and a changed key meet; and a held
+    // transaction that never fills and commits.
     #[test]
     fn held_batches_read_the_same_through_the_memtable_as_through_their_transaction() {
         let dir = tempfile::tempdir().unwrap();
@@ -441,7 +442,9 @@ mod tests {
         let mut dice = Dice(7);
         let mut batch = store.batch().unwrap();
         let mut generation = 100;
-        for round in 0..40 {
+        let mut commits = 0;
+        // Enough rounds for the held transaction to fill and commit twice.
+        for round in 0..2 * super::super::batch::HOLD_BATCHES + 8 {
             for _ in 0..3 {
                 let (ws, p) = (WS[dice.roll(3)], PATHS[dice.roll(5)]);
                 let (remove, fail) = (dice.roll(3) == 0, dice.roll(5) == 0);
@@ -467,6 +470,7 @@ mod tests {
                     truth,
                     "commit {round}"
                 );
+                commits += 1;
                 batch = store.batch().unwrap();
             } else {
                 let shown = batch.log().unwrap().snapshot;
@@ -478,5 +482,6 @@ mod tests {
                 );
             }
         }
+        assert!(commits >= 2, "the held transaction never filled");
     }
 }

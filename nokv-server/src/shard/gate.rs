@@ -13,7 +13,7 @@
 //! changes nothing and fails alone.
 //!
 //! **Durable through a redo log, answered by a second thread.** The transaction is committed
-//! *without* fsync — and not after every batch: it is held open across up to 16 batches (or
+//! *without* fsync — and not after every batch: it is held open across up to 64 batches (or
 //! 1 MiB of rows) and committed once, readers seeing the held batches through the memtable
 //! (see [`crate::meta`]'s `overlay`) — and the rows the batch's sessions wrote (captured by
 //! the same wrapper that records the undo steps) go to the store's redo log as one record (see
