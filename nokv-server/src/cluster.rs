@@ -216,7 +216,7 @@ impl Cluster {
             Source::Checkpoint(c) => {
                 let scratch = self.node.scratch_path(shard);
                 checkpoint::restore(&self.node.provider, &to_checkpoint(c), &scratch).await?;
-                let stored = MetaStore::open(&scratch)
+                let stored = MetaStore::open_plain(&scratch)
                     .and_then(|m| m.read(|r| r.epoch()))
                     .map_err(Error::from);
                 let imported = match stored {

@@ -396,8 +396,10 @@ fn migrate_legacy(dir: &Path, shard_count: u32) -> Result<()> {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&fresh, e)),
             _ => {}
         }
-        let store = MetaStore::create_node(&fresh)?;
+        let store = MetaStore::create_node_plain(&fresh)?;
         for id in &legacy {
+            // Opening it replays any redo log of its own before it is copied.
+            drop(MetaStore::open(&legacy_shard_file(dir, *id))?);
             store.import(Tables::shard(*id), &legacy_shard_file(dir, *id))?;
         }
         drop(store);
@@ -427,6 +429,7 @@ fn migrate_legacy(dir: &Path, shard_count: u32) -> Result<()> {
             )));
         }
         std::fs::remove_file(&old).map_err(|e| io(&old, e))?;
+        let _ = std::fs::remove_file(old.with_extension("redo"));
     }
     Ok(())
 }

@@ -10,12 +10,36 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::disk::Synced;
+
 /// Shared switches; clone freely.
 #[derive(Debug, Clone, Default)]
 pub struct StoreFaults {
     disk_full: Arc<AtomicBool>,
     log_fails: Arc<AtomicBool>,
     log_pause: Arc<Pause>,
+    sync: Arc<SyncFaults>,
+    /// The disk the store's files are on (a test may put them on a simulated one).
+    pub(super) disk: super::disk::Disk,
+}
+
+/// Injected fsync failures, the latch of a real one, and what a failure does.
+#[derive(Debug, Default)]
+struct SyncFaults {
+    /// Per file (indexed by [`Synced`]): 0 = no fault; n + 1 = n more fsyncs succeed, then
+    /// every later one fails.
+    budget: [std::sync::atomic::AtomicU64; 2],
+    /// The first fsync that failed: its file and error.
+    failed: parking_lot::Mutex<Option<(Synced, String)>>,
+    /// Tests only: a failed fsync fails the store for good instead of ending the process.
+    caught: AtomicBool,
+}
+
+fn index(of: Synced) -> usize {
+    match of {
+        Synced::Log => 0,
+        Synced::Store => 1,
+    }
 }
 
 /// Holds redo log appends back while paused (see [`StoreFaults::pause_log`]).
@@ -27,6 +51,73 @@ struct Pause {
 }
 
 impl StoreFaults {
+    /// A hook with no fault switched on (production), or — for black-box tests of the daemon
+    /// — the fsync fault named by `NOKV_TEST_FAIL_FSYNC`: `log:N` or `store:N` lets N fsyncs
+    /// of the redo log (or the node file) succeed and fails every later one with EIO.
+    pub fn from_env() -> StoreFaults {
+        let faults = StoreFaults::default();
+        if let Ok(spec) = std::env::var("NOKV_TEST_FAIL_FSYNC")
+            && let Some((file, n)) = spec.split_once(':')
+            && let Ok(n) = n.parse::<u64>()
+        {
+            match file {
+                "log" => faults.fail_sync_after(Synced::Log, n),
+                "store" => faults.fail_sync_after(Synced::Store, n),
+                _ => tracing::warn!(spec, "NOKV_TEST_FAIL_FSYNC: expected log:N or store:N"),
+            }
+        }
+        faults
+    }
+
+    /// Tests only: the store's files live on the simulated disk `disk`, which can lose power.
+    #[cfg(test)]
+    pub(crate) fn on_simulated_disk(disk: std::sync::Arc<super::powercut::SimDisk>) -> StoreFaults {
+        StoreFaults {
+            disk: super::disk::Disk::Simulated(disk),
+            ..StoreFaults::default()
+        }
+    }
+
+    /// Lets `n` more fsyncs of `file` succeed, then fails every later one with EIO (after
+    /// the data was written: the case where the page cache and the disk disagree).
+    pub fn fail_sync_after(&self, file: Synced, n: u64) {
+        self.sync.budget[index(file)].store(n + 1, Ordering::SeqCst);
+    }
+
+    /// Tests only: a failed fsync fails the store for good (every later write and every
+    /// reopen refused) instead of ending the process, so the test can look at what happened.
+    pub fn catch_fatal(&self) {
+        self.sync.caught.store(true, Ordering::SeqCst);
+    }
+
+    /// The first fsync that failed, if one did.
+    pub fn failed_sync(&self) -> Option<(Synced, String)> {
+        self.sync.failed.lock().clone()
+    }
+
+    pub(super) fn fatal_is_caught(&self) -> bool {
+        self.sync.caught.load(Ordering::SeqCst)
+    }
+
+    /// The error an fsync of `file` meets right now, if an injected fault fails it.
+    pub(super) fn check_sync(&self, file: Synced) -> std::io::Result<()> {
+        let budget = &self.sync.budget[index(file)];
+        let left = budget.load(Ordering::SeqCst);
+        if left == 0 {
+            return Ok(());
+        }
+        if left == 1 {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        budget.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Latches the first failed fsync (see [`super::fatal`]).
+    pub(super) fn sync_failed(&self, file: Synced, error: String) {
+        self.sync.failed.lock().get_or_insert((file, error));
+    }
+
     /// From now on every commit fails with `StorageFull` (nothing is written).
     pub fn fill_disk(&self) {
         self.disk_full.store(true, Ordering::SeqCst);

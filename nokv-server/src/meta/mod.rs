@@ -22,12 +22,16 @@
 //! `records` are the stored types.
 
 mod batch;
+mod disk;
+pub mod fatal;
 pub mod fault;
 /// The inventory's scan record and quarantine observations.
 mod inventory;
 mod ledger;
 mod open;
 mod overlay;
+#[cfg(test)]
+mod powercut;
 mod read;
 pub mod records;
 mod redo;
@@ -43,6 +47,7 @@ use std::path::PathBuf;
 use prost::Message;
 
 pub use batch::{Batch, Logged, Snapshot};
+pub use disk::Synced;
 pub use fault::StoreFaults;
 pub use read::ReadView;
 pub use records::*;
@@ -75,6 +80,22 @@ pub enum MetaError {
     Empty(PathBuf),
     #[error("metadata file {path} cannot be opened ({detail}); restore it from a backup")]
     Damaged { path: PathBuf, detail: String },
+    /// The redo log does not fit the node file (see `redo`'s `scan`): starting would serve
+    /// fewer acknowledged writes than were made.
+    #[error(
+        "{detail}. Refusing to start: {path} holds acknowledged writes that {store} does not. \
+         Restore the data dir from a backup (`nokv-server restore-backup`), or run \
+         `nokv-server recover --data-dir <the data dir> --accept-loss`, which keeps what is \
+         valid, reports exactly which batches it drops and moves the log aside"
+    )]
+    Log {
+        path: PathBuf,
+        store: PathBuf,
+        detail: String,
+    },
+    /// An fsync failed: the process does not go on (see [`fatal`]).
+    #[error("fsync of {file} failed ({detail}); the process must restart to replay from disk")]
+    Fatal { file: PathBuf, detail: String },
     /// An attempt to record an ownership epoch below the stored one.
     #[error("shard is owned at epoch {current}; refusing to record the older epoch {epoch}")]
     EpochRegression { current: u64, epoch: u64 },

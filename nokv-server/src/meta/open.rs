@@ -22,13 +22,15 @@ static HOOK: Once = Once::new();
 
 /// Refuses a metadata file that is missing or empty: both mean the shard's entries are gone,
 /// and opening would silently serve an empty shard.
-pub(super) fn require_existing(path: &Path) -> Result<(), MetaError> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.len() == 0 => Err(MetaError::Empty(path.to_path_buf())),
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(MetaError::Missing(path.to_path_buf()))
-        }
+/// `len` is the file's length as its disk reports it (`None`: no such file).
+pub(super) fn require_existing(
+    path: &Path,
+    len: std::io::Result<Option<u64>>,
+) -> Result<(), MetaError> {
+    match len {
+        Ok(Some(0)) => Err(MetaError::Empty(path.to_path_buf())),
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(MetaError::Missing(path.to_path_buf())),
         Err(e) => Err(MetaError::Damaged {
             path: path.to_path_buf(),
             detail: e.to_string(),

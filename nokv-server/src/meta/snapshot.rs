@@ -35,7 +35,7 @@ impl MetaStore {
         }
         let snapshot = self.db.begin_read()?;
         {
-            let copy = MetaStore::create(dest)?;
+            let copy = MetaStore::create_plain(dest)?;
             copy.write_in(Tables::canonical(), Commit::Durable, |w| {
                 ns.copy_all(&snapshot, Tables::canonical(), w.txn)
             })?;
@@ -50,7 +50,7 @@ impl MetaStore {
     /// Must be called by the store's single writer; `src` is opened read-only in effect (its
     /// own open only makes sure its tables exist).
     pub fn import(&self, ns: Namespace, src: &Path) -> MetaResult<()> {
-        let source = MetaStore::open(src)?;
+        let source = MetaStore::open_plain(src)?;
         let snapshot = source.db.begin_read()?;
         self.write_in(ns, Commit::Durable, |w| {
             ns.delete_all(w.txn)?;

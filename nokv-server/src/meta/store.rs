@@ -6,11 +6,13 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase};
 
+use super::disk::Synced;
+use super::redo::{AppendError, Log, Round};
 use super::{
-    Batch, Commit, MetaError, MetaResult, Namespace, ReadView, Snapshot, StoreFaults, Tables,
+    Batch, Commit, MetaError, MetaResult, Namespace, ReadView, Redo, Snapshot, StoreFaults, Tables,
     WriteView,
 };
-use super::{open, redo};
+use super::{fatal, open, redo};
 
 pub struct MetaStore {
     pub(super) db: Database,
@@ -29,8 +31,15 @@ pub struct MetaStore {
     /// the handle then refuses every write: only dropping it and opening the file again
     /// (which lets redb recover to the last durable commit) brings the store back.
     failure: parking_lot::Mutex<Option<String>>,
-    /// The redo log's appending end (see [`redo`]), opened by the first batch logged.
-    log: parking_lot::Mutex<Option<redo::Log>>,
+    /// The redo log's appending end (see [`redo`]); `None` for a plain file (a checkpoint's
+    /// copy), which runs no batches.
+    log: parking_lot::Mutex<Option<Log>>,
+    /// The log's round and whether its marker is durable yet (kept apart from `log`, whose
+    /// lock an append holds across its fsync).
+    round: parking_lot::Mutex<(Round, bool)>,
+    /// The round the last checkpoint began, until the appending thread starts it in the log
+    /// (see [`MetaStore::checkpoint`]).
+    next_round: parking_lot::Mutex<Option<Round>>,
     /// Appends to the redo log (each one fsync) through this handle.
     log_syncs: std::sync::atomic::AtomicU64,
     /// The sequence number of the last batch committed (its redo record may not be durable
@@ -42,26 +51,53 @@ impl MetaStore {
     /// Creates a standalone single-shard file (a test's store, a checkpoint being written), or
     /// opens it if a first start was interrupted after creating it.
     pub fn create(path: &Path) -> MetaResult<MetaStore> {
-        Self::create_as(path, Some(Tables::canonical()))
+        Self::create_as(path, Some(Tables::canonical()), Logged::Yes)
+    }
+
+    /// Creates a standalone file that never runs batches and has no redo log (a checkpoint's
+    /// copy, see [`MetaStore::export`]): every write to it is a durable commit.
+    pub(super) fn create_plain(path: &Path) -> MetaResult<MetaStore> {
+        Self::create_as(path, Some(Tables::canonical()), Logged::No)
+    }
+
+    /// Opens a file [`MetaStore::create_plain`] made, ignoring any redo log beside it.
+    pub fn open_plain(path: &Path) -> MetaResult<MetaStore> {
+        Self::open_as(
+            path,
+            StoreFaults::default(),
+            Some(Tables::canonical()),
+            Logged::No,
+        )
     }
 
     /// Opens an existing standalone single-shard file; refuses, naming the file, one that is
     /// missing, empty or damaged (never creates or reinitialises it, and never panics on a
     /// corrupt file).
     pub fn open(path: &Path) -> MetaResult<MetaStore> {
-        Self::open_as(path, StoreFaults::default(), Some(Tables::canonical()))
+        Self::open_as(
+            path,
+            StoreFaults::default(),
+            Some(Tables::canonical()),
+            Logged::Yes,
+        )
     }
 
     /// Creates the node file of a brand-new data directory: it holds every shard the node
     /// holds, each in its own namespace ([`MetaStore::prepare`] makes a shard's tables).
     pub fn create_node(path: &Path) -> MetaResult<MetaStore> {
-        Self::create_as(path, None)
+        Self::create_as(path, None, Logged::Yes)
+    }
+
+    /// [`MetaStore::create_node`] for a file that is filled by imports and renamed into place
+    /// before it is opened to serve (it gets its log then).
+    pub fn create_node_plain(path: &Path) -> MetaResult<MetaStore> {
+        Self::create_as(path, None, Logged::No)
     }
 
     /// Opens an existing node file (refusing a missing, empty or damaged one like
     /// [`MetaStore::open`]).
     pub fn open_node(path: &Path) -> MetaResult<MetaStore> {
-        Self::open_as(path, StoreFaults::default(), None)
+        Self::open_as(path, StoreFaults::from_env(), None, Logged::Yes)
     }
 
     /// How to open this store's file again, with the same kind and fault hook, once this
@@ -76,22 +112,59 @@ impl MetaStore {
 
     /// [`MetaStore::open`] with a fault hook (tests).
     pub fn open_with(path: &Path, faults: StoreFaults) -> MetaResult<MetaStore> {
-        Self::open_as(path, faults, Some(Tables::canonical()))
+        Self::open_as(path, faults, Some(Tables::canonical()), Logged::Yes)
     }
 
-    fn create_as(path: &Path, home: Option<Namespace>) -> MetaResult<MetaStore> {
+    /// [`MetaStore::create`] with a fault hook (tests).
+    pub fn create_with(path: &Path, faults: StoreFaults) -> MetaResult<MetaStore> {
+        Self::create_in(path, faults, Some(Tables::canonical()), Logged::Yes)
+    }
+
+    fn create_as(path: &Path, home: Option<Namespace>, logged: Logged) -> MetaResult<MetaStore> {
+        Self::create_in(path, StoreFaults::default(), home, logged)
+    }
+
+    fn create_in(
+        path: &Path,
+        faults: StoreFaults,
+        home: Option<Namespace>,
+        logged: Logged,
+    ) -> MetaResult<MetaStore> {
         open::guarded(path, || {
-            let db = Database::create(path).map_err(|e| damaged(path, e))?;
-            Self::init(db, path, StoreFaults::default(), home)
+            let db = Self::database(path, true, &faults)?;
+            Self::init(db, path, faults, home, logged)
         })
     }
 
-    fn open_as(path: &Path, faults: StoreFaults, home: Option<Namespace>) -> MetaResult<MetaStore> {
-        open::require_existing(path)?;
+    fn open_as(
+        path: &Path,
+        faults: StoreFaults,
+        home: Option<Namespace>,
+        logged: Logged,
+    ) -> MetaResult<MetaStore> {
+        if let Some((_, error)) = faults.failed_sync() {
+            // See `fatal`: never reopened in the process that saw an fsync fail.
+            return Err(MetaError::Fatal {
+                file: path.to_path_buf(),
+                detail: error,
+            });
+        }
+        open::require_existing(path, faults.disk.file_len(path))?;
         open::guarded(path, || {
-            let db = Database::open(path).map_err(|e| damaged(path, e))?;
-            Self::init(db, path, faults, home)
+            let db = Self::database(path, false, &faults)?;
+            Self::init(db, path, faults, home, logged)
         })
+    }
+
+    /// Opens (or creates) the redb file at `path` on the hook's disk, its fsyncs watched.
+    fn database(path: &Path, create: bool, faults: &StoreFaults) -> MetaResult<Database> {
+        let backend = faults
+            .disk
+            .store_backend(path, create, faults)
+            .map_err(|e| damaged(path, e))?;
+        Database::builder()
+            .create_with_backend(backend)
+            .map_err(|e| damaged(path, e))
     }
 
     /// A standalone store makes sure its tables exist, so read views never meet a missing
@@ -101,8 +174,28 @@ impl MetaStore {
         path: &Path,
         faults: StoreFaults,
         home: Option<Namespace>,
+        logged: Logged,
     ) -> MetaResult<MetaStore> {
-        let last_seq = Self::replay(&db, path)?;
+        let (last_seq, log) = match logged {
+            Logged::Yes => {
+                let (last, log) = Self::replay(&db, path, &faults)?;
+                (last, Some(log))
+            }
+            Logged::No => {
+                let txn = db.begin_write()?;
+                let last = redo::applied(&txn)?;
+                txn.abort()?;
+                (last, None)
+            }
+        };
+        let round = log.as_ref().map_or(
+            Round {
+                id: 0,
+                start: 0,
+                prev: 0,
+            },
+            |l| l.round(),
+        );
         let store = MetaStore {
             db,
             path: path.to_path_buf(),
@@ -111,7 +204,9 @@ impl MetaStore {
             durable_commits: Default::default(),
             commits: Default::default(),
             failure: parking_lot::Mutex::new(None),
-            log: parking_lot::Mutex::new(None),
+            round: parking_lot::Mutex::new((round, log.is_some())),
+            log: parking_lot::Mutex::new(log),
+            next_round: parking_lot::Mutex::new(None),
             log_syncs: Default::default(),
             last_seq: last_seq.into(),
         };
@@ -121,42 +216,135 @@ impl MetaStore {
         Ok(store)
     }
 
-    /// Brings the file up to date with its redo log (one durable commit; the log's records are
-    /// then all at or below the file's `applied` sequence, and the next one logged starts the
-    /// log over); returns the sequence number of the last batch the file holds.
-    fn replay(db: &Database, path: &Path) -> MetaResult<u64> {
-        let log = redo::path_for(path);
-        let txn = db.begin_write()?;
-        let (last, replayed) = redo::replay(&txn, &log)?;
-        if replayed == 0 {
-            // Nothing to write (no log, or nothing above the file's sequence): a reopen on a
-            // full disk must not need space for an empty commit.
-            txn.abort()?;
-            return Ok(last);
+    /// Brings the file up to date with its redo log and begins a new round of it, in one
+    /// durable commit made before anything is appended (so the log is never overwritten
+    /// while it holds the only copy of a batch); returns the sequence number of the last batch
+    /// the file holds, and the log ready for the round's records.
+    ///
+    /// Refuses — naming the log, the offset and the sequence numbers, and changing nothing — a
+    /// log that does not fit the file (see [`redo`]'s `scan`).
+    fn replay(db: &Database, path: &Path, faults: &StoreFaults) -> MetaResult<(u64, Log)> {
+        let log_path = redo::path_for(path);
+        let disk = &faults.disk;
+        let mut txn = db.begin_write()?;
+        let applied = redo::applied(&txn)?;
+        let damaged_record = |seq: u64, e: MetaError| MetaError::Damaged {
+            path: log_path.clone(),
+            detail: format!("record {seq}: {e}"),
+        };
+        let Some(round) = redo::round(&txn)? else {
+            // New, or written before rounds: the old log is read with the old rules, and
+            // what it held is made durable before its first bytes are overwritten.
+            let (last, replayed) = redo::scan_legacy(disk, &log_path, applied, |seq, p| {
+                redo::apply(&txn, p).map_err(|e| damaged_record(seq, e))
+            })?;
+            if replayed > 0 {
+                redo::set_applied(&txn, last)?;
+                durable_commit(txn, path, faults)?;
+                tracing::info!(store = %path.display(), batches = replayed, "replayed the redo log");
+                txn = db.begin_write()?;
+            }
+            let round = Round::fresh(last, 0);
+            let log = Log::create(disk, &log_path, round, faults)
+                .map_err(|e| append_failed(&log_path, e, faults))?;
+            redo::set_round(&txn, &round)?;
+            durable_commit(txn, path, faults)?;
+            return Ok((last, log));
+        };
+        let scanned = redo::scan(disk, &log_path, &round, applied, |seq, p| {
+            redo::apply(&txn, p).map_err(|e| damaged_record(seq, e))
+        })?;
+        let found = match scanned {
+            Ok(found) => found,
+            Err(fault) => {
+                txn.abort()?;
+                return Err(MetaError::Log {
+                    path: log_path,
+                    store: path.to_path_buf(),
+                    detail: fault.describe(&round, applied),
+                });
+            }
+        };
+        let last = applied.max(found.last);
+        if found.replayed > 0 {
+            redo::set_applied(&txn, last)?;
         }
-        txn.commit()?;
-        tracing::info!(store = %path.display(), batches = replayed, "replayed the redo log");
-        Ok(last)
+        let next = Round::fresh(last, found.at_zero);
+        redo::set_round(&txn, &next)?;
+        durable_commit(txn, path, faults)?;
+        if found.replayed > 0 {
+            tracing::info!(store = %path.display(), batches = found.replayed, "replayed the redo log");
+        }
+        let log = Log::start(disk, &log_path, next, faults)
+            .map_err(|e| append_failed(&log_path, e, faults))?;
+        Ok((last, log))
     }
 
-    /// Appends batch records to the redo log and makes them durable: the batches are durable
-    /// once this returns `Ok`. After a failure the handle is failed (nothing more is ever
-    /// appended through it, see [`redo`]).
-    pub fn log(&self, records: &[u8]) -> MetaResult<()> {
+    /// Appends the records of `redos` (consecutive batches, in order) to the redo log and
+    /// makes them durable: the batches are durable once this returns `Ok`. A failed write
+    /// fails the handle (nothing more is appended through it, see [`redo`]); a failed fsync
+    /// ends the process (see [`fatal`]). With no records, writes a round marker still due.
+    pub fn log(&self, redos: &[&Redo]) -> MetaResult<()> {
         if let Some(reason) = self.failure() {
             return Err(MetaError::Failed(reason));
         }
         let mut log = self.log.lock();
-        let appended = self.faults.check_log().and_then(|()| {
-            if log.is_none() {
-                *log = Some(redo::Log::open(&redo::path_for(&self.path))?);
+        let Some(log) = log.as_mut() else {
+            return Err(MetaError::Failed(
+                "this file has no redo log (a plain copy runs no batches)".into(),
+            ));
+        };
+        // Records above the start of a round a checkpoint began belong to that round (the
+        // appending thread normally starts it first, in order; this keeps it so regardless).
+        let starts_after = self.next_round.lock().map(|n| n.start);
+        if let (Some(start), Some(first)) = (starts_after, redos.first())
+            && first.seq() > start
+        {
+            self.clear_log_locked(log);
+        }
+        match log.append(redos) {
+            Ok(()) => {
+                let mut round = self.round.lock();
+                if round.0.id == log.round().id {
+                    round.1 = true;
+                }
+                if !redos.is_empty() {
+                    self.log_syncs
+                        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                }
+                Ok(())
             }
-            log.as_mut().expect("opened above").append(records)
-        });
-        appended.map_err(|e| self.fail(redb::StorageError::Io(e)))?;
-        self.log_syncs
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        Ok(())
+            Err(AppendError::Write(e)) => Err(self.fail(redb::StorageError::Io(e))),
+            Err(AppendError::Sync(e)) => {
+                self.fail(redb::StorageError::Io(std::io::Error::other(e.to_string())));
+                Err(fatal::sync_failed(
+                    log.path(),
+                    Synced::Log,
+                    &e.to_string(),
+                    &self.faults,
+                ))
+            }
+        }
+    }
+
+    /// Makes the file itself durable and begins a new round of the redo log: one durable
+    /// commit recording the new round. Returns `false`, doing nothing, while the current
+    /// round's marker is not durable yet — the round after it must be able to name the marker
+    /// a crash leaves at offset 0. The appending thread starts the new round in the log
+    /// ([`MetaStore::clear_log`]) after every record it was handed before.
+    pub fn checkpoint(&self) -> MetaResult<bool> {
+        if !self.ready_for_checkpoint() {
+            return Ok(false);
+        }
+        let current = self.round.lock().0;
+        let txn = self.begin_write()?;
+        let next = Round::fresh(redo::applied(&txn)?, current.id);
+        redo::set_round(&txn, &next)?;
+        self.commit(txn)?;
+        self.count_durable();
+        *self.round.lock() = (next, false);
+        *self.next_round.lock() = Some(next);
+        Ok(true)
     }
 
     /// Record bytes the redo log may take before the next checkpoint, from the free space
@@ -171,11 +359,28 @@ impl MetaStore {
         self.log_syncs.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Starts the redo log over. Only after a durable commit that followed every record in it
-    /// (see [`MetaStore::flush`]), by the thread that appends.
+    /// True if [`MetaStore::checkpoint`] can begin a new round now: the current round's marker
+    /// is durable (and the round is not still waiting to be started in the log).
+    pub fn ready_for_checkpoint(&self) -> bool {
+        let marked = self.round.lock().1;
+        let pending = self.next_round.lock().is_some();
+        marked && !pending
+    }
+
+    /// Starts the round the last [`MetaStore::checkpoint`] began: the next append writes its
+    /// marker over the old round. By the thread that appends, after every record handed to it
+    /// before the checkpoint (those are in the file itself now).
     pub fn clear_log(&self) {
         if let Some(log) = self.log.lock().as_mut() {
-            log.clear();
+            self.clear_log_locked(log);
+        }
+    }
+
+    /// [`MetaStore::clear_log`] with the log's lock held (lock order: log, then next round).
+    fn clear_log_locked(&self, log: &mut Log) {
+        let next = self.next_round.lock().take();
+        if let Some(next) = next {
+            log.begin(next);
         }
     }
 
@@ -243,7 +448,13 @@ impl MetaStore {
             drop(txn);
             return Err(self.fail(redb::StorageError::Io(e)));
         }
-        txn.commit().map_err(|e| self.fail(e))?;
+        txn.commit().map_err(|e| match self.faults.failed_sync() {
+            Some((_, error)) => {
+                self.fail(redb::StorageError::Io(std::io::Error::other(error.clone())));
+                fatal::sync_failed(&self.path, Synced::Store, &error, &self.faults)
+            }
+            None => self.fail(e),
+        })?;
         self.commits
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(())
@@ -353,7 +564,38 @@ pub struct Reopen {
 
 impl Reopen {
     pub fn open(&self) -> MetaResult<MetaStore> {
-        MetaStore::open_as(&self.path, self.faults.clone(), self.home)
+        MetaStore::open_as(&self.path, self.faults.clone(), self.home, Logged::Yes)
+    }
+}
+
+/// Whether a store has a redo log (and so runs batches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logged {
+    Yes,
+    No,
+}
+
+/// Commits `txn` durably during open, where no handle exists yet to latch a failure on: a
+/// failed fsync is fatal as anywhere else.
+fn durable_commit(
+    txn: redb::WriteTransaction,
+    path: &Path,
+    faults: &StoreFaults,
+) -> MetaResult<()> {
+    faults
+        .check_commit()
+        .map_err(|e| MetaError::Failed(e.to_string()))?;
+    txn.commit().map_err(|e| match faults.failed_sync() {
+        Some((_, error)) => fatal::sync_failed(path, Synced::Store, &error, faults),
+        None => MetaError::Store(e.into()),
+    })
+}
+
+/// A failed write or fsync of the log while opening the store.
+fn append_failed(log: &Path, e: AppendError, faults: &StoreFaults) -> MetaError {
+    match e {
+        AppendError::Write(e) => MetaError::Failed(format!("writing {}: {e}", log.display())),
+        AppendError::Sync(e) => fatal::sync_failed(log, Synced::Log, &e.to_string(), faults),
     }
 }
 

@@ -174,9 +174,7 @@ mod tests {
             .session(ns, |w| w.put_inline("ws", "e", b"2"))
             .unwrap();
         let logged = batch.commit_logged().unwrap();
-        let mut record = Vec::new();
-        logged.redo.frame_into(&mut record);
-        store.log(&record).unwrap();
+        store.log(&[&logged.redo]).unwrap();
 
         let read = |name: &str| store.read(|r| r.inline("ws", name)).unwrap();
         assert_eq!(read("a"), Some(b"old".to_vec()), "overwrites undone");

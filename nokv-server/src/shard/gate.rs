@@ -651,10 +651,11 @@ fn run_batches(
         if hand_over(slot, name, stage, lone, stages, nudge) && !jobs.is_empty() {
             handing_over = LONE_BACKOFF;
         }
-        if failure.is_none() && checkpoint.due() {
+        if failure.is_none() && checkpoint.due() && meta.ready_for_checkpoint() {
             release(&mut held);
-            match meta.flush() {
-                Ok(()) => {
+            match meta.checkpoint() {
+                Ok(false) => {}
+                Ok(true) => {
                     checkpoint = Checkpoint::new(meta.log_budget());
                     slot.handed_over.fetch_add(1, Ordering::AcqRel);
                     let _ = stages.send(Stage::Checkpoint(meta.clone()));

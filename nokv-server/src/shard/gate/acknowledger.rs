@@ -118,20 +118,22 @@ pub(super) fn handle(
     }
 }
 
-/// Appends the records of this round that no checkpoint already covers, with one fsync.
+/// Appends the records of this round that no checkpoint already covers, with one fsync — and
+/// after a checkpoint the new round's marker, even with no record to follow it (the next
+/// checkpoint waits for it, see `MetaStore::checkpoint`).
 fn append(round: &[Stage]) -> Result<(), String> {
-    let mut pending: Vec<u8> = Vec::new();
+    let mut pending: Vec<&crate::meta::Redo> = Vec::new();
     let mut store = None;
     for stage in round {
         match stage {
             Stage::Logged { store: s, redo, .. } => {
-                redo.frame_into(&mut pending);
+                pending.push(redo);
                 store = Some(s);
             }
             Stage::Checkpoint(s) => {
                 // Everything before is durable in the file itself.
                 pending.clear();
-                store = None;
+                store = Some(s);
                 s.clear_log();
             }
             Stage::Known { .. } => {}

@@ -1,0 +1,209 @@
+//! A simulated disk for tests, named as such: it keeps what was written since the last fsync
+//! apart from what was fsynced, so a test can cut power and find only what a real disk would
+//! still hold. A kill -9 keeps the page cache and cannot catch a missing fsync; this can.
+//!
+//! Model: a write lands in the file's page cache; `sync_data` makes the whole file durable.
+//! A power cut keeps the durable bytes and, of each write since the last fsync, every
+//! 512-byte sector independently with probability one half (sectors are written whole or
+//! not at all; their order is not kept) — so the last writes may be torn. Files exist from
+//! creation (directory entries are fsynced by the callers anyway); renames are durable.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// The disk: files by path.
+#[derive(Debug, Default)]
+pub struct SimDisk {
+    files: Mutex<HashMap<PathBuf, Arc<SimFile>>>,
+}
+
+/// One file: its durable bytes, its page cache, and the writes not yet fsynced.
+#[derive(Debug, Default)]
+pub struct SimFile {
+    state: Mutex<FileState>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct FileState {
+    durable: Vec<u8>,
+    cached: Vec<u8>,
+    /// Writes since the last fsync: offset and length.
+    unsynced: Vec<(u64, usize)>,
+}
+
+/// A handle on a [`SimFile`] (what the log and redb hold).
+#[derive(Debug, Clone)]
+pub struct SimHandle(Arc<SimFile>);
+
+impl SimDisk {
+    pub fn len_of(&self, path: &Path) -> Option<u64> {
+        let files = self.files.lock();
+        files.get(path).map(|f| f.state.lock().cached.len() as u64)
+    }
+
+    pub fn open(&self, path: &Path) -> Option<SimHandle> {
+        self.files.lock().get(path).cloned().map(SimHandle)
+    }
+
+    pub fn create(&self, path: &Path) -> SimHandle {
+        SimHandle(
+            self.files
+                .lock()
+                .entry(path.to_path_buf())
+                .or_default()
+                .clone(),
+        )
+    }
+
+    pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut files = self.files.lock();
+        let f = files
+            .remove(from)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        files.insert(to.to_path_buf(), f);
+        Ok(())
+    }
+
+    /// Cuts power: every file keeps its durable bytes and a random part of what was written
+    /// since its last fsync (decided by `seed`); returns the disk as it comes back.
+    pub fn power_cut(&self, seed: u64) -> SimDisk {
+        let mut rng = seed | 1;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let files = self.files.lock();
+        let mut after = HashMap::new();
+        for (path, file) in files.iter() {
+            let s = file.state.lock();
+            let mut bytes = s.durable.clone();
+            for &(at, len) in &s.unsynced {
+                let end = at as usize + len;
+                let mut sector = at as usize;
+                while sector < end {
+                    let stop = ((sector / 512 + 1) * 512).min(end);
+                    if next() % 2 == 0 && stop <= s.cached.len() {
+                        if bytes.len() < stop {
+                            bytes.resize(stop, 0);
+                        }
+                        bytes[sector..stop].copy_from_slice(&s.cached[sector..stop]);
+                    }
+                    sector = stop;
+                }
+            }
+            let state = FileState {
+                durable: bytes.clone(),
+                cached: bytes,
+                unsynced: Vec::new(),
+            };
+            after.insert(
+                path.clone(),
+                Arc::new(SimFile {
+                    state: Mutex::new(state),
+                }),
+            );
+        }
+        SimDisk {
+            files: Mutex::new(after),
+        }
+    }
+
+    /// The page cache of `path` (what a kill -9 would leave), for assertions.
+    pub fn cached(&self, path: &Path) -> Option<Vec<u8>> {
+        self.open(path).map(|h| h.0.state.lock().cached.clone())
+    }
+
+    /// Replaces the bytes of `path`, durably (a test damaging a file).
+    pub fn put(&self, path: &Path, bytes: Vec<u8>) {
+        let h = self.create(path);
+        let mut s = h.0.state.lock();
+        s.durable = bytes.clone();
+        s.cached = bytes;
+        s.unsynced.clear();
+    }
+}
+
+impl SimHandle {
+    fn write(&self, data: &[u8], at: u64) {
+        let mut s = self.0.state.lock();
+        let end = at as usize + data.len();
+        if s.cached.len() < end {
+            s.cached.resize(end, 0);
+        }
+        s.cached[at as usize..end].copy_from_slice(data);
+        s.unsynced.push((at, data.len()));
+    }
+
+    fn resize(&self, len: u64) {
+        let mut s = self.0.state.lock();
+        let old = s.cached.len();
+        s.cached.resize(len as usize, 0);
+        if len as usize > old {
+            s.unsynced.push((old as u64, len as usize - old));
+        }
+    }
+
+    fn sync(&self) {
+        let mut s = self.0.state.lock();
+        s.durable = s.cached.clone();
+        s.unsynced.clear();
+    }
+
+    fn read(&self, out: &mut [u8], at: u64) -> io::Result<()> {
+        let s = self.0.state.lock();
+        let end = at as usize + out.len();
+        if end > s.cached.len() {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        out.copy_from_slice(&s.cached[at as usize..end]);
+        Ok(())
+    }
+}
+
+impl super::disk::LogFile for SimHandle {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.state.lock().cached.len() as u64)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.resize(len);
+        Ok(())
+    }
+    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()> {
+        self.read(buf, at)
+    }
+    fn write_all_at(&self, buf: &[u8], at: u64) -> io::Result<()> {
+        self.write(buf, at);
+        Ok(())
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.sync();
+        Ok(())
+    }
+}
+
+impl redb::StorageBackend for SimHandle {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.state.lock().cached.len() as u64)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        SimHandle::read(self, out, offset)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.resize(len);
+        Ok(())
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.sync();
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        SimHandle::write(self, data, offset);
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+//! The appending end of a store's redo log.
+//!
+//! Invariants:
+//! * records of a round are written only after the durable commit that began the round, and
+//!   after (or in the same write as) the round's marker at offset 0 — so a crash never finds
+//!   a record of a round the file does not know, and the log is never overwritten while it
+//!   holds the only copy of anything;
+//! * one [`Log::append`] is one write and one fsync; every record it writes carries the
+//!   sequence of the append's first record, which lets a reader tell a torn last append from
+//!   damage in the middle (see [`super::scan`]);
+//! * the file only grows, by [`GROW`]-sized steps of zeros, and never beyond [`LOG_MAX`].
+
+use std::path::{Path, PathBuf};
+
+use super::super::StoreFaults;
+use super::super::disk::{Disk, LogFile, Synced};
+use super::{GROW, LOG_MAX, MARKER, RECORD, Redo, Round, frame};
+
+/// Why an append failed. A write can fail before anything reached the disk (a full disk):
+/// the store recovers in-process. A failed fsync is another matter (see `meta::fatal`).
+#[derive(Debug)]
+pub(in crate::meta) enum AppendError {
+    Write(std::io::Error),
+    Sync(std::io::Error),
+}
+
+pub(in crate::meta) struct Log {
+    file: Box<dyn LogFile>,
+    path: PathBuf,
+    faults: StoreFaults,
+    /// Where the next record goes.
+    pos: u64,
+    /// Bytes of the file already allocated.
+    len: u64,
+    round: Round,
+    /// True until the round's marker is durable at offset 0.
+    needs_marker: bool,
+    /// Reused for framing.
+    buf: Vec<u8>,
+}
+
+impl Log {
+    /// Creates (or takes over) the log at `path` for a store whose file names no round yet, or
+    /// whose log is being replaced: writes `round`'s marker at offset 0 and makes it, the
+    /// file's size and its directory entry durable. Only then may the store record `round`.
+    pub(in crate::meta) fn create(
+        disk: &Disk,
+        path: &Path,
+        round: Round,
+        faults: &StoreFaults,
+    ) -> Result<Log, AppendError> {
+        let file = disk.create_log(path).map_err(AppendError::Write)?;
+        let len = file.len().map_err(AppendError::Write)?;
+        let mut log = Log {
+            file,
+            path: path.to_path_buf(),
+            faults: faults.clone(),
+            pos: 0,
+            len,
+            round,
+            needs_marker: true,
+            buf: Vec::new(),
+        };
+        if log.len < GROW || log.len % GROW != 0 {
+            let grown = log.len.max(GROW).div_ceil(GROW) * GROW;
+            log.file.set_len(grown).map_err(AppendError::Write)?;
+            log.len = grown;
+        }
+        log.append(&[])?;
+        Ok(log)
+    }
+
+    /// Opens the existing log at `path` to start `round` in it — after the durable commit
+    /// that recorded `round` — and writes the round's marker at once (until then a crash
+    /// finds the previous marker there, which the round allows for).
+    pub(in crate::meta) fn start(
+        disk: &Disk,
+        path: &Path,
+        round: Round,
+        faults: &StoreFaults,
+    ) -> Result<Log, AppendError> {
+        let file = match disk.open_log(path).map_err(AppendError::Write)? {
+            Some(f) => f,
+            None => {
+                return Err(AppendError::Write(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("{} disappeared", path.display()),
+                )));
+            }
+        };
+        let len = file.len().map_err(AppendError::Write)?;
+        let mut log = Log {
+            file,
+            path: path.to_path_buf(),
+            faults: faults.clone(),
+            pos: 0,
+            len,
+            round,
+            needs_marker: true,
+            buf: Vec::new(),
+        };
+        log.append(&[])?;
+        Ok(log)
+    }
+
+    /// The file this log writes.
+    pub(in crate::meta) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The round records are appended to.
+    pub(in crate::meta) fn round(&self) -> Round {
+        self.round
+    }
+
+    /// Starts `round`, which a durable commit of the store has just recorded (every record so
+    /// far is in the file itself): the next append writes its marker over the old round.
+    pub(in crate::meta) fn begin(&mut self, round: Round) {
+        self.round = round;
+        self.pos = 0;
+        self.needs_marker = true;
+    }
+
+    /// Appends the records of `redos` (consecutive batches, in order) — preceded by the round's
+    /// marker if it is not written yet — with one write and one fsync. With no records, writes
+    /// only a missing marker (or nothing).
+    pub(in crate::meta) fn append(&mut self, redos: &[&Redo]) -> Result<(), AppendError> {
+        if redos.is_empty() && !self.needs_marker {
+            return Ok(());
+        }
+        let id = self.round.id;
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let at = if self.needs_marker { 0 } else { self.pos };
+        if self.needs_marker {
+            let start = self.round.start;
+            frame(id, MARKER, start, start, &[], &mut buf);
+        }
+        let first = redos.first().map_or(0, |r| r.seq());
+        for r in redos {
+            frame(id, RECORD, r.seq(), first, r.payload(), &mut buf);
+        }
+        let written = self.write(&buf, at);
+        self.buf = buf;
+        written?;
+        self.needs_marker = false;
+        self.pos = at + self.buf.len() as u64;
+        Ok(())
+    }
+
+    fn write(&mut self, bytes: &[u8], at: u64) -> Result<(), AppendError> {
+        let end = at + bytes.len() as u64;
+        self.faults.check_log().map_err(AppendError::Write)?;
+        if end > self.len {
+            let grown = end.div_ceil(GROW) * GROW;
+            if grown > LOG_MAX {
+                return Err(AppendError::Write(std::io::Error::other(format!(
+                    "{}: a round may not grow the log beyond {LOG_MAX} bytes",
+                    self.path.display()
+                ))));
+            }
+            self.file.set_len(grown).map_err(AppendError::Write)?;
+            let zeros = vec![0u8; (grown - self.len) as usize];
+            self.file
+                .write_all_at(&zeros, self.len)
+                .map_err(AppendError::Write)?;
+            self.len = grown;
+        }
+        self.file
+            .write_all_at(bytes, at)
+            .map_err(AppendError::Write)?;
+        self.faults
+            .check_sync(Synced::Log)
+            .and_then(|()| self.file.sync_data())
+            .map_err(AppendError::Sync)
+    }
+}
