@@ -7,6 +7,11 @@
 //! 512-byte sector independently with probability one half (sectors are written whole or
 //! not at all; their order is not kept) — so the last writes may be torn. Files exist from
 //! creation (directory entries are fsynced by the callers anyway); renames are durable.
+//!
+//! The power can also go off at an exact point — after the n-th fsync of any file
+//! ([`SimDisk::power_off_after`]) — while the process runs on unaware: its later writes reach
+//! only the page cache and its fsyncs do nothing. So a cut can fall inside any sequence of
+//! operations (between a checkpoint's commit and the log's next marker, say).
 
 use std::collections::HashMap;
 use std::io;
@@ -19,20 +24,37 @@ use parking_lot::Mutex;
 #[derive(Debug, Default)]
 pub struct SimDisk {
     files: Mutex<HashMap<PathBuf, Arc<SimFile>>>,
+    power: Arc<Power>,
+}
+
+/// When the power goes off: after `off_after` fsyncs of any file (0: never).
+#[derive(Debug, Default)]
+struct Power {
+    syncs: std::sync::atomic::AtomicU64,
+    off_after: std::sync::atomic::AtomicU64,
+}
+
+impl Power {
+    fn on(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let off = self.off_after.load(SeqCst);
+        off == 0 || self.syncs.load(SeqCst) < off
+    }
 }
 
 /// One file: its durable bytes, its page cache, and the writes not yet fsynced.
 #[derive(Debug, Default)]
 pub struct SimFile {
     state: Mutex<FileState>,
+    power: Arc<Power>,
 }
 
 #[derive(Debug, Default, Clone)]
 struct FileState {
     durable: Vec<u8>,
     cached: Vec<u8>,
-    /// Writes since the last fsync: offset and length.
-    unsynced: Vec<(u64, usize)>,
+    /// Writes since the last fsync (while the power was on): offset and the bytes written.
+    unsynced: Vec<(u64, Vec<u8>)>,
 }
 
 /// A handle on a [`SimFile`] (what the log and redb hold).
@@ -50,13 +72,31 @@ impl SimDisk {
     }
 
     pub fn create(&self, path: &Path) -> SimHandle {
+        let power = self.power.clone();
         SimHandle(
             self.files
                 .lock()
                 .entry(path.to_path_buf())
-                .or_default()
+                .or_insert_with(|| {
+                    Arc::new(SimFile {
+                        state: Mutex::default(),
+                        power,
+                    })
+                })
                 .clone(),
         )
+    }
+
+    /// The power goes off after `n` more fsyncs (of any file) succeed.
+    pub fn power_off_after(&self, n: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let done = self.power.syncs.load(SeqCst);
+        self.power.off_after.store(done + n + 1, SeqCst);
+    }
+
+    /// True while the power is on: every fsync so far reached the disk.
+    pub fn powered(&self) -> bool {
+        self.power.on()
     }
 
     pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -80,19 +120,22 @@ impl SimDisk {
         };
         let files = self.files.lock();
         let mut after = HashMap::new();
+        let power = Arc::new(Power::default());
         for (path, file) in files.iter() {
             let s = file.state.lock();
             let mut bytes = s.durable.clone();
-            for &(at, len) in &s.unsynced {
-                let end = at as usize + len;
-                let mut sector = at as usize;
+            // The size is file system metadata (journaled): the old one or the new one.
+            if !s.unsynced.is_empty() && next() % 2 == 0 {
+                bytes.resize(s.cached.len(), 0);
+            }
+            for (at, data) in &s.unsynced {
+                let at = *at as usize;
+                let end = (at + data.len()).min(bytes.len());
+                let mut sector = at;
                 while sector < end {
                     let stop = ((sector / 512 + 1) * 512).min(end);
-                    if next() % 2 == 0 && stop <= s.cached.len() {
-                        if bytes.len() < stop {
-                            bytes.resize(stop, 0);
-                        }
-                        bytes[sector..stop].copy_from_slice(&s.cached[sector..stop]);
+                    if next() % 2 == 0 {
+                        bytes[sector..stop].copy_from_slice(&data[sector - at..stop - at]);
                     }
                     sector = stop;
                 }
@@ -106,11 +149,13 @@ impl SimDisk {
                 path.clone(),
                 Arc::new(SimFile {
                     state: Mutex::new(state),
+                    power: power.clone(),
                 }),
             );
         }
         SimDisk {
             files: Mutex::new(after),
+            power,
         }
     }
 
@@ -137,20 +182,39 @@ impl SimHandle {
             s.cached.resize(end, 0);
         }
         s.cached[at as usize..end].copy_from_slice(data);
-        s.unsynced.push((at, data.len()));
+        if self.0.power.on() {
+            s.unsynced.push((at, data.to_vec()));
+        }
     }
 
     fn resize(&self, len: u64) {
         let mut s = self.0.state.lock();
         let old = s.cached.len();
         s.cached.resize(len as usize, 0);
-        if len as usize > old {
-            s.unsynced.push((old as u64, len as usize - old));
+        if len as usize > old && self.0.power.on() {
+            s.unsynced.push((old as u64, vec![0; len as usize - old]));
         }
     }
 
     fn sync(&self) {
+        if !self.0.power.on() {
+            return;
+        }
         let mut s = self.0.state.lock();
+        // This fsync completes only if the power is still on once it is counted.
+        let n = self
+            .0
+            .power
+            .syncs
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let off = self
+            .0
+            .power
+            .off_after
+            .load(std::sync::atomic::Ordering::SeqCst);
+        if off != 0 && n + 1 >= off {
+            return;
+        }
         s.durable = s.cached.clone();
         s.unsynced.clear();
     }
