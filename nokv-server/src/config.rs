@@ -88,6 +88,26 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "writer")]
         durable: crate::rpc_floor::Durable,
     },
+    /// Start again from a damaged or missing redo log (`shards/node.redo`) that start-up
+    /// refuses. Without --accept-loss it only reports what is wrong and which batches would
+    /// be dropped; with it, it keeps the node file's durable state and every log record before
+    /// the damage, moves the damaged log aside (`node.redo.damaged-<time>`), creates a fresh
+    /// one, and reports exactly which sequence numbers it dropped. Prefer restoring from a
+    /// backup (`nokv admin backup` / `nokv-server restore-backup`): the dropped batches were
+    /// acknowledged. The daemon must be stopped.
+    ///
+    /// Example: nokv-server recover --data-dir /var/lib/nokv --accept-loss
+    Recover {
+        /// The data directory the daemon refuses to start on.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Drop what cannot be read back and start again (never the default).
+        #[arg(long)]
+        accept_loss: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -64,7 +64,67 @@ fn main() -> ExitCode {
             listen,
             durable,
         }) => rpc_floor(&data_dir, &scratch, &listen, durable),
+        Some(Command::Recover {
+            data_dir,
+            accept_loss,
+            json,
+        }) => recover(&data_dir, accept_loss, json),
         None => serve(cli.serve),
+    }
+}
+
+/// `nokv-server recover`: see its help. Exit 0 when there is nothing to recover or the loss
+/// was accepted and applied; 1 when a loss would be needed but was not accepted (or on error).
+fn recover(data_dir: &std::path::Path, accept: bool, json: bool) -> ExitCode {
+    let node = nokv_server::node::node_file(data_dir);
+    let report = match nokv_server::meta::MetaStore::salvage(&node, accept) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nokv-server recover: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        match (&report.problem, report.dropped_from) {
+            (None, _) => println!(
+                "{}: the redo log fits the node file (batches up to {}); nothing to recover",
+                report.log.display(),
+                report.applied
+            ),
+            (Some(problem), from) => {
+                println!("{problem}");
+                let dropped = match (from, report.dropped_through) {
+                    (Some(a), Some(b)) => format!("batches {a}..={b}"),
+                    (Some(a), None) => format!("every batch from {a} on (how many is unknown)"),
+                    _ => "nothing".into(),
+                };
+                if report.applied_changes {
+                    println!(
+                        "recovered: kept batches up to {} ({} replayed from the log), dropped {dropped}",
+                        report.kept_through, report.replayed
+                    );
+                    if let Some(aside) = &report.moved_to {
+                        println!("the damaged log was moved to {}", aside.display());
+                    }
+                } else {
+                    println!(
+                        "would keep batches up to {} and drop {dropped}; rerun with --accept-loss \
+                         to do so, or restore the data dir from a backup",
+                        report.kept_through
+                    );
+                }
+            }
+        }
+    }
+    if report.problem.is_some() && !report.applied_changes {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -317,6 +317,11 @@ impl Node {
 /// The node file: every shard's tables, each in its namespace.
 const NODE_FILE: &str = "node.redb";
 
+/// The node file of the data dir `data_dir` (its redo log is beside it).
+pub fn node_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("shards").join(NODE_FILE)
+}
+
 /// A per-shard file of a data dir from before the node file.
 fn legacy_shard_file(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("{id:04}.redb"))

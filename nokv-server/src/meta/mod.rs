@@ -18,8 +18,10 @@
 //! indexes), `undo` and `redo` roll a failed session back and make a batch durable, `overlay`
 //! shows readers the batches a held transaction has not committed yet,
 //! `snapshot` copies a shard out and in, `tables` names a shard's tables, `open` keeps redb's
-//! panics on a damaged file at the boundary, `fault` injects storage faults in tests, and
-//! `records` are the stored types.
+//! panics on a damaged file at the boundary, `fault` injects storage faults in tests, `disk`
+//! is where the two files live (and `powercut` the simulated disk tests cut power on), `fatal`
+//! ends the process after a failed fsync, `salvage` starts again from a damaged log when the
+//! operator accepts the loss, and `records` are the stored types.
 
 mod batch;
 mod disk;
@@ -35,6 +37,7 @@ mod powercut;
 mod read;
 pub mod records;
 mod redo;
+mod salvage;
 mod snapshot;
 mod store;
 mod tables;
@@ -52,6 +55,7 @@ pub use fault::StoreFaults;
 pub use read::ReadView;
 pub use records::*;
 pub use redo::Redo;
+pub use salvage::Salvage;
 pub use store::{MetaStore, Reopen};
 pub use tables::{Namespace, Tables};
 pub use usage::{UsageDelta, UsageRecount, UsageTotals};

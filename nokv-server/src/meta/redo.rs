@@ -54,7 +54,7 @@ mod log;
 mod scan;
 
 pub(super) use log::{AppendError, Log};
-pub(super) use scan::{scan, scan_legacy};
+pub(super) use scan::{Fault, scan, scan_legacy};
 
 /// "applied" -> the sequence number of the last batch whose effects this file holds; the
 /// round keys -> the log round the file expects (see [`Round`]).

@@ -157,7 +157,11 @@ impl MetaStore {
     }
 
     /// Opens (or creates) the redb file at `path` on the hook's disk, its fsyncs watched.
-    fn database(path: &Path, create: bool, faults: &StoreFaults) -> MetaResult<Database> {
+    pub(super) fn database(
+        path: &Path,
+        create: bool,
+        faults: &StoreFaults,
+    ) -> MetaResult<Database> {
         let backend = faults
             .disk
             .store_backend(path, create, faults)
