@@ -424,7 +424,7 @@ fn migrate_legacy(dir: &Path, shard_count: u32) -> Result<()> {
         // left over (a crash between the rename and here) opens cleanly. One that does not
         // — emptied, damaged, planted — is not a file nokv left: it is refused by name,
         // never deleted, since nothing proves its bytes are elsewhere.
-        if let Err(e) = MetaStore::open(&old) {
+        if let Err(e) = MetaStore::open_plain(&old) {
             return Err(Error::Internal(format!(
                 "{}: a per-shard metadata file beside {NODE_FILE}, which holds every shard of \
                  this data dir, and it is not whole ({e}); nokv neither serves nor deletes it: \

@@ -33,7 +33,7 @@ pub struct MetaStore {
     failure: parking_lot::Mutex<Option<String>>,
     /// The redo log's appending end (see [`redo`]); `None` for a plain file (a checkpoint's
     /// copy), which runs no batches.
-    log: parking_lot::Mutex<Option<Log>>,
+    pub(super) log: parking_lot::Mutex<Option<Log>>,
     /// The log's round and whether its marker is durable yet (kept apart from `log`, whose
     /// lock an append holds across its fsync).
     round: parking_lot::Mutex<(Round, bool)>,

@@ -132,7 +132,7 @@ fn install(data: &[u8], dest: &Path, key: &str) -> Result<()> {
     // Opening proves the bytes are a shard store (and lets redb repair the allocator state
     // of a copy taken from an open file, so the installed file opens cleanly); closing it
     // writes once more, so it is fsynced again before it takes the shard file's place.
-    let opened = MetaStore::open(&tmp).map(drop).and_then(|()| {
+    let opened = MetaStore::open_plain(&tmp).map(drop).and_then(|()| {
         std::fs::File::open(&tmp)
             .and_then(|f| f.sync_all())
             .map_err(|e| crate::meta::MetaError::Damaged {

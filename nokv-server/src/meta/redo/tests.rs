@@ -495,3 +495,73 @@ fn power_cut_round(seed: u64) {
         states.len() - 1
     );
 }
+
+// Catches: an fsync error of the log treated as a full disk — retried, or the store reopened
+// in-process from the page cache (issue 42 item 1). With fatal failures caught (tests only;
+// a daemon exits with `fatal::EXIT_SYNC_FAILED`) the store refuses every later write and
+// every reopen, and nothing of the batch is acknowledged.
+#[test]
+fn a_failed_fsync_of_the_log_is_fatal_and_never_recovered_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let faults = StoreFaults::default();
+    faults.catch_fatal();
+    let store = Arc::new(MetaStore::create_with(&path, faults.clone()).unwrap());
+    logged_batch(&store, "kept", "nothing");
+    faults.fail_sync_after(crate::meta::Synced::Log, 0);
+    let mut batch = store.batch().unwrap();
+    write_and_remove(&mut batch, "lost", "nothing");
+    let logged = batch.commit_logged().unwrap();
+    match store.log(&[&logged.redo]) {
+        Err(MetaError::Fatal { file, .. }) => assert_eq!(file, path.with_extension("redo")),
+        other => panic!("expected a fatal error, got {other:?}"),
+    }
+    assert_eq!(faults.failed_sync().unwrap().0, crate::meta::Synced::Log);
+    assert!(store.failure().is_some(), "the handle is failed");
+    assert!(store.batch().is_err(), "no later write");
+    let reopen = store.reopener();
+    drop(logged);
+    drop(store);
+    assert!(
+        matches!(reopen.open(), Err(MetaError::Fatal { .. })),
+        "never reopened in the process that saw the fsync fail"
+    );
+}
+
+// Catches: a failed fsync inside a durable redb commit (the checkpoint's) taken for a full
+// disk and recovered from in-process.
+#[test]
+fn a_failed_fsync_of_the_node_file_is_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let faults = StoreFaults::default();
+    faults.catch_fatal();
+    let store = Arc::new(MetaStore::create_with(&path, faults.clone()).unwrap());
+    logged_batch(&store, "a", "nothing");
+    faults.fail_sync_after(crate::meta::Synced::Store, 0);
+    match store.checkpoint() {
+        Err(MetaError::Fatal { file, .. }) => assert_eq!(file, path),
+        other => panic!("expected a fatal error, got {other:?}"),
+    }
+    assert!(store.failure().is_some());
+    assert_eq!(faults.failed_sync().unwrap().0, crate::meta::Synced::Store);
+}
+
+// Catches: an open that appends to the log (or lets the committer append) before the durable
+// commit that begins its round: the marker of the new round must not be at offset 0 unless
+// the node file names that round.
+#[test]
+fn every_open_makes_one_durable_commit_that_names_the_round_before_the_log_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, log) = crashed_with(dir.path(), 3);
+    let s = MetaStore::open(&store).unwrap();
+    let bytes = std::fs::read(&log).unwrap();
+    let marker = Header::decode(bytes[..HEADER].try_into().unwrap());
+    let round = s.log.lock().as_ref().unwrap().round();
+    assert_eq!(marker.magic, MARKER);
+    assert!(
+        marker.valid(round.id, &[]),
+        "the log starts the round the file names"
+    );
+    assert_eq!(marker.seq, 3, "the round starts after the replayed batches");
+}

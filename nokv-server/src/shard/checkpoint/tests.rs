@@ -69,7 +69,7 @@ impl Fixture {
 
 /// Every inline file `f0..f{n-1}` of `ws` in the store at `path`, with its body.
 fn files_in(path: &Path, n: usize) -> Vec<(String, Option<Vec<u8>>)> {
-    let store = MetaStore::open(path).unwrap();
+    let store = MetaStore::open_plain(path).unwrap();
     (0..n)
         .map(|i| {
             let name = format!("f{i}");
@@ -112,7 +112,7 @@ async fn a_checkpoint_restored_into_a_fresh_path_holds_every_entry_of_the_shard(
         );
     }
     let counts = |path: &Path| {
-        let c = MetaStore::open(path)
+        let c = MetaStore::open_plain(path)
             .unwrap()
             .read(|r| Ok::<_, Error>(r.counts()?))
             .unwrap();
