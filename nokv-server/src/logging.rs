@@ -137,8 +137,9 @@ mod tests {
     // subscriber installed: the committer logs its ERROR for a full disk, and must still be
     // running — and recover — once the disk is free. Catches: the daemon's old subscriber,
     // `tracing_subscriber::fmt().with_writer(io::stderr)` in `subscriber` (verified red: the
-    // committer panics in `eprintln!`, the write after the outage answers "shard is shutting
-    // down" and the child exits non-zero).
+    // committer panics in tracing's `eprintln!`, and its `Stopped` guard's ERROR panics again
+    // while unwinding, so the child aborts; without that guard the committer simply stops and
+    // the child reports it).
     #[test]
     fn the_committer_survives_logging_its_error_to_a_full_stderr() {
         if std::env::var_os(CHILD).is_some() {

@@ -1813,7 +1813,8 @@ mod tests {
     // Catches: a session run without `caught` in `Gate::submit` (`batch.session(ns, f)`;
     // verified red: the panic ends the committer, "a" and "c" answer "write session was
     // dropped" and nothing after is written) — and a caught panic whose writes are not undone
-    // (`caught` outside `batch.session`, so the batch sees no error: "panicked" would be kept).
+    // (`caught` around `batch.session` instead of inside it, so the undo never runs; verified
+    // red: "panicked" is shown and kept).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panicking_session_answers_internal_leaves_nothing_and_the_rest_of_its_batch_is_kept()
     {
