@@ -19,6 +19,7 @@ pub mod events;
 pub mod glob;
 pub mod ids;
 pub mod inventory;
+pub mod logging;
 pub mod memory;
 pub mod meta;
 pub mod metrics;

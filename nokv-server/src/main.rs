@@ -136,13 +136,9 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&settings.log)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // A log line that cannot be written is dropped: never a panic on the thread that logged
+    // it (see `nokv_server::logging` for the full-disk failure this prevents).
+    nokv_server::logging::init(&settings.log);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.worker_threads)
         .enable_all()

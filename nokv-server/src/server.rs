@@ -162,11 +162,34 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
-        .set_serving::<pb::workspace_server::WorkspaceServer<WorkspaceService>>()
-        .await;
-    health_reporter
         .set_serving::<pb::admin_server::AdminServer<AdminService>>()
         .await;
+    // The workspace service, and the server as a whole (service "", what probes ask by
+    // default), follow the node's committer: NOT_SERVING while no write can succeed (a storage
+    // outage, or a committer that stopped), as admin health reports it per shard (see
+    // `shard::gate`). Set once before the listener opens, then on each change.
+    let mut serving = node.committer().watch_serving();
+    let workspace_health = |reporter: tonic_health::server::HealthReporter, serving: bool| async move {
+        type Ws = pb::workspace_server::WorkspaceServer<WorkspaceService>;
+        let status = if serving {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        reporter.set_service_status("", status).await;
+        reporter
+            .set_service_status(<Ws as tonic::server::NamedService>::NAME, status)
+            .await;
+    };
+    let now = *serving.borrow_and_update();
+    workspace_health(health_reporter.clone(), now).await;
+    let reporter = health_reporter.clone();
+    tokio::spawn(async move {
+        while serving.changed().await.is_ok() {
+            let now = *serving.borrow_and_update();
+            workspace_health(reporter.clone(), now).await;
+        }
+    });
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)

@@ -122,7 +122,11 @@ impl Batch {
             self.effects.borrow_mut().rewind(mark);
             let steps = view.undo.into_inner();
             for step in steps.into_iter().rev() {
-                if let Err(e) = step(&self.txn) {
+                let undone = match self.store.faults().check_undo() {
+                    Ok(()) => step(&self.txn),
+                    Err(e) => Err(MetaError::Store(redb::StorageError::Io(e).into())),
+                };
+                if let Err(e) = undone {
                     self.poisoned = Some(format!("undoing a failed session: {e}"));
                     break;
                 }

@@ -15,6 +15,12 @@
 //! * **acknowledged ⇒ durable, and visible ⇒ durable**: a batch's answers go out, and its
 //!   snapshot is shown, only after the fsync that covers its record (or a durable commit of the
 //!   store that followed it);
+//! * **acknowledged ⇒ visible (or refused)**: the newest snapshot is shown *before* the
+//!   answers go out; if the store failed meanwhile, readers are shown nothing instead (they
+//!   answer `Unavailable` until the reopened store replays the batch), never the older
+//!   snapshot without it — so a caller answered OK cannot then read a state missing its own
+//!   write (see `Slot::show`). The callers are still answered OK: their batch is durable, and
+//!   answering `Unavailable` would make them retry a write that is already kept;
 //! * **in order**: stages are handled in the order the committer sent them, so a caller is
 //!   never answered before a caller of an earlier batch, and a snapshot shown always contains
 //!   every batch answered before (sessions refused while a failed store is being reopened are
@@ -96,6 +102,7 @@ pub(super) fn handle(
         _ => None,
     });
     if let Some((store, snapshot)) = newest {
+        store.faults().before_show();
         slot.show(store, snapshot);
     }
     for stage in round {
