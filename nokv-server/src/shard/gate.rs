@@ -21,8 +21,10 @@
 //! appends the records of every batch queued at that moment with one write and one fsync, and
 //! only then answers their callers and shows their state to readers — while the committer
 //! already runs the next batch. Every second (or sooner, once the log holds an eighth of the free disk space, 2-64
-//! MiB) the committer makes the file itself durable with an empty durable commit and the log
-//! starts over; opening a store replays the log. Nobody is answered before the fsync that
+//! MiB) the committer makes the file itself durable with a durable commit that begins a new
+//! round of the log (`MetaStore::checkpoint`; the acknowledger then writes the round's marker
+//! after every record of the old round); opening a store checks the log against the file and
+//! replays it. Nobody is answered before the fsync that
 //! covers their batch, so every acknowledged mutation is durable. A *lone* batch — no session
 //! queued behind it and nothing left with the acknowledger — gets the same append, fsync and
 //! answers from the committer itself ([`hand_over`]): with no next batch to overlap the fsync
@@ -73,8 +75,10 @@
 //! mutation, and never one whose batch is not durable yet: nothing a reader saw can be lost by
 //! a crash.
 //!
-//! **Storage failures.** When a commit, a flush or a log append fails at the storage level
-//! (disk full, I/O error), the handle refuses every later write — and the log every later
+//! **Storage failures.** A failed *fsync* ends the process (see [`crate::meta::fatal`]): after
+//! one the page cache no longer says what the disk holds, so nothing below is attempted. When a
+//! commit, a flush or a log append fails at the storage level otherwise (a full disk: nothing
+//! reached the disk), the handle refuses every later write — and the log every later
 //! append — until the file is reopened (for every shard in it). The committer owns the
 //! store, so it is the one that recovers: it answers the batch (nobody in it is acknowledged;
 //! the failed sessions answer `Unavailable`, retryable with the same request id), takes the
@@ -627,7 +631,7 @@ fn caught<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 }
 
 /// How long the log may grow before the committer makes the file itself durable and the log
-/// starts over: bounds replay at start-up and the pages redb keeps between durable commits.
+/// begins a new round: bounds replay at start-up and the pages redb keeps between durable commits.
 /// The log's size is bounded too, by the free space (`MetaStore::log_budget`): a reopen after
 /// a full disk replays the log into the file, and a few MiB freed must be enough for the
 /// store to come back by itself.
