@@ -10,7 +10,6 @@
 use std::io;
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::Arc;
 
 use redb::StorageBackend;
 use redb::backends::FileBackend;
@@ -57,7 +56,7 @@ pub(super) enum Disk {
     #[default]
     Real,
     #[cfg(test)]
-    Simulated(Arc<super::powercut::SimDisk>),
+    Simulated(std::sync::Arc<super::powercut::SimDisk>),
 }
 
 impl Disk {
@@ -218,9 +217,4 @@ impl StorageBackend for Watched {
     fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
         self.inner.unlock_range(start, end)
     }
-}
-
-#[allow(dead_code)]
-fn _assert_send_sync(d: Arc<Disk>) -> impl Send + Sync {
-    d
 }

@@ -158,20 +158,6 @@ impl SimDisk {
             power,
         }
     }
-
-    /// The page cache of `path` (what a kill -9 would leave), for assertions.
-    pub fn cached(&self, path: &Path) -> Option<Vec<u8>> {
-        self.open(path).map(|h| h.0.state.lock().cached.clone())
-    }
-
-    /// Replaces the bytes of `path`, durably (a test damaging a file).
-    pub fn put(&self, path: &Path, bytes: Vec<u8>) {
-        let h = self.create(path);
-        let mut s = h.0.state.lock();
-        s.durable = bytes.clone();
-        s.cached = bytes;
-        s.unsynced.clear();
-    }
 }
 
 impl SimHandle {

@@ -50,17 +50,7 @@ impl Log {
         faults: &StoreFaults,
     ) -> Result<Log, AppendError> {
         let file = disk.create_log(path).map_err(AppendError::Write)?;
-        let len = file.len().map_err(AppendError::Write)?;
-        let mut log = Log {
-            file,
-            path: path.to_path_buf(),
-            faults: faults.clone(),
-            pos: 0,
-            len,
-            round,
-            needs_marker: true,
-            buf: Vec::new(),
-        };
+        let mut log = Log::on(file, path, round, faults)?;
         if log.len < GROW || log.len % GROW != 0 {
             let grown = log.len.max(GROW).div_ceil(GROW) * GROW;
             log.file.set_len(grown).map_err(AppendError::Write)?;
@@ -88,19 +78,28 @@ impl Log {
                 )));
             }
         };
-        let len = file.len().map_err(AppendError::Write)?;
-        let mut log = Log {
+        let mut log = Log::on(file, path, round, faults)?;
+        log.append(&[])?;
+        Ok(log)
+    }
+
+    /// The log in `file`, about to write `round`'s marker at offset 0.
+    fn on(
+        file: Box<dyn LogFile>,
+        path: &Path,
+        round: Round,
+        faults: &StoreFaults,
+    ) -> Result<Log, AppendError> {
+        Ok(Log {
+            len: file.len().map_err(AppendError::Write)?,
             file,
             path: path.to_path_buf(),
             faults: faults.clone(),
             pos: 0,
-            len,
             round,
             needs_marker: true,
             buf: Vec::new(),
-        };
-        log.append(&[])?;
-        Ok(log)
+        })
     }
 
     /// The file this log writes.
