@@ -24,23 +24,36 @@ impl MetaStore {
     /// every write. `dest`'s directory is not fsynced: the copy is a scratch file that is
     /// uploaded and removed, never a file a restart relies on.
     pub fn export(&self, ns: Namespace, dest: &Path) -> MetaResult<u64> {
+        Ok(self.export_each(&[(ns, dest)])?[0])
+    }
+
+    /// [`MetaStore::export`] of several namespaces, each to its own standalone file, all from
+    /// one read snapshot (a node backup: the copies agree with each other, not only with
+    /// every commit before the call). Returns the files' sizes in the order given.
+    ///
+    /// Same caller rule as [`MetaStore::export`]: the store's single writer, between sessions.
+    pub fn export_each(&self, copies: &[(Namespace, &Path)]) -> MetaResult<Vec<u64>> {
         self.flush()?;
-        let io = |e: std::io::Error| MetaError::Copy {
-            dest: dest.to_path_buf(),
-            detail: e.to_string(),
-        };
-        match std::fs::remove_file(dest) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
-            _ => {}
-        }
         let snapshot = self.db.begin_read()?;
-        {
-            let copy = MetaStore::create(dest)?;
-            copy.write_in(Tables::canonical(), Commit::Durable, |w| {
-                ns.copy_all(&snapshot, Tables::canonical(), w.txn)
-            })?;
+        let mut sizes = Vec::with_capacity(copies.len());
+        for &(ns, dest) in copies {
+            let io = |e: std::io::Error| MetaError::Copy {
+                dest: dest.to_path_buf(),
+                detail: e.to_string(),
+            };
+            match std::fs::remove_file(dest) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+                _ => {}
+            }
+            {
+                let copy = MetaStore::create(dest)?;
+                copy.write_in(Tables::canonical(), Commit::Durable, |w| {
+                    ns.copy_all(&snapshot, Tables::canonical(), w.txn)
+                })?;
+            }
+            sizes.push(std::fs::metadata(dest).map_err(io)?.len());
         }
-        Ok(std::fs::metadata(dest).map_err(io)?.len())
+        Ok(sizes)
     }
 
     /// Replaces namespace `ns` of this store with the content of the standalone file `src`,
