@@ -48,8 +48,8 @@ fn restore_backup(data_dir: &Path, file: &Path) -> nokv_tests::CliOutput {
 /// backup command is run — no clock involved.
 ///
 /// Mutation caught (verified red): the backup skipping one shard (`take` dropping the last
-/// served shard: the restored daemon refuses to start, its node file lacking shard 15's
-/// tables).
+/// served shard: the answer's `shards` lacks shard 15; a restore of such a file would not
+/// start, its node file lacking shard 15's tables).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_backup_taken_while_eight_clients_write_restores_every_write_acknowledged_before_it() {
     let root = tempfile::tempdir().unwrap();
@@ -287,7 +287,13 @@ fn an_existing_destination_is_kept_unless_the_backup_is_forced() {
     assert_eq!(std::fs::read(&dest).unwrap(), b"an older backup");
 
     let doc = d
-        .cli(&["--json", "admin", "backup", "--force", dest.to_str().unwrap()])
+        .cli(&[
+            "--json",
+            "admin",
+            "backup",
+            "--force",
+            dest.to_str().unwrap(),
+        ])
         .assert_ok()
         .json();
     let bytes = std::fs::read(&dest).unwrap();

@@ -251,8 +251,11 @@ mod tests {
         out
     }
 
-    fn bodies(file: &[u8]) -> Result<(Manifest, Vec<(u32, Vec<u8>)>), E> {
-        let mut got: Vec<(u32, Vec<u8>)> = Vec::new();
+    /// The bodies read, per shard in file order.
+    type Bodies = Vec<(u32, Vec<u8>)>;
+
+    fn bodies(file: &[u8]) -> Result<(Manifest, Bodies), E> {
+        let mut got = Bodies::new();
         let m = read(file, |shard, bytes| {
             match got.last_mut() {
                 Some((s, b)) if *s == shard => b.extend_from_slice(bytes),
