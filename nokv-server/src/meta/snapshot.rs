@@ -1,7 +1,8 @@
 //! A shard's state copied out of a store on its own (a checkpoint: graceful handoff moves a
 //! shard to its next owner through the provider, see [`crate::shard::checkpoint`]) and copied
 //! into a node file on its own (the next owner's load, and the one-time move of a data dir's
-//! per-shard files into the node file).
+//! per-shard files into the node file). A node backup copies every shard out together, from
+//! one snapshot ([`MetaStore::export_each`], see [`crate::backup`]).
 //!
 //! The copy is a standalone single-shard file with canonical table names (see
 //! [`super::tables`]), written in one durable transaction from one read snapshot of the

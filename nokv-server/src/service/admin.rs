@@ -11,6 +11,8 @@
 //! `Cluster` and `MoveShard` are the operator surface of cluster mode. The cluster view names
 //! nodes, endpoints, epochs and checkpoint sizes/ages only: the checkpoint's provider key and
 //! digest stay inside the control plane.
+//!
+//! `Backup` streams the node's metadata (see [`crate::backup`]); the file carries no secret.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
