@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".nokv.v1.ReadBlockChunk.data")
         .bytes(".nokv.v1.WriteRequest.data")
         .bytes(".nokv.v1.ReadResponse.data")
+        .bytes(".nokv.v1.BackupChunk.data")
         .file_descriptor_set_path(out.join("nokv_descriptor.bin"))
         .compile_protos(&["proto/nokv/v1/nokv.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");

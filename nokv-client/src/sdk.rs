@@ -631,6 +631,19 @@ impl Client {
         Ok(r.into_inner())
     }
 
+    /// Starts a backup of the answering node's metadata (admin token scoped to `*`): the
+    /// backup file's chunks in order, the last message carrying the summary. Only the call's
+    /// start is retried; a stream that breaks fails the backup (its bytes must be discarded).
+    pub async fn backup(&self) -> Result<tonic::Streaming<pb::BackupChunk>> {
+        let r = self
+            .retrying("backup", |conn| {
+                let mut c = conn.admin;
+                async move { c.backup(pb::BackupRequest {}).await }
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
     pub async fn health(&self) -> Result<pb::HealthResponse> {
         let r = self
             .retrying("health", |conn| {

@@ -41,6 +41,22 @@ pub enum Command {
     /// token) that every node of a cluster starts with via --tls-dir.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Make a new data directory from a backup file (`nokv admin backup`). Checks every digest
+    /// of FILE before it creates anything; refuses a damaged file and a DIR that is not empty.
+    ///
+    /// The backup holds every shard's metadata, not the artifact blocks: those stay in the
+    /// object provider, so start the restored node with the same provider settings (the same S3
+    /// bucket and prefix; with the local provider, move the old DATA_DIR/objects to DIR/objects
+    /// first), and never beside the node it was taken from on the same provider. It holds no
+    /// secret either: the first start creates a new TLS identity and admin token (copy the old
+    /// cluster.secret into DIR first to keep tokens already issued valid).
+    RestoreBackup {
+        /// The data directory to create (missing or empty).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The backup file.
+        file: PathBuf,
+    },
     /// Measure direct provider PUTs of blocks through the same one-attempt create path the
     /// owner uses — the baseline `nokv bench upload-vs-direct` compares publishing against.
     /// Prints one JSON line; the blocks are deleted afterwards.

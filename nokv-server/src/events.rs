@@ -16,7 +16,7 @@
 //! **Actions** ([`Action`]) — the list is closed; a new admin RPC adds a variant and wraps its
 //! handler in [`audited`] (one line, see `service::admin`):
 //! `DeleteWorkspace`, `MoveShard`, `TokenIssue` (offline: `nokv-server token issue`),
-//! `RetryCleanup`, `SetQuota`, `StartInventory`.
+//! `RetryCleanup`, `SetQuota`, `StartInventory`, `Backup`.
 //!
 //! **Storage.** Node-level, not per shard: `DATA_DIR/events.jsonl`, one JSON object per line.
 //! Each event is one `write` on a file opened with `O_APPEND`, then `fdatasync`, so the daemon
@@ -66,6 +66,7 @@ pub enum Action {
     RetryCleanup,
     SetQuota,
     StartInventory,
+    Backup,
 }
 
 impl Action {
@@ -77,6 +78,7 @@ impl Action {
             Action::RetryCleanup => "RetryCleanup",
             Action::SetQuota => "SetQuota",
             Action::StartInventory => "StartInventory",
+            Action::Backup => "Backup",
         }
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod backup;
 pub mod bootstrap;
 pub mod bulk;
 pub mod cluster;

@@ -1,5 +1,6 @@
-//! `nokv-server`: serve (the default), issue a token, prepare a cluster TLS directory, or run one
-//! of the measuring instruments (`provider-bench`, `store-bench`, `rpc-floor`).
+//! `nokv-server`: serve (the default), issue a token, prepare a cluster TLS directory, restore
+//! a backup into a new data dir, or run one of the measuring instruments (`provider-bench`,
+//! `store-bench`, `rpc-floor`).
 
 use std::process::ExitCode;
 
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
             ttl,
         })) => issue_token(&data_dir, &workspace, &role, &ttl),
         Some(Command::Cluster(command)) => cluster(command),
+        Some(Command::RestoreBackup { data_dir, file }) => restore_backup(&data_dir, &file),
         Some(Command::ProviderBench {
             serve,
             blocks,
@@ -149,6 +151,40 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
         Err(e) => {
             eprintln!("nokv-server: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn restore_backup(data_dir: &std::path::Path, file: &std::path::Path) -> ExitCode {
+    match nokv_server::backup::restore(file, data_dir) {
+        Ok(r) => {
+            let shards: Vec<String> = r.shards.iter().map(u32::to_string).collect();
+            println!(
+                "restored {} of {} shards ({}) from {} ({} bytes) into {}",
+                r.shards.len(),
+                r.shard_count,
+                shards.join(","),
+                file.display(),
+                r.bytes,
+                data_dir.display()
+            );
+            println!(
+                "  start it with: nokv-server --data-dir {} --shards {} and the backed-up node's object-provider settings",
+                data_dir.display(),
+                r.shard_count
+            );
+            println!(
+                "  artifact blocks are not in the backup: with the local provider, move the old DATA_DIR/objects to {} first",
+                data_dir.join("objects").display()
+            );
+            println!(
+                "  the first start creates a new TLS identity and admin token (copy the old cluster.secret in first to keep issued tokens valid)"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("nokv-server restore-backup: {e}");
+            ExitCode::from(2)
         }
     }
 }

@@ -105,6 +105,7 @@ impl Node {
     }
 
     fn empty(data_dir: &Path, parts: NodeParts, store: MetaStore) -> Result<Node> {
+        crate::backup::sweep_scratch(&data_dir.join("shards"));
         let (parallel, cap) = parts.bulk;
         let bulk = Arc::new(
             Bulk::new(parallel, cap).map_err(|e| Error::Internal(format!("bulk runtime: {e}")))?,
@@ -241,6 +242,11 @@ impl Node {
             .collect()
     }
 
+    /// `DATA_DIR/shards`: the node file and the scratch files of checkpoints and backups.
+    pub fn shards_dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// A scratch file for shard `id`'s checkpoint on its way in or out.
     pub fn scratch_path(&self, id: u32) -> PathBuf {
         self.dir.join(format!("{id:04}.ckpt"))
@@ -315,7 +321,7 @@ impl Node {
 }
 
 /// The node file: every shard's tables, each in its namespace.
-const NODE_FILE: &str = "node.redb";
+pub(crate) const NODE_FILE: &str = "node.redb";
 
 /// The node file of the data dir `data_dir` (its redo log is beside it).
 pub fn node_file(data_dir: &Path) -> PathBuf {
@@ -467,7 +473,7 @@ fn recorded_shard_count(dir: &Path) -> Result<Option<u32>> {
 }
 
 /// Writes COUNT durably (temporary file, fsync, rename).
-fn record_shard_count(dir: &Path, shard_count: u32) -> Result<()> {
+pub(crate) fn record_shard_count(dir: &Path, shard_count: u32) -> Result<()> {
     use std::io::Write;
     let path = dir.join("COUNT");
     let tmp = dir.join("COUNT.tmp");

@@ -8,6 +8,7 @@
 mod admin;
 mod agent_ops;
 mod artifacts;
+mod backup;
 mod bench;
 mod crash_point;
 mod files;
@@ -262,6 +263,18 @@ enum AdminCommand {
         #[arg(long, default_value = "")]
         after: String,
     },
+    /// Back up the node's metadata to DEST: a consistent copy of every shard it serves, holding
+    /// every write acknowledged before the call, streamed and checked (sha256 printed). Written
+    /// to DEST.partial first; an existing DEST is refused unless --force. Artifact blocks are
+    /// not in it (they stay in the object provider) and neither are secrets. Restore with
+    /// `nokv-server restore-backup --data-dir DIR DEST`.
+    Backup {
+        /// The backup file to write.
+        dest: PathBuf,
+        /// Replace DEST if it exists.
+        #[arg(long)]
+        force: bool,
+    },
     /// Retry a delete operation's cleanup now (e.g. a dead letter after a provider outage):
     /// completed | pending | already_in_progress | provider_error.
     Retry {
@@ -468,6 +481,9 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         }
         Command::Admin(AdminCommand::Shard(ShardCommand::Move { shard, node })) => {
             admin::move_shard(client, out, shard, &node).await
+        }
+        Command::Admin(AdminCommand::Backup { dest, force }) => {
+            backup::backup(client, out, &dest, force).await
         }
         Command::Admin(AdminCommand::Events { limit }) => admin::events(client, out, limit).await,
         Command::Admin(AdminCommand::Inventory(InventoryCommand::Start)) => {

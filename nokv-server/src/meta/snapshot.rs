@@ -1,7 +1,8 @@
 //! A shard's state copied out of a store on its own (a checkpoint: graceful handoff moves a
 //! shard to its next owner through the provider, see [`crate::shard::checkpoint`]) and copied
 //! into a node file on its own (the next owner's load, and the one-time move of a data dir's
-//! per-shard files into the node file).
+//! per-shard files into the node file). A node backup copies every shard out together, from
+//! one snapshot ([`MetaStore::export_each`], see [`crate::backup`]).
 //!
 //! The copy is a standalone single-shard file with canonical table names (see
 //! [`super::tables`]), written in one durable transaction from one read snapshot of the
@@ -24,23 +25,36 @@ impl MetaStore {
     /// every write. `dest`'s directory is not fsynced: the copy is a scratch file that is
     /// uploaded and removed, never a file a restart relies on.
     pub fn export(&self, ns: Namespace, dest: &Path) -> MetaResult<u64> {
+        Ok(self.export_each(&[(ns, dest)])?[0])
+    }
+
+    /// [`MetaStore::export`] of several namespaces, each to its own standalone file, all from
+    /// one read snapshot (a node backup: the copies agree with each other, not only with
+    /// every commit before the call). Returns the files' sizes in the order given.
+    ///
+    /// Same caller rule as [`MetaStore::export`]: the store's single writer, between sessions.
+    pub fn export_each(&self, copies: &[(Namespace, &Path)]) -> MetaResult<Vec<u64>> {
         self.flush()?;
-        let io = |e: std::io::Error| MetaError::Copy {
-            dest: dest.to_path_buf(),
-            detail: e.to_string(),
-        };
-        match std::fs::remove_file(dest) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
-            _ => {}
-        }
         let snapshot = self.db.begin_read()?;
-        {
-            let copy = MetaStore::create_plain(dest)?;
-            copy.write_in(Tables::canonical(), Commit::Durable, |w| {
-                ns.copy_all(&snapshot, Tables::canonical(), w.txn)
-            })?;
+        let mut sizes = Vec::with_capacity(copies.len());
+        for &(ns, dest) in copies {
+            let io = |e: std::io::Error| MetaError::Copy {
+                dest: dest.to_path_buf(),
+                detail: e.to_string(),
+            };
+            match std::fs::remove_file(dest) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+                _ => {}
+            }
+            {
+                let copy = MetaStore::create_plain(dest)?;
+                copy.write_in(Tables::canonical(), Commit::Durable, |w| {
+                    ns.copy_all(&snapshot, Tables::canonical(), w.txn)
+                })?;
+            }
+            sizes.push(std::fs::metadata(dest).map_err(io)?.len());
         }
-        Ok(std::fs::metadata(dest).map_err(io)?.len())
+        Ok(sizes)
     }
 
     /// Replaces namespace `ns` of this store with the content of the standalone file `src`,

@@ -11,6 +11,8 @@
 //! `Cluster` and `MoveShard` are the operator surface of cluster mode. The cluster view names
 //! nodes, endpoints, epochs and checkpoint sizes/ages only: the checkpoint's provider key and
 //! digest stay inside the control plane.
+//!
+//! `Backup` streams the node's metadata (see [`crate::backup`]); the file carries no secret.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -299,6 +301,79 @@ impl Admin for AdminService {
         let target = format!("operation {}", events::clip(id.trim()));
         self.audited(who, Action::RetryCleanup, target, self.retry(id))
             .await
+    }
+
+    type BackupStream = BackupStream;
+
+    /// The backup runs in a task of its own that feeds the response stream (a few chunks
+    /// ahead at most, so a slow reader holds little memory). Its audit event is written when
+    /// the last byte was handed over or the backup failed; a caller that goes away ends the
+    /// task, which records the event with reason `Cancelled`.
+    async fn backup(
+        &self,
+        req: Request<pb::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        let who = self.admit_who(&req)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(BACKUP_AHEAD);
+        let node = self.node.clone();
+        tokio::spawn(async move {
+            let mut sink = tx.clone();
+            let work = events::audited(
+                &node.events,
+                who,
+                Action::Backup,
+                "node metadata".into(),
+                async {
+                    let summary = crate::backup::take(&node, &mut sink).await?;
+                    tracing::info!(
+                        bytes = summary.bytes,
+                        shards = summary.shards.len(),
+                        "admin: backup sent"
+                    );
+                    Ok(summary)
+                },
+            );
+            let last = tokio::select! {
+                outcome = work => match outcome {
+                    Ok(s) => Ok(pb::BackupChunk {
+                        data: Default::default(),
+                        summary: Some(pb::BackupSummary {
+                            bytes: s.bytes,
+                            sha256: s.sha256,
+                            shards: s.shards,
+                            shard_count: s.shard_count,
+                        }),
+                    }),
+                    Err(e) => Err(Status::from(e)),
+                },
+                // The caller went away: dropping `work` records the event as cancelled.
+                () = tx.closed() => return,
+            };
+            let _ = tx.send(last).await;
+        });
+        Ok(Response::new(Box::pin(futures::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+        ))))
+    }
+}
+
+/// Messages a backup produces ahead of what its caller has read.
+const BACKUP_AHEAD: usize = 4;
+
+type BackupStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::BackupChunk, Status>> + Send>>;
+
+/// A backup's bytes become data chunks of its response stream.
+impl crate::backup::Sink for tokio::sync::mpsc::Sender<Result<pb::BackupChunk, Status>> {
+    async fn send(&mut self, data: bytes::Bytes) -> bool {
+        let chunk = pb::BackupChunk {
+            data,
+            summary: None,
+        };
+        tokio::sync::mpsc::Sender::send(self, Ok(chunk))
+            .await
+            .is_ok()
     }
 }
 
