@@ -16,7 +16,9 @@
 //! emptied, truncated or oversized file, a first marker of another round or another moment,
 //! and a bad record followed by a valid record of the round that was written by a *later*
 //! append (each record carries the first sequence of its append: a later append began only
-//! after the earlier one's fsync returned, so the bad record had been acknowledged).
+//! after the earlier one's fsync returned, so the bad record had been acknowledged) — unless
+//! every record behind the damage is at or below the file's `applied` (the file holds them
+//! all, e.g. after a clean stop): then nothing needed is lost.
 //!
 //! What cannot be told from an honest log, and is therefore not refused: damage confined to
 //! the last append (it looks exactly like that append torn by a power cut), and a cut at a
@@ -202,7 +204,9 @@ pub(in crate::meta) fn scan(
     };
     // Records behind the tail from the append that the tail tore are unacknowledged; any from a
     // later append prove the bad record was acknowledged.
-    if later.count > 0 && later.max_first > last + 1 {
+    // Damage among records the node file already holds (a clean stop makes the file durable
+    // after every record) costs nothing: only records above `applied` are needed.
+    if later.count > 0 && later.max_first > last + 1 && later.max_seq > applied {
         return Ok(Err(Fault::Damaged {
             offset: pos,
             last_good: last,
