@@ -598,3 +598,23 @@ mod replay_tests {
         assert_eq!(inline(&reopened, "torn"), None);
     }
 }
+
+// ---- Test accessors for the overlay's model test (`super::model`), kept apart from the log
+// format above: they expose a record's payload through the functions replay itself uses.
+#[cfg(test)]
+impl Redo {
+    /// Applies this record's row effects in `txn`, exactly as replay applies a record read
+    /// back from the log.
+    pub(super) fn apply_to(&self, txn: &WriteTransaction) -> MetaResult<()> {
+        apply(txn, &self.effects.buf)
+    }
+
+    /// Calls `row` with each row effect of this record, in order: table, key, new value
+    /// (`None`: removed).
+    pub(super) fn each_row(
+        &self,
+        row: impl FnMut(&str, &[u8], Option<&[u8]>) -> MetaResult<()>,
+    ) -> MetaResult<()> {
+        rows(&self.effects.buf, row)
+    }
+}

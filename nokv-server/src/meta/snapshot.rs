@@ -13,7 +13,7 @@ use std::path::Path;
 
 use redb::ReadableDatabase;
 
-use super::{Commit, MetaError, MetaResult, MetaStore, Namespace, Tables};
+use super::{MetaError, MetaResult, MetaStore, Namespace, Tables};
 
 impl MetaStore {
     /// Copies namespace `ns` to a new standalone file `dest` (replacing it) and returns its
@@ -36,9 +36,7 @@ impl MetaStore {
         let snapshot = self.db.begin_read()?;
         {
             let copy = MetaStore::create(dest)?;
-            copy.write_in(Tables::canonical(), Commit::Durable, |w| {
-                ns.copy_all(&snapshot, Tables::canonical(), w.txn)
-            })?;
+            copy.write_bare(|txn| ns.copy_all(&snapshot, Tables::canonical(), txn))?;
         }
         Ok(std::fs::metadata(dest).map_err(io)?.len())
     }
@@ -52,11 +50,27 @@ impl MetaStore {
     pub fn import(&self, ns: Namespace, src: &Path) -> MetaResult<()> {
         let source = MetaStore::open(src)?;
         let snapshot = source.db.begin_read()?;
-        self.write_in(ns, Commit::Durable, |w| {
-            ns.delete_all(w.txn)?;
-            Tables::canonical().copy_all(&snapshot, ns, w.txn)
+        self.write_bare(|txn| {
+            ns.delete_all(txn)?;
+            Tables::canonical().copy_all(&snapshot, ns, txn)
         })?;
         self.prepare(ns)
+    }
+
+    /// Runs `f` on a write transaction of its own and commits it durably (on `Err` it is
+    /// aborted and nothing changes): the bulk copies above, which write a whole namespace.
+    /// They get the bare transaction — no undo step or redo effect per row — because they are
+    /// never part of a batch: a durable commit, so the redo log never needs to describe
+    /// them, and atomic, so a failure needs no undo. No session runs inside it.
+    fn write_bare(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> MetaResult<()>,
+    ) -> MetaResult<()> {
+        let txn = self.begin_write()?;
+        f(&txn)?;
+        self.commit(txn)?;
+        self.count_durable();
+        Ok(())
     }
 
     /// [`MetaStore::export`] of a standalone file's own tables.
