@@ -494,6 +494,8 @@ fn random_batches_read_the_same_through_the_memtable_their_transaction_and_a_rep
             tally.empty_batches += 1;
             if batch.holds_batches() {
                 held = Some(batch);
+            } else {
+                drop(batch); // aborted: the next batch begins a transaction of its own
             }
         } else {
             let logged: Logged = if batch.full() || dice.roll(8) == 0 {
