@@ -16,9 +16,10 @@
 //! types make it so: a session (a `WriteView`) reaches the transaction only as a
 //! [`SessionTxn`], whose tables are read-only ([`ReadOnly`]), and through its [`Capture`],
 //! whose [`Capture::table`] is the one way to open a table that can be written. The bare
-//! `redb::WriteTransaction` stays with the code that owns it and never runs a session inside
-//! it: the batch's and the store's commit paths, the redo replay, and the bulk copies of a
-//! whole namespace (a checkpoint's export, a load's import), which are durable one-off
+//! `redb::WriteTransaction` is used only by code that is not a session: a batch's own
+//! bookkeeping (its `applied` sequence, running a failed session's undo steps) and commit,
+//! the store's commit and the redo replay, and the bulk copies of a whole namespace (a
+//! checkpoint's export, a load's import: `MetaStore::write_bare`), which are durable
 //! transactions of their own, never part of a batch.
 
 use std::borrow::Borrow;
