@@ -84,8 +84,10 @@ mod tests {
     use super::*;
     use crate::meta::Commit;
 
-    // Catches: dropping `self.flush()` (a deferred commit would be missing from the copy, as
-    // it is not in the file's durable state yet).
+    // Catches: a copy that leaves out a commit that is not durable yet (one made from the
+    // file's durable state instead of a read snapshot of the last commit). Dropping
+    // `self.flush()` from `export` does not turn it red — a read snapshot sees non-durable
+    // commits too (tried); that flush is what `a_failed_store_refuses_to_be_copied` needs.
     #[test]
     fn a_copy_holds_every_commit_made_before_it_including_deferred_ones() {
         let dir = tempfile::tempdir().unwrap();
@@ -151,6 +153,8 @@ mod tests {
         assert_eq!(next.read_in(three, |r| r.epoch()).unwrap(), 7);
     }
 
+    // Catches: an export that copies from a failed handle (dropping `self.flush()` from
+    // `export`: the flush is its one write, and a failed handle refuses writes; verified red).
     #[test]
     fn a_failed_store_refuses_to_be_copied() {
         let dir = tempfile::tempdir().unwrap();
