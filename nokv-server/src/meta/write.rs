@@ -19,8 +19,8 @@ pub struct WriteView<'a> {
 }
 
 impl<'a> WriteView<'a> {
-    /// A one-off session on `txn`, which its caller commits durably on `Ok` and aborts on
-    /// `Err` (see [`super::MetaStore::write_in`]).
+    /// A one-off session on `txn`, a transaction of its own that its caller commits on `Ok`
+    /// and aborts on `Err` (see [`super::MetaStore::write_in`]): no redo record describes it.
     pub(super) fn new(txn: &'a redb::WriteTransaction, t: Namespace) -> Self {
         let (txn, capture) = undo::Capture::begin(txn, None);
         WriteView { txn, t, capture }
