@@ -115,13 +115,11 @@ impl Batch {
             return Err(MetaError::Failed(reason.clone()).into());
         }
         let mark = self.effects.borrow().mark();
-        let mut view = WriteView::new(&self.txn, ns);
-        view.redo = Some(&self.effects);
+        let mut view = WriteView::in_batch(&self.txn, ns, &self.effects);
         let out = f(&mut view);
         if out.is_err() {
             self.effects.borrow_mut().rewind(mark);
-            let steps = view.undo.into_inner();
-            for step in steps.into_iter().rev() {
+            for step in view.into_undo().into_iter().rev() {
                 let undone = match self.store.faults().check_undo() {
                     Ok(()) => step(&self.txn),
                     Err(e) => Err(MetaError::Store(redb::StorageError::Io(e).into())),

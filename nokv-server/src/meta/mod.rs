@@ -233,4 +233,6 @@ fn optional<T>(t: Result<T, redb::TableError>) -> MetaResult<Option<T>> {
 }
 
 #[cfg(test)]
+mod model;
+#[cfg(test)]
 mod tests;

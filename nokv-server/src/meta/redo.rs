@@ -396,3 +396,21 @@ pub(super) fn apply(txn: &WriteTransaction, payload: &[u8]) -> MetaResult<()> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+impl Redo {
+    /// Applies this record's row effects in `txn`, exactly as replay applies a record read
+    /// back from the log.
+    pub(super) fn apply_to(&self, txn: &WriteTransaction) -> MetaResult<()> {
+        apply(txn, &self.effects.buf)
+    }
+
+    /// Calls `row` with each row effect of this record, in order: table, key, new value
+    /// (`None`: removed).
+    pub(super) fn each_row(
+        &self,
+        row: impl FnMut(&str, &[u8], Option<&[u8]>) -> MetaResult<()>,
+    ) -> MetaResult<()> {
+        rows(&self.effects.buf, row)
+    }
+}

@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 use parking_lot::Mutex;
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
+use super::undo::SessionTxn;
 use super::{Bytes, MetaResult, optional};
 
 /// One shard's table definitions, named within its namespace.
@@ -35,8 +36,9 @@ macro_rules! tables {
                 Tables { $( $field: TableDefinition::new(leak(prefix, $name)), )* }
             }
 
-            /// Creates every table of the namespace that does not exist yet.
-            pub(super) fn create_all(&self, txn: &WriteTransaction) -> MetaResult<()> {
+            /// Creates every table of the namespace that does not exist yet (in a session:
+            /// creating a table changes no row, so it needs no capture).
+            pub(super) fn create_all(&self, txn: SessionTxn<'_>) -> MetaResult<()> {
                 $( txn.open_table(self.$field)?; )*
                 Ok(())
             }
@@ -65,6 +67,17 @@ macro_rules! tables {
             pub(super) fn compare(&self, name: &str) -> Option<fn(&[u8], &[u8]) -> std::cmp::Ordering> {
                 $( if name == $name { return Some(<$k as redb::Key>::compare); } )*
                 None
+            }
+
+            /// Every table of the namespace, by name, as `read` reads it: what a test compares
+            /// to prove two views hold the same state, with no table left out (see
+            /// [`super::model`]).
+            #[cfg(test)]
+            pub(super) fn dump(
+                &self,
+                read: &mut impl DumpTable,
+            ) -> MetaResult<Vec<(&'static str, TableDump)>> {
+                Ok(vec![ $( ($name, read.table(self.$field)?), )* ])
             }
 
             /// Copies every table of this namespace in `src` into namespace `to` of `dst`
@@ -187,6 +200,36 @@ impl Tables {
     pub(super) fn exists_in(&self, txn: &ReadTransaction) -> MetaResult<bool> {
         Ok(optional(txn.open_table(self.entries))?.is_some())
     }
+}
+
+/// One table as a view reads it (tests, see [`Tables::dump`]).
+#[cfg(test)]
+#[derive(PartialEq, Eq, Default)]
+pub(super) struct TableDump {
+    /// The row count the view reports (its own code path: not the length of `rows`).
+    pub(super) len: u64,
+    /// Every row as (encoded key, encoded value), in the table's key order.
+    pub(super) rows: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(test)]
+impl std::fmt::Debug for TableDump {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "len {}", self.len)?;
+        for (k, v) in &self.rows {
+            writeln!(f, "  {} => {}", k.escape_ascii(), v.escape_ascii())?;
+        }
+        Ok(())
+    }
+}
+
+/// A view that can read any table of a namespace (tests, see [`Tables::dump`]).
+#[cfg(test)]
+pub(super) trait DumpTable {
+    fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: TableDefinition<'static, K, V>,
+    ) -> MetaResult<TableDump>;
 }
 
 /// A table name that lives as long as the process (redb definitions borrow their name).

@@ -170,7 +170,7 @@ fn uploads_recorded_before_the_upload_indexes_existed_are_indexed_once() {
     };
     // Written the way a data dir from before the indexes holds them: records only.
     s.write(|w| {
-        let mut t = w.txn.open_table(w.t.uploads)?;
+        let mut t = w.table(w.t.uploads)?;
         t.insert(
             "open",
             rec(UploadState::Open, 10).encode_to_vec().as_slice(),
@@ -199,12 +199,11 @@ fn uploads_and_collectable_keys_from_before_the_ledger_are_backfilled_once() {
     let (_d, s) = store();
     s.write(|w| {
         // The layout of a data dir from before the ledger: no marker, raw rows.
-        w.txn.open_table(w.t.sequences)?.remove(OPERATIONS_MARKER)?;
+        w.table(w.t.sequences)?.remove(OPERATIONS_MARKER)?;
         let u = UploadRecord::open("ws", "p", 4, 1, 5, 10, "");
-        w.txn
-            .open_table(w.t.uploads)?
+        w.table(w.t.uploads)?
             .insert("u1", u.encode_to_vec().as_slice())?;
-        w.txn.open_table(w.t.collectable)?.insert("old-key", 7u64)?;
+        w.table(w.t.collectable)?.insert("old-key", 7u64)?;
         Ok::<_, MetaError>(())
     })
     .unwrap();

@@ -10,9 +10,17 @@
 //! The same wrapper records each row's new value (or its removal) as the batch's redo effects
 //! ([`super::redo`]): that record, not redb's fsync, is what makes the batch durable.
 //!
-//! Invariant: inside a write session, every mutation goes through an [`UndoTable`] (the
-//! session's tables come from `WriteView::table`); reads may use the bare transaction. A
-//! mutation made around it would be neither undone on failure nor replayed after a crash.
+//! Invariant: inside a write session, every mutation goes through an [`UndoTable`]. A mutation
+//! made around it would be neither undone on failure nor replayed after a crash — nor shown to
+//! readers of a held transaction, whose memtable layers are built from the redo effects. The
+//! types make it so: a session (a `WriteView`) reaches the transaction only as a
+//! [`SessionTxn`], whose tables are read-only ([`ReadOnly`]), and through its [`Capture`],
+//! whose [`Capture::table`] is the one way to open a table that can be written. The bare
+//! `redb::WriteTransaction` is used only by code that is not a session: a batch's own
+//! bookkeeping (its `applied` sequence, running a failed session's undo steps) and commit,
+//! the store's commit and the redo replay, and the bulk copies of a whole namespace (a
+//! checkpoint's export, a load's import: `MetaStore::write_bare`), which are durable
+//! transactions of their own, never part of a batch.
 
 use std::borrow::Borrow;
 use std::cell::RefCell;
@@ -25,6 +33,77 @@ use super::redo::Effects;
 
 /// Puts one row back as it was before the session touched it.
 pub(super) type UndoStep = Box<dyn FnOnce(&WriteTransaction) -> MetaResult<()>>;
+
+/// The write transaction as a session sees it: tables open read-only. Copy, so the shared
+/// read macros use it as they use a snapshot. The bare transaction is private to this module.
+#[derive(Clone, Copy)]
+pub(super) struct SessionTxn<'a> {
+    raw: &'a WriteTransaction,
+}
+
+impl<'a> SessionTxn<'a> {
+    /// Opens `def` for reading. Like any open in a write transaction it creates the table,
+    /// empty, if the file predates it: no row changes, so there is nothing to capture (replay
+    /// creates a table the same way the first time a row of it is applied).
+    pub(super) fn open_table<K: Key + 'static, V: Value + 'static>(
+        &self,
+        def: TableDefinition<'static, K, V>,
+    ) -> Result<ReadOnly<'a, K, V>, redb::TableError> {
+        Ok(ReadOnly(self.raw.open_table(def)?))
+    }
+}
+
+/// A table a session opened for reading: [`Deref`] gives `&redb::Table`, and every redb
+/// mutation takes `&mut`, so only reads pass.
+pub(super) struct ReadOnly<'t, K: Key + 'static, V: Value + 'static>(redb::Table<'t, K, V>);
+
+impl<'t, K: Key + 'static, V: Value + 'static> Deref for ReadOnly<'t, K, V> {
+    type Target = redb::Table<'t, K, V>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+/// What one write session changed so far: how to undo it, and — in a batch — the batch's
+/// redo effects it adds to. It alone of what a session holds can open a writable table
+/// ([`Capture::table`]), so every row a session writes is captured.
+pub(super) struct Capture<'a> {
+    raw: &'a WriteTransaction,
+    undo: RefCell<Vec<UndoStep>>,
+    /// The batch's redo effects; `None` for a one-off session (it commits durably on its own,
+    /// or aborts whole: neither needs a record).
+    redo: Option<&'a RefCell<Effects>>,
+}
+
+impl<'a> Capture<'a> {
+    /// Starts a session on `raw`: the read side it is given, and the capture of its writes.
+    pub(super) fn begin(
+        raw: &'a WriteTransaction,
+        redo: Option<&'a RefCell<Effects>>,
+    ) -> (SessionTxn<'a>, Capture<'a>) {
+        let capture = Capture {
+            raw,
+            undo: Default::default(),
+            redo,
+        };
+        (SessionTxn { raw }, capture)
+    }
+
+    /// Opens one of the session's tables for writing: every insert and remove through it
+    /// records its undo step and, in a batch, its redo effect.
+    pub(super) fn table<K: Key + 'static, V: Value + 'static>(
+        &self,
+        def: TableDefinition<'static, K, V>,
+    ) -> MetaResult<UndoTable<'_, K, V>> {
+        UndoTable::open(self.raw, def, &self.undo, self.redo)
+    }
+
+    /// The session's undo steps, in the order they were recorded (a failed session's are run
+    /// in reverse).
+    pub(super) fn into_undo(self) -> Vec<UndoStep> {
+        self.undo.into_inner()
+    }
+}
 
 /// A table opened by a write session: reads pass through, writes record their undo step.
 pub(super) struct UndoTable<'t, K: Key + 'static, V: Value + 'static> {
@@ -43,7 +122,7 @@ impl<'t, K: Key + 'static, V: Value + 'static> Deref for UndoTable<'t, K, V> {
 }
 
 impl<'t, K: Key + 'static, V: Value + 'static> UndoTable<'t, K, V> {
-    pub(super) fn open(
+    fn open(
         txn: &'t WriteTransaction,
         def: TableDefinition<'static, K, V>,
         log: &'t RefCell<Vec<UndoStep>>,

@@ -11,22 +11,35 @@ use super::{MetaError, MetaResult, Namespace, decode, ended_at, self_dated};
 use super::{redo, undo};
 
 pub struct WriteView<'a> {
-    pub(super) txn: &'a redb::WriteTransaction,
+    /// The session's reads: tables open read-only (see [`undo::SessionTxn`]).
+    pub(super) txn: undo::SessionTxn<'a>,
     pub(super) t: Namespace,
-    /// How to undo what this session wrote so far (see [`undo`]).
-    pub(super) undo: std::cell::RefCell<Vec<undo::UndoStep>>,
-    /// The batch's redo effects (`None` outside a batch: such a write commits durably).
-    pub(super) redo: Option<&'a std::cell::RefCell<redo::Effects>>,
+    /// The session's writes: the one way to a writable table (see [`undo`]).
+    capture: undo::Capture<'a>,
 }
 
 impl<'a> WriteView<'a> {
+    /// A one-off session on `txn`, a transaction of its own that its caller commits on `Ok`
+    /// and aborts on `Err` (see [`super::MetaStore::write_in`]): no redo record describes it.
     pub(super) fn new(txn: &'a redb::WriteTransaction, t: Namespace) -> Self {
-        WriteView {
-            txn,
-            t,
-            undo: Default::default(),
-            redo: None,
-        }
+        let (txn, capture) = undo::Capture::begin(txn, None);
+        WriteView { txn, t, capture }
+    }
+
+    /// A session of a batch: its rows also go to the batch's redo effects (see
+    /// [`super::Batch::session`]).
+    pub(super) fn in_batch(
+        txn: &'a redb::WriteTransaction,
+        t: Namespace,
+        redo: &'a std::cell::RefCell<redo::Effects>,
+    ) -> Self {
+        let (txn, capture) = undo::Capture::begin(txn, Some(redo));
+        WriteView { txn, t, capture }
+    }
+
+    /// How to undo what this session wrote, in the order it wrote it.
+    pub(super) fn into_undo(self) -> Vec<undo::UndoStep> {
+        self.capture.into_undo()
     }
 
     /// Opens one of the session's tables for writing: every insert and remove through it
@@ -35,7 +48,7 @@ impl<'a> WriteView<'a> {
         &self,
         def: redb::TableDefinition<'static, K, V>,
     ) -> MetaResult<undo::UndoTable<'_, K, V>> {
-        undo::UndoTable::open(self.txn, def, &self.undo, self.redo)
+        self.capture.table(def)
     }
 }
 

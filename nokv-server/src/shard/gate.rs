@@ -598,7 +598,7 @@ impl Gate {
     ///
     /// Runs as a job on the committer thread, so no write session is open while it copies;
     /// the copy first makes the commits before it in the batch durable with an empty durable
-    /// commit ([`MetaStore::copy_to`]), so the file is in the state it has between batches.
+    /// commit ([`MetaStore::export`]), so the file is in the state it has between batches.
     /// Sessions queued behind it wait for the copy (a handoff takes it while the shard
     /// drains). The job commits nothing; the gate's stats count it as a session.
     pub async fn snapshot_to(&self, dest: std::path::PathBuf) -> Result<u64> {
@@ -1257,10 +1257,11 @@ mod tests {
         }
     }
 
-    // Catches: the committer never making a batch durable — e.g. `let commit =
-    // Commit::Deferred;` for every session together with `let flushed = Ok(());` (no flush).
-    // A clean close would flush pending commits and hide that; a copy of the open file does
-    // not. (Verified red.)
+    // Catches: the committer never making a batch durable — e.g. `acknowledger::append`
+    // writing none of the round's records (`s.log(&pending)` → `s.log(&[])`; verified red):
+    // the batches are then only in the held transaction or in redb's non-durable commits,
+    // which a crash does not keep. A clean close would make the file durable and hide that; a
+    // copy of the open file and its log does not.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn what_an_answered_caller_saw_is_in_a_copy_of_the_file_taken_while_the_gate_is_open() {
         let dir = tempfile::tempdir().unwrap();
@@ -1295,9 +1296,13 @@ mod tests {
         drop(gate);
     }
 
-    // Catches: a snapshot copying the file without first making the batch's deferred
-    // commits durable (dropping `self.flush()` in `MetaStore::copy_to`: the sessions queued
-    // before the snapshot commit deferred in its batch and would be missing; verified red).
+    // Catches: a copy taken before the sessions queued ahead of it are committed. The
+    // exclusive job must run after their batch and after `run_batches` commits the held
+    // transaction (`release(&mut held)`); dropping that release makes the copy's own write
+    // transaction wait for the held one, so the test hangs rather than fails (tried). Dropping
+    // `self.flush()` from `MetaStore::export` no longer turns it red: the copy reads a snapshot
+    // of the last commit, durable or not (that flush is what makes a failed store refuse to be
+    // copied, see `meta::snapshot`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_snapshot_holds_every_session_queued_before_it_in_its_own_batch() {
         let dir = tempfile::tempdir().unwrap();
@@ -1418,10 +1423,10 @@ mod tests {
         answers
     }
 
-    // Catches: answering before the batch's durable end is known — `answer(&Ok(()))` in the
-    // answer loop — and not flushing deferred commits after a failed durable commit —
-    // `Commit::Durable => false` in the `deferred_pending` update, or `let flushed = Ok(());`.
-    // (Each verified red.)
+    // Catches: answering a batch before its record is known to be durable — `a(&appended)`
+    // → `a(&Ok(()))` for a logged stage's answers in `acknowledger::handle` (verified red):
+    // the disk fills while the batch runs, so its log append fails and every session must
+    // hear of it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_whose_durable_commit_fails_answers_every_session_with_an_error() {
         let (_dir, disk, gate) = gate_with_faults();
@@ -1444,9 +1449,9 @@ mod tests {
         gate.wait_serving(true).await;
     }
 
-    // Catches: `let flushed = Ok(());` or `Commit::Durable => false` in the `deferred_pending`
-    // update (deferred commits never flushed when the batch's last session fails by itself),
-    // and `answer(&Ok(()))` in the answer loop. (Each verified red.)
+    // Catches: the same `a(&Ok(()))` in `acknowledger::handle` when the batch's last session
+    // failed by itself (verified red): that one keeps its own refusal, every session before it
+    // hears that the batch's log append failed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_whose_flush_fails_answers_every_session_with_an_error() {
         let (_dir, disk, gate) = gate_with_faults();
