@@ -50,17 +50,24 @@ struct Write {
     body: Vec<u8>,
 }
 
-/// `n` distinct small files named `tag-NN.txt`, bodies pseudo-random (so each record's
-/// payload can be told apart by its body).
-fn files(tag: &str, n: usize) -> Vec<Write> {
-    let seed = tag.bytes().fold(0u64, |h, b| h.wrapping_mul(131) + u64::from(b));
+/// `n` distinct small files named `tag-NN.txt` of about `len` bytes, bodies pseudo-random
+/// (so each record's payload can be told apart by its body).
+fn files(tag: &str, n: usize, len: usize) -> Vec<Write> {
+    let seed = tag
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(131) + u64::from(b));
     (0..n)
         .map(|i| Write {
             path: format!("{tag}-{i:02}.txt"),
-            body: pseudo_random_bytes(seed << 8 | i as u64, 200 + i),
+            body: pseudo_random_bytes(seed << 8 | i as u64, len + i),
         })
         .collect()
 }
+
+/// Bodies of the small-file template: many records in the log's first MiB.
+const SMALL: usize = 200;
+/// Bodies of the large-file template: the burst's records run past the log's first MiB.
+const LARGE: usize = 96 << 10;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -145,12 +152,19 @@ impl LogView {
         let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-        assert_eq!(u32_at(0), MARKER, "{} starts with a round marker", path.display());
+        assert_eq!(
+            u32_at(0),
+            MARKER,
+            "{} starts with a round marker",
+            path.display()
+        );
         let start = u64_at(8);
         let mut records = Vec::new();
         let mut at = HEADER as usize;
         let mut last = start;
-        while at + HEADER as usize <= bytes.len() && u32_at(at) == RECORD && u64_at(at + 8) == last + 1
+        while at + HEADER as usize <= bytes.len()
+            && u32_at(at) == RECORD
+            && u64_at(at + 8) == last + 1
         {
             let len = u32_at(at + 4) as usize;
             let body = at + HEADER as usize;
@@ -180,9 +194,11 @@ impl LogView {
 
     /// The index of the record whose payload carries `w`'s body.
     fn record_of(&self, w: &Write) -> Option<usize> {
+        // The first bytes of a pseudo-random body are as good as the whole.
+        let probe = &w.body[..w.body.len().min(64)];
         self.records
             .iter()
-            .position(|r| r.payload.windows(w.body.len()).any(|b| b == w.body))
+            .position(|r| r.payload.windows(probe.len()).any(|b| b == probe))
     }
 }
 
@@ -195,7 +211,7 @@ struct Template {
     dir: PathBuf,
     /// Every acknowledged write, in order.
     acked: Vec<Write>,
-    /// The writes of the last burst: the log's records `first_burst_record..` in order.
+    /// The writes of the last burst: the log's last records, in order.
     burst: Vec<Write>,
     log: LogView,
     /// The log as the first daemon left it (kill -9): two restarts ago.
@@ -204,15 +220,23 @@ struct Template {
     round_2: PathBuf,
 }
 
-/// Built once per test binary run, under cargo's scratch dir for integration tests (rebuilt
-/// from nothing every run).
+/// Small files, built once per test binary run under cargo's scratch dir for integration
+/// tests (rebuilt from nothing every run).
 fn template() -> &'static Template {
     static TEMPLATE: OnceLock<Template> = OnceLock::new();
-    TEMPLATE.get_or_init(build_template)
+    TEMPLATE.get_or_init(|| build_template("small", SMALL))
 }
 
-fn build_template() -> Template {
-    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("redo_log");
+/// Like [`template`] with large small files: the log is more than 1 MiB long.
+fn large_template() -> &'static Template {
+    static TEMPLATE: OnceLock<Template> = OnceLock::new();
+    TEMPLATE.get_or_init(|| build_template("large", LARGE))
+}
+
+fn build_template(name: &str, len: usize) -> Template {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("redo_log")
+        .join(name);
     let _ = std::fs::remove_dir_all(&root);
     let dir = root.join("data");
     std::fs::create_dir_all(&dir).unwrap();
@@ -221,7 +245,7 @@ fn build_template() -> Template {
 
     // Daemon 1 (round 1): a few writes, kill -9; its log is kept aside.
     let d = Daemon::start_in(&dir, &[]);
-    let early = files("early", 5);
+    let early = files("early", 5, len);
     write_all(&rt, &client(&rt, &d), &early);
     acked.extend(early);
     d.kill9();
@@ -238,11 +262,11 @@ fn build_template() -> Template {
     // lands in a single round: then every write of it is in the log and only there.
     let d = Daemon::start_in(&dir, &[]);
     let c = client(&rt, &d);
-    let warm_up = files("warm-up", 1);
+    let warm_up = files("warm-up", 1, len);
     write_all(&rt, &c, &warm_up);
     acked.extend(warm_up);
     for attempt in 0..5 {
-        let burst = files(&format!("burst{attempt}"), BURST);
+        let burst = files(&format!("burst{attempt}"), BURST, len);
         write_all(&rt, &c, &burst);
         acked.extend(burst.clone());
         let log = LogView::read(&log_path(&dir));
@@ -257,12 +281,20 @@ fn build_template() -> Template {
         );
         assert_eq!(first + BURST, log.records.len(), "the burst ends the log");
         for r in &log.records[first..] {
-            assert_eq!(r.first, r.seq, "one client's writes are one append each: {r:?}");
+            assert_eq!(
+                r.first, r.seq,
+                "one client's writes are one append each: {}",
+                r.seq
+            );
         }
         drop(c);
         d.kill9();
         let log = LogView::read(&log_path(&dir));
-        assert_eq!(log.records.len(), first + BURST, "kill -9 keeps what was fsynced");
+        assert_eq!(
+            log.records.len(),
+            first + BURST,
+            "kill -9 keeps what was fsynced"
+        );
         return Template {
             dir,
             acked,
@@ -300,7 +332,9 @@ impl Expect {
 enum Outcome {
     Refused,
     /// Started; these acknowledged writes did not read back.
-    Started { lost: Vec<String> },
+    Started {
+        lost: Vec<String>,
+    },
 }
 
 /// Copies `from` (a stopped data dir) to a fresh directory.
@@ -319,7 +353,13 @@ fn copy_dir(from: &Path) -> tempfile::TempDir {
 fn start_damaged(dir: &Path, acked: &[Write], case: &str) -> Outcome {
     let log = log_path(dir);
     let before = std::fs::metadata(&log).ok().map(|m| m.len());
-    let head = |p: &Path| std::fs::read(p).ok().map(|b| b[..b.len().min(MIB as usize)].to_vec());
+    // Its first MiB (a 2 GiB log is not read whole).
+    let head = |p: &Path| {
+        let mut b = Vec::new();
+        let f = std::fs::File::open(p).ok()?;
+        std::io::Read::read_to_end(&mut std::io::Read::take(f, MIB), &mut b).ok()?;
+        Some(b)
+    };
     let head_before = head(&log);
     match Daemon::try_start_in_with_env(dir, &[], &[]) {
         Ok(d) => {
@@ -334,7 +374,10 @@ fn start_damaged(dir: &Path, acked: &[Write], case: &str) -> Outcome {
                 before,
                 "{case}: a refused start leaves the log as it was"
             );
-            assert!(head(&log) == head_before, "{case}: a refused start leaves the log as it was");
+            assert!(
+                head(&log) == head_before,
+                "{case}: a refused start leaves the log as it was"
+            );
             Outcome::Refused
         }
     }
@@ -342,7 +385,10 @@ fn start_damaged(dir: &Path, acked: &[Write], case: &str) -> Outcome {
 
 #[track_caller]
 fn assert_refusal(case: &str, log: &Path, status: ExitStatus, stdout: &str, stderr: &str) {
-    assert!(!status.success(), "{case}: exit status {status}\nstderr: {stderr}");
+    assert!(
+        !status.success(),
+        "{case}: exit status {status}\nstderr: {stderr}"
+    );
     assert!(!stdout.contains("listening"), "{case}: stdout: {stdout}");
     assert!(!stderr.contains("panicked"), "{case}: stderr: {stderr}");
     let canonical = std::fs::canonicalize(log.parent().unwrap())
@@ -350,19 +396,28 @@ fn assert_refusal(case: &str, log: &Path, status: ExitStatus, stdout: &str, stde
         .join("node.redo");
     let line = stderr
         .lines()
-        .find(|l| l.contains(&canonical.display().to_string()) || l.contains(&log.display().to_string()))
+        .find(|l| {
+            l.contains(&canonical.display().to_string()) || l.contains(&log.display().to_string())
+        })
         .unwrap_or_else(|| panic!("{case}: no line names {}\nstderr: {stderr}", log.display()));
     for says in ["Refusing to start", "--accept-loss"] {
-        assert!(line.contains(says), "{case}: the refusal says {says:?}: {line}");
+        assert!(
+            line.contains(says),
+            "{case}: the refusal says {says:?}: {line}"
+        );
     }
 }
 
 /// A damage done to a copy's log file.
 type Damage = Box<dyn Fn(&Path)>;
 
-/// Runs every case on its own copy of the template and asserts its expected outcome.
+/// Runs every case on its own copy of the small-file template.
 fn run(cases: Vec<(&str, Damage, Expect)>) {
-    let t = template();
+    run_on(template(), cases)
+}
+
+/// Runs every case on its own copy of `t` and asserts its expected outcome.
+fn run_on(t: &Template, cases: Vec<(&str, Damage, Expect)>) {
     for (case, damage, expect) in cases {
         let copy = copy_dir(&t.dir);
         damage(&log_path(copy.path()));
@@ -522,7 +577,11 @@ fn a_stale_log_from_an_earlier_round_is_refused_naming_it() {
 /// A 2 GiB (sparse) log is more than any log nokv writes: refused without being read.
 #[test]
 fn a_two_gib_log_is_refused_naming_it() {
-    run(vec![("a 2 GiB sparse log", set_len(2 << 30), Expect::Refused)]);
+    run(vec![(
+        "a 2 GiB sparse log",
+        set_len(2 << 30),
+        Expect::Refused,
+    )]);
 }
 
 /// Named, not hidden: a flipped byte in the LAST record looks exactly like the last append
@@ -539,6 +598,41 @@ fn damage_confined_to_the_last_append_starts_without_only_that_write() {
             may_lose: vec![t.burst.last().unwrap().clone()],
         },
     )]);
+}
+
+/// Named, not hidden: a log cut at exactly 1 MiB (the unit it grows by) looks like one whose
+/// last append, growing it, was torn by a power cut. The scan cannot tell the two apart, so
+/// the daemon starts without every write whose record lay past the cut — not only the last
+/// append's: the cut here goes through an earlier one, and every later append goes with it.
+#[test]
+fn a_log_cut_at_a_mebibyte_boundary_starts_without_the_writes_past_the_cut() {
+    let t = large_template();
+    assert!(t.log.len > MIB, "the large burst runs past the first MiB");
+    let past_cut: Vec<Write> = t
+        .burst
+        .iter()
+        .filter(|w| {
+            let r = &t.log.records[t.log.record_of(w).unwrap()];
+            r.offset + HEADER + r.payload.len() as u64 > MIB
+        })
+        .cloned()
+        .collect();
+    assert!(
+        past_cut.len() > 1,
+        "the cut goes through an append that is not the last"
+    );
+    eprintln!(
+        "a cut at 1 MiB: {} appends past it may be lost",
+        past_cut.len()
+    );
+    run_on(
+        t,
+        vec![(
+            "cut at 1 MiB (indistinguishable from a torn growing append)",
+            set_len(MIB),
+            Expect::Starts { may_lose: past_cut },
+        )],
+    );
 }
 
 /// Named, not hidden: a log of exactly the round before the node file's is what a crash
@@ -590,7 +684,7 @@ fn write_until_refused(dir: &Path, spec: &str, bound: usize) -> (Daemon, Vec<Wri
     let rt = runtime();
     let c = client(&rt, &d);
     let mut acked = Vec::new();
-    for w in files(&format!("fsync-{}", spec.replace(':', "-")), bound) {
+    for w in files(&format!("fsync-{}", spec.replace(':', "-")), bound, SMALL) {
         match write(&rt, &c, &w) {
             Ok(()) => acked.push(w),
             Err(_) => return (d, acked),
@@ -604,7 +698,11 @@ fn write_until_refused(dir: &Path, spec: &str, bound: usize) -> (Daemon, Vec<Wri
 #[track_caller]
 fn assert_fsync_exit(d: Daemon, file: &Path) {
     let (status, _, stderr) = d.wait_for_exit();
-    assert_eq!(status.code(), Some(EXIT_SYNC_FAILED), "{status}\nstderr: {stderr}");
+    assert_eq!(
+        status.code(),
+        Some(EXIT_SYNC_FAILED),
+        "{status}\nstderr: {stderr}"
+    );
     assert!(!stderr.contains("panicked"), "stderr: {stderr}");
     let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "one ERROR line\nstderr: {stderr}");
@@ -631,15 +729,20 @@ fn assert_all_read_back(dir: &Path, acked: &[Write]) {
     assert!(d.terminate().success());
 }
 
-/// The open fsyncs the log once (the round's marker); the next fsyncs are one per write (one
-/// client, one write at a time). So with `log:6` five writes are acknowledged, and the sixth
+/// The open of a new data dir fsyncs the log once (the round's marker); the next fsyncs are
+/// one per write (one client, one write at a time). So with `log:6` at most five writes are
+/// acknowledged (five unless the daemon appended a batch of its own meanwhile), and the next
 /// is never answered: the process exits.
 #[test]
 fn a_failed_fsync_of_the_redo_log_ends_the_process_and_the_restart_keeps_every_acknowledged_write()
 {
     let dir = tempfile::tempdir().unwrap();
     let (d, acked) = write_until_refused(dir.path(), "log:6", 1000);
-    assert_eq!(acked.len(), 5, "one log fsync at open, then one per write");
+    assert!(
+        (1..=5).contains(&acked.len()),
+        "one log fsync at open, then one per write: {} acknowledged",
+        acked.len()
+    );
     assert_fsync_exit(d, &log_path(dir.path()));
     assert_all_read_back(dir.path(), &acked);
 }
@@ -655,10 +758,15 @@ fn a_failed_fsync_of_the_node_file_ends_the_process_and_the_restart_keeps_every_
     // shard's preparation) before it listens: the data dir is made first.
     Daemon::start_in(dir.path(), &[]).terminate();
     let (d, acked) = write_until_refused(dir.path(), STORE_SYNCS_AT_OPEN, 100_000);
-    assert!(!acked.is_empty(), "writes were acknowledged before the checkpoint");
+    assert!(
+        !acked.is_empty(),
+        "writes were acknowledged before the checkpoint"
+    );
     assert_fsync_exit(d, &dir.path().join("shards").join("node.redb"));
     assert_all_read_back(dir.path(), &acked);
 }
 
-/// Fsyncs of the node file that the open of an existing data dir makes (found by trying).
-const STORE_SYNCS_AT_OPEN: &str = "store:40";
+/// Fsyncs of the node file that the open of an existing data dir of 16 shards makes (found
+/// by trying: with 17 the open itself exits 74, with 18 it listens and the first durable
+/// commit after it fails).
+const STORE_SYNCS_AT_OPEN: &str = "store:18";
