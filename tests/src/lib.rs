@@ -305,6 +305,54 @@ impl Daemon {
         (status, daemon.stdout(), daemon.stderr())
     }
 
+    /// Starts `nokv-server` on `dir` when the test cannot know beforehand whether it will
+    /// start or refuse (a damaged data dir that must either come back whole or be refused):
+    /// the running daemon, or — when it exits before listening — its exit status with
+    /// everything it printed to stdout and stderr.
+    pub fn try_start_in_with_env(
+        dir: &Path,
+        extra_args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<Daemon, (ExitStatus, String, String)> {
+        let (mut daemon, lines) = Self::spawn(dir, extra_args, envs);
+        let deadline = Instant::now() + DAEMON_READY_DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(addr) = listening_addr(&line) {
+                        daemon.addr = addr;
+                        return Ok(daemon);
+                    }
+                }
+                // Stdout closed: the process is exiting.
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(daemon.exit_output()),
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+                    "nokv-server neither refused nor listened within {DAEMON_READY_DEADLINE:?}"
+                ),
+            }
+        }
+    }
+
+    /// Waits (bounded) for a daemon that is ending by itself (e.g. after a fatal I/O error)
+    /// and returns its exit status with everything it printed to stdout and stderr.
+    pub fn wait_for_exit(mut self) -> (ExitStatus, String, String) {
+        self.exit_output()
+    }
+
+    /// Reaps the child (bounded wait) and reads both pipes to EOF.
+    fn exit_output(&mut self) -> (ExitStatus, String, String) {
+        let child = self.child.take().expect("daemon running");
+        let status = wait_with_deadline(child, STOP_DEADLINE, "exiting nokv-server");
+        for drain in [self.stdout_drain.take(), self.stderr_drain.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = drain.join();
+        }
+        (status, self.stdout(), self.stderr())
+    }
+
     /// Spawns the child and its drain threads; the receiver gets each stdout line until the
     /// caller drops it (the drain goes on regardless).
     fn spawn(

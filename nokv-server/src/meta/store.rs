@@ -85,7 +85,9 @@ impl MetaStore {
     /// Creates the node file of a brand-new data directory: it holds every shard the node
     /// holds, each in its own namespace ([`MetaStore::prepare`] makes a shard's tables).
     pub fn create_node(path: &Path) -> MetaResult<MetaStore> {
-        Self::create_as(path, None, Logged::Yes)
+        // The same fault hook as `open_node`: a test's injected fsync fault must hold from a
+        // brand-new data dir's first start too, not only from its second.
+        Self::create_in(path, StoreFaults::from_env(), None, Logged::Yes)
     }
 
     /// [`MetaStore::create_node`] for a file that is filled by imports and renamed into place
