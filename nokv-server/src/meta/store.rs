@@ -132,10 +132,12 @@ impl MetaStore {
         home: Option<Namespace>,
         logged: Logged,
     ) -> MetaResult<MetaStore> {
+        let latch = faults.clone();
         open::guarded(path, || {
             let db = Self::database(path, true, &faults)?;
             Self::init(db, path, faults, home, logged)
         })
+        .map_err(|e| fatal_if_synced_failed(path, &latch, e))
     }
 
     fn open_as(
@@ -152,10 +154,12 @@ impl MetaStore {
             });
         }
         open::require_existing(path, faults.disk.file_len(path))?;
+        let latch = faults.clone();
         open::guarded(path, || {
             let db = Self::database(path, false, &faults)?;
             Self::init(db, path, faults, home, logged)
         })
+        .map_err(|e| fatal_if_synced_failed(path, &latch, e))
     }
 
     /// Opens (or creates) the redb file at `path` on the hook's disk, its fsyncs watched.
@@ -291,6 +295,9 @@ impl MetaStore {
     /// fails the handle (nothing more is appended through it, see [`redo`]); a failed fsync
     /// ends the process (see [`fatal`]). With no records, writes a round marker still due.
     pub fn log(&self, redos: &[&Redo]) -> MetaResult<()> {
+        if let Some(fatal) = self.fatal() {
+            return Err(fatal);
+        }
         if let Some(reason) = self.failure() {
             return Err(MetaError::Failed(reason));
         }
@@ -436,10 +443,27 @@ impl MetaStore {
     pub(super) fn fail(&self, e: impl Into<redb::Error>) -> MetaError {
         let reason = e.into().to_string();
         self.failure.lock().get_or_insert_with(|| reason.clone());
-        MetaError::Failed(reason)
+        self.fatal().unwrap_or(MetaError::Failed(reason))
+    }
+
+    /// The fatal error, if an fsync of this store's files has failed (see [`fatal`]): then
+    /// whatever redb call reports the failure — the commit that met it, a later transaction
+    /// refused with "previous I/O error", a commit that returned `Ok` regardless — ends the
+    /// process instead of entering the in-process recovery meant for a full disk.
+    fn fatal(&self) -> Option<MetaError> {
+        let (which, error) = self.faults.failed_sync()?;
+        self.failure.lock().get_or_insert_with(|| error.clone());
+        let file = match which {
+            Synced::Log => redo::path_for(&self.path),
+            Synced::Store => self.path.clone(),
+        };
+        Some(fatal::sync_failed(&file, which, &error, &self.faults))
     }
 
     pub(super) fn begin_write(&self) -> MetaResult<redb::WriteTransaction> {
+        if let Some(fatal) = self.fatal() {
+            return Err(fatal);
+        }
         if self.failure.lock().is_some() {
             return Err(MetaError::Failed(
                 "an earlier write of this handle failed".into(),
@@ -454,13 +478,10 @@ impl MetaStore {
             drop(txn);
             return Err(self.fail(redb::StorageError::Io(e)));
         }
-        txn.commit().map_err(|e| match self.faults.failed_sync() {
-            Some((_, error)) => {
-                self.fail(redb::StorageError::Io(std::io::Error::other(error.clone())));
-                fatal::sync_failed(&self.path, Synced::Store, &error, &self.faults)
-            }
-            None => self.fail(e),
-        })?;
+        txn.commit().map_err(|e| self.fail(e))?;
+        if let Some(fatal) = self.fatal() {
+            return Err(fatal);
+        }
         self.commits
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(())
@@ -595,6 +616,20 @@ fn durable_commit(
         Some((_, error)) => fatal::sync_failed(path, Synced::Store, &error, faults),
         None => MetaError::Store(e.into()),
     })
+}
+
+/// `e`, unless an fsync failed while opening (then the open's error is that, and fatal).
+fn fatal_if_synced_failed(path: &Path, faults: &StoreFaults, e: MetaError) -> MetaError {
+    match faults.failed_sync() {
+        Some((which, error)) if !matches!(e, MetaError::Fatal { .. }) => {
+            let file = match which {
+                Synced::Log => redo::path_for(path),
+                Synced::Store => path.to_path_buf(),
+            };
+            fatal::sync_failed(&file, which, &error, faults)
+        }
+        _ => e,
+    }
 }
 
 /// A failed write or fsync of the log while opening the store.

@@ -551,7 +551,16 @@ fn a_failed_fsync_of_the_log_is_fatal_and_never_recovered_in_process() {
     }
     assert_eq!(faults.failed_sync().unwrap().0, crate::meta::Synced::Log);
     assert!(store.failure().is_some(), "the handle is failed");
-    assert!(store.batch().is_err(), "no later write");
+    // Whatever touches the store next ends the process too (here: is refused as fatal), not
+    // the in-process recovery of a full disk.
+    assert!(
+        matches!(store.batch(), Err(MetaError::Fatal { .. })),
+        "no later write"
+    );
+    assert!(matches!(
+        store.write(|w| w.put_inline("ws", "x", b"x")),
+        Err(MetaError::Fatal { .. })
+    ));
     let reopen = store.reopener();
     drop(logged);
     drop(store);
