@@ -67,6 +67,10 @@ const ROUND_PREV: &str = "round_prev";
 const RECORD: u32 = 0x6e6b_7632;
 /// The first bytes of a round of the log.
 const MARKER: u32 = 0x6e6b_726d;
+/// A round's note, written in its log before the durable commit that begins the next round,
+/// of that next round's id (payload) and start (sequence): lets a crash between that commit
+/// and the next round's marker be told from a log of an earlier moment.
+const ANNOUNCE: u32 = 0x6e6b_7261;
 /// magic, payload length, sequence, first sequence of the append, checksum.
 const HEADER: usize = 4 + 4 + 8 + 8 + 8;
 

@@ -280,13 +280,17 @@ impl MetaStore {
             redo::set_applied(&txn, last)?;
         }
         let next = Round::fresh(last, found.at_zero);
+        let failed = |e| append_failed(&log_path, e, faults);
+        let mut log =
+            Log::resume(disk, &log_path, found.at_zero, found.end, faults).map_err(failed)?;
+        log.announce(&next).map_err(failed)?;
         redo::set_round(&txn, &next)?;
         durable_commit(txn, path, faults)?;
         if found.replayed > 0 {
             tracing::info!(store = %path.display(), batches = found.replayed, "replayed the redo log");
         }
-        let log = Log::start(disk, &log_path, next, faults)
-            .map_err(|e| append_failed(&log_path, e, faults))?;
+        log.begin(next);
+        log.append(&[]).map_err(failed)?;
         Ok((last, log))
     }
 
@@ -352,6 +356,24 @@ impl MetaStore {
         let current = self.round.lock().0;
         let txn = self.begin_write()?;
         let next = Round::fresh(redo::applied(&txn)?, current.id);
+        {
+            let mut log = self.log.lock();
+            let Some(log) = log.as_mut().filter(|l| l.round().id == current.id) else {
+                return Ok(false);
+            };
+            match log.announce(&next) {
+                Ok(()) => {}
+                Err(AppendError::Write(e)) => return Err(self.fail(redb::StorageError::Io(e))),
+                Err(AppendError::Sync(e)) => {
+                    return Err(fatal::sync_failed(
+                        log.path(),
+                        Synced::Log,
+                        &e.to_string(),
+                        &self.faults,
+                    ));
+                }
+            }
+        }
         redo::set_round(&txn, &next)?;
         self.commit(txn)?;
         self.count_durable();

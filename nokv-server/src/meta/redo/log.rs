@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use super::super::StoreFaults;
 use super::super::disk::{Disk, LogFile, Synced};
-use super::{GROW, LOG_MAX, MARKER, RECORD, Redo, Round, frame};
+use super::{ANNOUNCE, GROW, LOG_MAX, MARKER, RECORD, Redo, Round, frame};
 
 /// Why an append failed. A write can fail before anything reached the disk (a full disk):
 /// the store recovers in-process. A failed fsync is another matter (see `meta::fatal`).
@@ -60,13 +60,15 @@ impl Log {
         Ok(log)
     }
 
-    /// Opens the existing log at `path` to start `round` in it — after the durable commit
-    /// that recorded `round` — and writes the round's marker at once (until then a crash
-    /// finds the previous marker there, which the round allows for).
-    pub(in crate::meta) fn start(
+    /// Opens the existing log at `path` whose offset 0 holds the marker of round `at_zero` and
+    /// whose content of that round ends at `end` (see `scan`): the next round is announced
+    /// there ([`Log::announce`]) and begun after the durable commit that records it
+    /// ([`Log::begin`]).
+    pub(in crate::meta) fn resume(
         disk: &Disk,
         path: &Path,
-        round: Round,
+        at_zero: u64,
+        end: u64,
         faults: &StoreFaults,
     ) -> Result<Log, AppendError> {
         let file = match disk.open_log(path).map_err(AppendError::Write)? {
@@ -78,9 +80,40 @@ impl Log {
                 )));
             }
         };
-        let mut log = Log::on(file, path, round, faults)?;
-        log.append(&[])?;
+        let mut log = Log::on(
+            file,
+            path,
+            Round {
+                id: at_zero,
+                start: 0,
+                prev: 0,
+            },
+            faults,
+        )?;
+        log.pos = end;
+        log.needs_marker = false;
         Ok(log)
+    }
+
+    /// Writes, durably, the note in the current round's log that `next` is about to begin —
+    /// before the durable commit that records `next` (see `scan`: it tells a crash between
+    /// that commit and `next`'s marker from a log of an earlier moment).
+    pub(in crate::meta) fn announce(&mut self, next: &Round) -> Result<(), AppendError> {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        frame(
+            self.round.id,
+            ANNOUNCE,
+            next.start,
+            next.start,
+            &next.id.to_le_bytes(),
+            &mut buf,
+        );
+        let at = self.pos;
+        let written = self.write(&buf, at);
+        self.pos = at + buf.len() as u64;
+        self.buf = buf;
+        written
     }
 
     /// The log in `file`, about to write `round`'s marker at offset 0.

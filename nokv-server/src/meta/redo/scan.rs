@@ -33,7 +33,7 @@ use std::path::Path;
 
 use super::super::disk::{Disk, LogFile};
 use super::super::{MetaError, MetaResult};
-use super::{GROW, HEADER, Header, LOG_MAX, MARKER, RECORD, Round, legacy_checksum};
+use super::{ANNOUNCE, GROW, HEADER, Header, LOG_MAX, MARKER, RECORD, Round, legacy_checksum};
 
 /// What an honest log held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +44,9 @@ pub(in crate::meta) struct Found {
     pub(in crate::meta) last: u64,
     /// Records applied (those above the file's `applied`).
     pub(in crate::meta) replayed: u64,
+    /// Where what the log holds of the round at offset 0 ends: the next round's announcement
+    /// goes here (nothing after it is needed).
+    pub(in crate::meta) end: u64,
 }
 
 /// Why a log is refused.
@@ -181,8 +184,35 @@ pub(in crate::meta) fn scan(
     let mut last = round.start;
     let mut replayed = 0;
     let mut pos = HEADER as u64;
-    if at_zero == round.id {
+    if at_zero != round.id {
+        // The crash fell between the commit that began the round and its marker: the round
+        // before announced this one in its log before that commit. A log of the round before
+        // without that announcement was copied before the round began: from another moment.
+        match reader.find(HEADER as u64, ANNOUNCE, round.prev, |h, p| {
+            h.seq == round.start && p == round.id.to_le_bytes()
+        }) {
+            Ok(Some(at)) => pos = at + (HEADER + 8) as u64,
+            Ok(None) => {
+                return Ok(Err(Fault::Foreign {
+                    found: format!(
+                        "it is a log of the round before the node file's, taken before the \
+                         node file's round began after sequence {}",
+                        round.start
+                    ),
+                }));
+            }
+            Err(e) => return io(e),
+        }
+    } else {
         loop {
+            match reader.announcement(pos, round.id) {
+                Ok(Some(len)) => {
+                    pos += len;
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => return io(e),
+            }
             let record = match reader.record(pos, round.id) {
                 Ok(r) => r,
                 Err(e) => return io(e),
@@ -217,6 +247,7 @@ pub(in crate::meta) fn scan(
         at_zero,
         last,
         replayed,
+        end: pos,
     }))
 }
 
@@ -318,9 +349,15 @@ impl Reader<'_> {
     /// The record of round `id` at `at`, if one is there and whole (its payload then in
     /// `self.payload`).
     fn record(&mut self, at: u64, id: u64) -> std::io::Result<Option<Header>> {
+        self.element(at, RECORD, id)
+    }
+
+    /// The element framed with `magic` in round `id` at `at`, if one is there and whole (its
+    /// payload then in `self.payload`).
+    fn element(&mut self, at: u64, magic: u32, id: u64) -> std::io::Result<Option<Header>> {
         let h = self.header(at)?;
         let end = at + HEADER as u64 + u64::from(h.len);
-        if h.magic != RECORD || end > self.len {
+        if h.magic != magic || end > self.len {
             return Ok(None);
         }
         self.payload.resize(h.len as usize, 0);
@@ -329,10 +366,53 @@ impl Reader<'_> {
         Ok(h.valid(id, &self.payload).then_some(h))
     }
 
+    /// The size of the announcement of round `id` at `at`, if one is there and whole.
+    fn announcement(&mut self, at: u64, id: u64) -> std::io::Result<Option<u64>> {
+        let h = self.header(at)?;
+        if h.magic != ANNOUNCE || h.len != 8 || at + (HEADER + 8) as u64 > self.len {
+            return Ok(None);
+        }
+        let mut p = [0u8; 8];
+        self.file.read_exact_at(&mut p, at + HEADER as u64)?;
+        Ok(h.valid(id, &p).then_some((HEADER + 8) as u64))
+    }
+
+    /// The offset of the first element framed with `magic` in round `id`, from `from` on, that
+    /// `wanted` accepts (given its header and payload).
+    fn find(
+        &mut self,
+        from: u64,
+        magic: u32,
+        id: u64,
+        wanted: impl Fn(&Header, &[u8]) -> bool,
+    ) -> std::io::Result<Option<u64>> {
+        let mut found = None;
+        self.each(from, magic, id, |at, h, p| {
+            if found.is_none() && wanted(h, p) {
+                found = Some(at);
+            }
+        })?;
+        Ok(found)
+    }
+
     /// The valid records of round `id` anywhere from `from` to the end of the file.
     fn valid_after(&mut self, from: u64, id: u64) -> std::io::Result<Later> {
-        let magic = RECORD.to_le_bytes();
         let mut later = Later::default();
+        self.each(from, RECORD, id, |_, h, _| later.add(h))?;
+        Ok(later)
+    }
+
+    /// Calls `found` with every whole element framed with `magic` in round `id` from `from` to
+    /// the end of the file (offset, header, payload), searching byte by byte: elements are not
+    /// aligned, and bytes that are not one of this round's never check out.
+    fn each(
+        &mut self,
+        from: u64,
+        magic: u32,
+        id: u64,
+        mut found: impl FnMut(u64, &Header, &[u8]),
+    ) -> std::io::Result<()> {
+        let bytes = magic.to_le_bytes();
         let mut chunk = vec![0u8; CHUNK];
         let mut at = from;
         while at + HEADER as u64 <= self.len {
@@ -341,17 +421,17 @@ impl Reader<'_> {
             let hits: Vec<u64> = chunk[..n]
                 .windows(4)
                 .enumerate()
-                .filter(|(_, w)| *w == magic)
+                .filter(|(_, w)| *w == bytes)
                 .map(|(i, _)| at + i as u64)
                 .collect();
             for o in hits {
-                if let Some(h) = self.record(o, id)? {
-                    later.add(&h);
+                if let Some(h) = self.element(o, magic, id)? {
+                    found(o, &h, &self.payload);
                 }
             }
             // Overlap by the magic's length less one, so no header is missed at the seam.
             at += (n as u64).saturating_sub(3).max(1);
         }
-        Ok(later)
+        Ok(())
     }
 }
