@@ -18,7 +18,8 @@
 //! indexes), `undo` and `redo` roll a failed session back and make a batch durable, `overlay`
 //! shows readers the batches a held transaction has not committed yet,
 //! `snapshot` copies a shard out and in, `tables` names a shard's tables, `open` keeps redb's
-//! panics on a damaged file at the boundary, `fault` injects storage faults in tests, and
+//! panics on a damaged file at the boundary, `quick_repair` keeps the restart after a crash
+//! from walking the whole file, `fault` injects storage faults in tests, and
 //! `records` are the stored types.
 
 mod batch;
@@ -28,6 +29,7 @@ mod inventory;
 mod ledger;
 mod open;
 mod overlay;
+pub mod quick_repair;
 mod read;
 pub mod records;
 mod redo;

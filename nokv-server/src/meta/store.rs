@@ -228,13 +228,20 @@ impl MetaStore {
         MetaError::Failed(reason)
     }
 
+    /// Begins a write transaction. Every one records redb's allocator state when it commits
+    /// durably (quick repair; a `Deferred` or batch commit ignores the flag), so the last
+    /// durable commit before a kill -9 or power cut — the committer's periodic
+    /// [`MetaStore::flush`], or a shard's `prepare` at open — lets the next open load that
+    /// state instead of walking the whole node file (see [`super::quick_repair`] for the figures).
     pub(super) fn begin_write(&self) -> MetaResult<redb::WriteTransaction> {
         if self.failure.lock().is_some() {
             return Err(MetaError::Failed(
                 "an earlier write of this handle failed".into(),
             ));
         }
-        self.db.begin_write().map_err(|e| self.fail(e))
+        let mut txn = self.db.begin_write().map_err(|e| self.fail(e))?;
+        txn.set_quick_repair(super::quick_repair::on());
+        Ok(txn)
     }
 
     pub(super) fn commit(&self, txn: redb::WriteTransaction) -> MetaResult<()> {
