@@ -67,6 +67,35 @@ pub enum Command {
         /// Seconds per measurement.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
+        /// Commit without redb's quick repair (the daemon always sets it): to measure what it
+        /// costs.
+        #[arg(long)]
+        no_quick_repair: bool,
+    },
+    /// Measure start-up after kill -9: fills the node file under --data-dir to --fill-mib
+    /// through the shard write path (once; later runs reuse it), then per round kills a writer
+    /// child right after a periodic durable commit and times the next open of the node file,
+    /// with redb's quick repair off and on, page cache kept (warm) and dropped (cold); then
+    /// times the periodic durable commit both ways. Prints one JSON line per measurement and a
+    /// summary. Use a data dir of its own (not a running daemon's).
+    RestartBench {
+        #[command(flatten)]
+        serve: Box<ServeArgs>,
+        /// Size to fill the node file to first, in MiB.
+        #[arg(long, default_value_t = 1024)]
+        fill_mib: u64,
+        /// Rounds; each crashes and reopens once per mode and page-cache state.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Durable commits timed per flush run.
+        #[arg(long, default_value_t = 100)]
+        flushes: usize,
+        /// The writer the bench runs as a child process (internal).
+        #[arg(long, value_enum, hide = true)]
+        child: Option<RestartChild>,
+        /// The child commits without quick repair (internal).
+        #[arg(long, hide = true)]
+        no_quick_repair: bool,
     },
     /// Measure the transport's floor: serve `Write` on the daemon's TLS and HTTP/2 settings
     /// doing only what no store can skip (authenticate, validate, make the body durable in a
@@ -88,6 +117,15 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "writer")]
         durable: crate::rpc_floor::Durable,
     },
+}
+
+/// What a `restart-bench` child process does (see [`crate::restart_bench`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestartChild {
+    /// Writes new files until the node file is large enough, then ends.
+    Fill,
+    /// Overwrites files until the bench kills it.
+    Write,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,5 +1,5 @@
 //! `nokv-server`: serve (the default), issue a token, prepare a cluster TLS directory, or run one
-//! of the measuring instruments (`provider-bench`, `store-bench`, `rpc-floor`).
+//! of the measuring instruments (`provider-bench`, `store-bench`, `restart-bench`, `rpc-floor`).
 
 use std::process::ExitCode;
 
@@ -55,8 +55,38 @@ fn main() -> ExitCode {
             serve,
             sessions,
             seconds,
-        }) => measure("store-bench", *serve, |s| async move {
-            nokv_server::store_bench::run(&s, &sessions, seconds).await
+            no_quick_repair,
+        }) => {
+            nokv_server::meta::quick_repair::set_for_measurement(!no_quick_repair);
+            measure("store-bench", *serve, |s| async move {
+                nokv_server::store_bench::run(&s, &sessions, seconds).await
+            })
+        }
+        Some(Command::RestartBench {
+            serve,
+            fill_mib,
+            child: Some(role),
+            no_quick_repair,
+            ..
+        }) => measure("restart-bench", *serve, |s| async move {
+            nokv_server::restart_bench::child(&s, role, !no_quick_repair, fill_mib)
+                .await
+                .map(|()| Vec::<nokv_server::restart_bench::Report>::new())
+        }),
+        Some(Command::RestartBench {
+            serve,
+            fill_mib,
+            rounds,
+            flushes,
+            child: None,
+            ..
+        }) => measure("restart-bench", *serve, |s| async move {
+            let opts = nokv_server::restart_bench::Options {
+                fill_mib,
+                rounds,
+                flushes,
+            };
+            nokv_server::restart_bench::run(&s, &opts).await
         }),
         Some(Command::RpcFloor {
             data_dir,

@@ -315,7 +315,7 @@ impl Node {
 }
 
 /// The node file: every shard's tables, each in its namespace.
-const NODE_FILE: &str = "node.redb";
+pub(crate) const NODE_FILE: &str = "node.redb";
 
 /// A per-shard file of a data dir from before the node file.
 fn legacy_shard_file(dir: &Path, id: u32) -> PathBuf {
