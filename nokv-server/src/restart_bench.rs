@@ -13,9 +13,11 @@
 //!    opens the node and writes from 8 sessions, overwriting a bounded set of files; right after
 //!    its second periodic durable commit it is killed with SIGKILL, so the next open finds the
 //!    file of a crash whose last durable commit was that periodic one, plus a few milliseconds
-//!    of batches in the redo log. The bench then times `MetaStore::open_node` (redb's open, with
-//!    its repair walk if one is needed, and the log's replay). Modes alternate within a round
-//!    and the order flips every round.
+//!    of batches in the redo log. The bench then times the open of the node file in its two
+//!    steps: redb's open of the crashed file alone (with its repair walk if it needs one;
+//!    timed without the close after it, and reporting whether redb walked: its repair
+//!    callback runs only then), then the store's open (`MetaStore::open_node`), which replays
+//!    the log. Modes alternate within a round and the order flips every round.
 //! 3. **Flush cost**: on the same node file, `--flushes` periodic-style durable commits per run
 //!    (each after one deferred 4 KiB write), quick repair on and off alternating, timed one by
 //!    one.
@@ -73,6 +75,14 @@ pub enum Report {
         cache: &'static str,
         node_file_mib: f64,
         redo_kib: f64,
+        /// redb's open of the crashed file (its repair walk, if it needed one).
+        redb_ms: f64,
+        /// Whether redb walked the file (its repair callback ran).
+        walked: bool,
+        /// The store's open that follows (the redo log's replay, on a file redb closed
+        /// cleanly).
+        replay_ms: f64,
+        /// The two together: what a start spends opening its node file.
         open_ms: f64,
     },
     Flush {
@@ -85,20 +95,37 @@ pub enum Report {
     Summary(Summary),
 }
 
+/// min / median / max over the rounds, per mode and page-cache state.
 #[derive(Debug, serde::Serialize)]
 pub struct Summary {
     pub node_file_mib: f64,
-    /// min / median / max of the open times per mode, milliseconds.
-    pub open_warm_off_ms: [f64; 3],
-    pub open_warm_on_ms: [f64; 3],
-    pub open_cold_off_ms: [f64; 3],
-    pub open_cold_on_ms: [f64; 3],
-    /// Median without quick repair over median with it.
-    pub warm_ratio: f64,
-    pub cold_ratio: f64,
-    /// min / median / max of the runs' median flush times.
+    pub opens: Vec<OpenSpread>,
+    /// Median open without quick repair over the median with it: warm, cold.
+    pub open_ratio_warm: f64,
+    pub open_ratio_cold: f64,
+    /// The runs' median flush times, milliseconds.
     pub flush_off_ms: [f64; 3],
     pub flush_on_ms: [f64; 3],
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct OpenSpread {
+    pub quick_repair: bool,
+    pub cache: &'static str,
+    pub runs: usize,
+    pub walked: usize,
+    pub open_ms: [f64; 3],
+    pub redb_ms: [f64; 3],
+    pub replay_ms: [f64; 3],
+}
+
+/// One crash's open, as kept for the summary.
+struct Sample {
+    quick: bool,
+    cache: &'static str,
+    walked: bool,
+    redb_ms: f64,
+    replay_ms: f64,
 }
 
 fn node_file(settings: &Settings) -> PathBuf {
@@ -131,7 +158,7 @@ pub async fn run(settings: &Settings, opts: &Options) -> Result<Vec<Report>, Str
             serde_json::to_string(reports.last().unwrap()).unwrap()
         );
     }
-    let mut opens: Vec<(bool, &'static str, f64)> = Vec::new();
+    let mut opens: Vec<Sample> = Vec::new();
     for round in 0..opts.rounds {
         for cache in ["warm", "cold"] {
             let order = if round % 2 == 0 {
@@ -149,18 +176,29 @@ pub async fn run(settings: &Settings, opts: &Options) -> Result<Vec<Report>, Str
                 let redo_kib = std::fs::metadata(&redo).map_or(0.0, |m| m.len() as f64 / 1024.0);
                 let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir)
                     .map_err(|e| e.to_string())?;
+                let redb = quick_repair::open_alone(&path).map_err(|e| e.to_string())?;
                 let started = Instant::now();
                 let store = MetaStore::open_node(&path).map_err(|e| e.to_string())?;
-                let open_ms = started.elapsed().as_secs_f64() * 1000.0;
+                let replay_ms = started.elapsed().as_secs_f64() * 1000.0;
                 drop(store);
-                opens.push((quick, cache, open_ms));
+                let redb_ms = redb.took.as_secs_f64() * 1000.0;
+                opens.push(Sample {
+                    quick,
+                    cache,
+                    walked: redb.walked,
+                    redb_ms,
+                    replay_ms,
+                });
                 reports.push(Report::Open {
                     round,
                     quick_repair: quick,
                     cache,
                     node_file_mib: mib(&path),
                     redo_kib,
-                    open_ms,
+                    redb_ms,
+                    walked: redb.walked,
+                    replay_ms,
+                    open_ms: redb_ms + replay_ms,
                 });
                 eprintln!(
                     "{}",
@@ -202,25 +240,34 @@ pub async fn run(settings: &Settings, opts: &Options) -> Result<Vec<Report>, Str
         // The last commit records the allocator state: the data dir closes as the daemon's.
         store.flush().map_err(|e| e.to_string())?;
     }
-    let opened = |quick: bool, cache: &str| {
-        spread(
-            opens
-                .iter()
-                .filter(|o| o.0 == quick && o.1 == cache)
-                .map(|o| o.2),
-        )
+    let opened = |quick: bool, cache: &'static str| {
+        let runs: Vec<&Sample> = opens
+            .iter()
+            .filter(|o| o.quick == quick && o.cache == cache)
+            .collect();
+        OpenSpread {
+            quick_repair: quick,
+            cache,
+            runs: runs.len(),
+            walked: runs.iter().filter(|o| o.walked).count(),
+            open_ms: spread(runs.iter().map(|o| o.redb_ms + o.replay_ms)),
+            redb_ms: spread(runs.iter().map(|o| o.redb_ms)),
+            replay_ms: spread(runs.iter().map(|o| o.replay_ms)),
+        }
     };
     let flushed = |quick: bool| spread(flushes.iter().filter(|f| f.0 == quick).map(|f| f.1));
-    let (warm_off, warm_on) = (opened(false, "warm"), opened(true, "warm"));
-    let (cold_off, cold_on) = (opened(false, "cold"), opened(true, "cold"));
+    let spreads = vec![
+        opened(false, "warm"),
+        opened(true, "warm"),
+        opened(false, "cold"),
+        opened(true, "cold"),
+    ];
+    let ratio = |off: &OpenSpread, on: &OpenSpread| off.open_ms[1] / on.open_ms[1];
     reports.push(Report::Summary(Summary {
         node_file_mib: mib(&path),
-        open_warm_off_ms: warm_off,
-        open_warm_on_ms: warm_on,
-        open_cold_off_ms: cold_off,
-        open_cold_on_ms: cold_on,
-        warm_ratio: warm_off[1] / warm_on[1],
-        cold_ratio: cold_off[1] / cold_on[1],
+        open_ratio_warm: ratio(&spreads[0], &spreads[1]),
+        open_ratio_cold: ratio(&spreads[2], &spreads[3]),
+        opens: spreads,
         flush_off_ms: flushed(false),
         flush_on_ms: flushed(true),
     }));

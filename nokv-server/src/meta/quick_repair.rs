@@ -18,7 +18,11 @@
 //!
 //! [`MetaStore`]: super::MetaStore
 
+use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::MetaResult;
 
 static ON: AtomicBool = AtomicBool::new(true);
 
@@ -34,25 +38,43 @@ pub fn set_for_measurement(on: bool) {
     ON.store(on, Ordering::Relaxed);
 }
 
+/// What [`open_alone`] saw.
+#[derive(Debug, Clone, Copy)]
+pub struct Opened {
+    /// redb walked the file to repair it (its repair callback runs only then).
+    pub walked: bool,
+    /// How long redb's open took (the walk included), without the close after it.
+    pub took: std::time::Duration,
+}
+
+/// Opens the redb file at `path` by itself — the first step of every open of a store, before
+/// the redo log is replayed — and closes it again (cleanly: the next open neither walks nor
+/// repairs). For `restart-bench`, which times this step apart from the replay, and the tests.
+pub fn open_alone(path: &Path) -> MetaResult<Opened> {
+    let walked = Arc::new(AtomicBool::new(false));
+    let seen = walked.clone();
+    let started = std::time::Instant::now();
+    let db = redb::Database::builder()
+        .set_repair_callback(move |_| seen.store(true, Ordering::Relaxed))
+        .open(path)?;
+    let took = started.elapsed();
+    drop(db);
+    Ok(Opened {
+        walked: walked.load(Ordering::Relaxed),
+        took,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::super::{Commit, MetaStore, Tables};
 
-    /// Opens `path` as a start-up would and tells whether redb walked the file to repair it:
-    /// redb calls the repair callback only when it runs that walk.
     fn walked_on_open(path: &Path) -> bool {
-        let walked = Arc::new(AtomicBool::new(false));
-        let seen = walked.clone();
-        let db = redb::Database::builder()
-            .set_repair_callback(move |_| seen.store(true, Ordering::Relaxed))
-            .open(path)
-            .expect("the crashed copy opens");
-        drop(db);
-        walked.load(Ordering::Relaxed)
+        super::open_alone(path)
+            .expect("the crashed copy opens")
+            .walked
     }
 
     /// What the next open finds after a kill -9: the file as the page cache holds it, taken
