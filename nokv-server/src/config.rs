@@ -72,8 +72,8 @@ pub enum Command {
         #[arg(long)]
         no_quick_repair: bool,
     },
-    /// Measure start-up after kill -9: fills the node file under --data-dir to --fill-mib
-    /// through the shard write path (once; later runs reuse it), then per round kills a writer
+    /// Measure start-up after kill -9: fills the node file under --data-dir with --fill-files
+    /// 4 KiB files through the shard write path (once; later runs reuse it), then per round kills a writer
     /// child right after a periodic durable commit and times the next open of the node file,
     /// with redb's quick repair off and on, page cache kept (warm) and dropped (cold); then
     /// times the periodic durable commit both ways. Prints one JSON line per measurement and a
@@ -81,12 +81,15 @@ pub enum Command {
     RestartBench {
         #[command(flatten)]
         serve: Box<ServeArgs>,
-        /// Size to fill the node file to first, in MiB.
-        #[arg(long, default_value_t = 1024)]
-        fill_mib: u64,
+        /// New 4 KiB files the fill writes first (200,000 make a node file of about 1.1 GiB).
+        #[arg(long, default_value_t = 200_000)]
+        fill_files: u64,
         /// Rounds; each crashes and reopens once per mode and page-cache state.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Pairs of flush runs (quick repair off and on, alternating).
+        #[arg(long, default_value_t = 5)]
+        flush_rounds: usize,
         /// Durable commits timed per flush run.
         #[arg(long, default_value_t = 100)]
         flushes: usize,

@@ -64,26 +64,28 @@ fn main() -> ExitCode {
         }
         Some(Command::RestartBench {
             serve,
-            fill_mib,
+            fill_files,
             child: Some(role),
             no_quick_repair,
             ..
         }) => measure("restart-bench", *serve, |s| async move {
-            nokv_server::restart_bench::child(&s, role, !no_quick_repair, fill_mib)
+            nokv_server::restart_bench::child(&s, role, !no_quick_repair, fill_files)
                 .await
                 .map(|()| Vec::<nokv_server::restart_bench::Report>::new())
         }),
         Some(Command::RestartBench {
             serve,
-            fill_mib,
+            fill_files,
             rounds,
+            flush_rounds,
             flushes,
             child: None,
             ..
         }) => measure("restart-bench", *serve, |s| async move {
             let opts = nokv_server::restart_bench::Options {
-                fill_mib,
+                fill_files,
                 rounds,
+                flush_rounds,
                 flushes,
             };
             nokv_server::restart_bench::run(&s, &opts).await

@@ -3,10 +3,10 @@
 //! [`crate::meta::quick_repair`]) and without it — and what quick repair costs the periodic
 //! durable commit that makes it work.
 //!
-//! 1. **Fill** (once, skipped when the node file is already large enough): a child process
-//!    writes 4 KiB files through the shard write path (the store-bench path: replay record,
-//!    quota, entry, inline body, the committer's batches) from 64 workspaces spread over the
-//!    node's shards until `shards/node.redb` reaches `--fill-mib`.
+//! 1. **Fill** (once per data dir: `restart-bench.filled` records it): a child process writes
+//!    `--fill-files` new 4 KiB files through the shard write path (the store-bench path: replay
+//!    record, quota, entry, inline body, the committer's batches) from 64 workspaces spread
+//!    over the node's shards; 200,000 make a node file of about 1.1 GiB.
 //! 2. **Crash and reopen**, per round, for each mode (quick repair off / on) with the page
 //!    cache kept (`warm`: a kill -9 and a restart) and dropped (`cold`: the node file and log
 //!    written back and evicted from the page cache, as after a power cut and reboot): a child
@@ -18,9 +18,9 @@
 //!    timed without the close after it, and reporting whether redb walked: its repair
 //!    callback runs only then), then the store's open (`MetaStore::open_node`), which replays
 //!    the log. Modes alternate within a round and the order flips every round.
-//! 3. **Flush cost**: on the same node file, `--flushes` periodic-style durable commits per run
-//!    (each after one deferred 4 KiB write), quick repair on and off alternating, timed one by
-//!    one.
+//! 3. **Flush cost**: on the same node file, after a warm-up, `--flush-rounds` pairs of runs
+//!    of `--flushes` periodic-style durable commits (each after one deferred 4 KiB write),
+//!    quick repair on and off alternating, timed one by one.
 //!
 //! Prints one JSON line per measurement, then a summary line (min / median / max per mode and
 //! the ratios). The data dir must be the bench's own (the data dir lock refuses a live
@@ -45,11 +45,16 @@ use crate::token::Signer;
 
 /// What the parent does with the measurement flags.
 pub struct Options {
-    pub fill_mib: u64,
+    pub fill_files: u64,
     pub rounds: usize,
+    pub flush_rounds: usize,
     pub flushes: usize,
 }
 
+/// The file in the data dir that records how many files the fill wrote.
+const FILLED: &str = "restart-bench.filled";
+/// Flushes made and not counted before the flush runs.
+const FLUSH_WARM_UP: usize = 50;
 /// The line a writer child prints once its second periodic durable commit is made.
 const CHECKPOINTED: &str = "checkpointed";
 /// Periodic durable commits a writer child makes before it is killed.
@@ -106,6 +111,9 @@ pub struct Summary {
     /// The runs' median flush times, milliseconds.
     pub flush_off_ms: [f64; 3],
     pub flush_on_ms: [f64; 3],
+    /// The runs' 99th percentile flush times, milliseconds.
+    pub flush_off_p99_ms: [f64; 3],
+    pub flush_on_p99_ms: [f64; 3],
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -143,11 +151,18 @@ fn mib(path: &Path) -> f64 {
 pub async fn run(settings: &Settings, opts: &Options) -> Result<Vec<Report>, String> {
     let path = node_file(settings);
     let mut reports = Vec::new();
-    if mib(&path) < opts.fill_mib as f64 {
+    let filled = settings.data_dir.join(FILLED);
+    let done: u64 = std::fs::read_to_string(&filled)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if done < opts.fill_files {
         let out = run_child(RestartChild::Fill, true, false)?;
         let line = out.last().ok_or("the fill printed nothing")?;
         let (files, seconds): (u64, f64) =
             serde_json::from_str(line).map_err(|e| format!("the fill's report {line:?}: {e}"))?;
+        std::fs::write(&filled, format!("{}\n", done + files))
+            .map_err(|e| format!("{}: {e}", filled.display()))?;
         reports.push(Report::Fill {
             files,
             seconds,
@@ -207,12 +222,14 @@ pub async fn run(settings: &Settings, opts: &Options) -> Result<Vec<Report>, Str
             }
         }
     }
-    let mut flushes: Vec<(bool, f64)> = Vec::new();
+    let mut flushes: Vec<(bool, f64, f64)> = Vec::new();
     {
         let _lock =
             crate::dir_lock::DirLock::acquire(&settings.data_dir).map_err(|e| e.to_string())?;
         let store = MetaStore::open_node(&path).map_err(|e| e.to_string())?;
-        for round in 0..opts.rounds {
+        // Warm-up: the writeback of the crashes' pages and the first commits' page faults.
+        time_flushes(&store, true, FLUSH_WARM_UP)?;
+        for round in 0..opts.flush_rounds {
             let order = if round % 2 == 0 {
                 [false, true]
             } else {
@@ -222,13 +239,14 @@ pub async fn run(settings: &Settings, opts: &Options) -> Result<Vec<Report>, Str
                 let mut ms = time_flushes(&store, quick, opts.flushes)?;
                 ms.sort_by(f64::total_cmp);
                 let median_ms = percentile(&ms, 50.0);
-                flushes.push((quick, median_ms));
+                let p99_ms = percentile(&ms, 99.0);
+                flushes.push((quick, median_ms, p99_ms));
                 reports.push(Report::Flush {
                     round,
                     quick_repair: quick,
                     flushes: ms.len(),
                     median_ms,
-                    p99_ms: percentile(&ms, 99.0),
+                    p99_ms,
                 });
                 eprintln!(
                     "{}",
@@ -256,6 +274,7 @@ pub async fn run(settings: &Settings, opts: &Options) -> Result<Vec<Report>, Str
         }
     };
     let flushed = |quick: bool| spread(flushes.iter().filter(|f| f.0 == quick).map(|f| f.1));
+    let flushed_p99 = |quick: bool| spread(flushes.iter().filter(|f| f.0 == quick).map(|f| f.2));
     let spreads = vec![
         opened(false, "warm"),
         opened(true, "warm"),
@@ -270,6 +289,8 @@ pub async fn run(settings: &Settings, opts: &Options) -> Result<Vec<Report>, Str
         opens: spreads,
         flush_off_ms: flushed(false),
         flush_on_ms: flushed(true),
+        flush_off_p99_ms: flushed_p99(false),
+        flush_on_p99_ms: flushed_p99(true),
     }));
     Ok(reports)
 }
@@ -360,14 +381,14 @@ fn run_child(role: RestartChild, quick: bool, kill: bool) -> Result<Vec<String>,
     Ok(lines)
 }
 
-/// The child: opens the node under the settings' data dir and writes. `Fill` writes new files
-/// until the node file reaches `fill_mib`, prints `[files, seconds]` and ends cleanly; `Write`
+/// The child: opens the node under the settings' data dir and writes. `Fill` writes
+/// `fill_files` new files, prints `[files, seconds]` and ends cleanly; `Write`
 /// overwrites files until it is killed, printing [`CHECKPOINTED`] after its periodic commits.
 pub async fn child(
     settings: &Settings,
     role: RestartChild,
     quick: bool,
-    fill_mib: u64,
+    fill_files: u64,
 ) -> Result<(), String> {
     quick_repair::set_for_measurement(quick);
     let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir).map_err(|e| e.to_string())?;
@@ -425,14 +446,13 @@ pub async fn child(
         .collect();
     match role {
         RestartChild::Fill => {
-            let target = fill_mib as f64;
             let mut last_report = Instant::now();
-            while mib(&path) < target {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            while written.load(std::sync::atomic::Ordering::Relaxed) < fill_files {
+                tokio::time::sleep(Duration::from_millis(20)).await;
                 if last_report.elapsed() >= Duration::from_secs(10) {
                     last_report = Instant::now();
                     eprintln!(
-                        "restart-bench fill: {} files, {:.0} MiB of {target} MiB",
+                        "restart-bench fill: {} of {fill_files} files, node file {:.0} MiB",
                         written.load(std::sync::atomic::Ordering::Relaxed),
                         mib(&path)
                     );
