@@ -81,8 +81,8 @@ pub enum Command {
     RestartBench {
         #[command(flatten)]
         serve: Box<ServeArgs>,
-        /// New 4 KiB files the fill writes first (200,000 make a node file of about 1.1 GiB).
-        #[arg(long, default_value_t = 200_000)]
+        /// New 4 KiB files the fill writes first (100,000 make a node file of about 1.1 GiB).
+        #[arg(long, default_value_t = 100_000)]
         fill_files: u64,
         /// Rounds; each crashes and reopens once per mode and page-cache state.
         #[arg(long, default_value_t = 3)]
