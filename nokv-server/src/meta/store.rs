@@ -232,7 +232,10 @@ impl MetaStore {
     /// durably (quick repair; a `Deferred` or batch commit ignores the flag), so the last
     /// durable commit before a kill -9 or power cut — the committer's periodic
     /// [`MetaStore::flush`], or a shard's `prepare` at open — lets the next open load that
-    /// state instead of walking the whole node file (see [`super::quick_repair`] for the figures).
+    /// state instead of walking the whole node file. Measured (`restart-bench`, see
+    /// [`super::quick_repair`]): it costs one fsync more per durable commit, 0.19 -> 0.56 ms
+    /// on a quiet disk, once a second; the open after a kill -9 of a 1.06 GiB node file takes
+    /// 67 ms instead of 1.2 s with the file cached, 106 ms instead of 6.5 s after a reboot.
     pub(super) fn begin_write(&self) -> MetaResult<redb::WriteTransaction> {
         if self.failure.lock().is_some() {
             return Err(MetaError::Failed(
