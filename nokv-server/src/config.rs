@@ -83,6 +83,38 @@ pub enum Command {
         /// Seconds per measurement.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
+        /// Commit without redb's quick repair (the daemon always sets it): to measure what it
+        /// costs.
+        #[arg(long)]
+        no_quick_repair: bool,
+    },
+    /// Measure start-up after kill -9: fills the node file under --data-dir with --fill-files
+    /// 4 KiB files through the shard write path (once; later runs reuse it), then per round kills a writer
+    /// child right after a periodic durable commit and times the next open of the node file,
+    /// with redb's quick repair off and on, page cache kept (warm) and dropped (cold); then
+    /// times the periodic durable commit both ways. Prints one JSON line per measurement and a
+    /// summary. Use a data dir of its own (not a running daemon's).
+    RestartBench {
+        #[command(flatten)]
+        serve: Box<ServeArgs>,
+        /// New 4 KiB files the fill writes first (100,000 make a node file of about 1.1 GiB).
+        #[arg(long, default_value_t = 100_000)]
+        fill_files: u64,
+        /// Rounds; each crashes and reopens once per mode and page-cache state.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Pairs of flush runs (quick repair off and on, alternating).
+        #[arg(long, default_value_t = 5)]
+        flush_rounds: usize,
+        /// Durable commits timed per flush run.
+        #[arg(long, default_value_t = 100)]
+        flushes: usize,
+        /// The writer the bench runs as a child process (internal).
+        #[arg(long, value_enum, hide = true)]
+        child: Option<RestartChild>,
+        /// The child commits without quick repair (internal).
+        #[arg(long, hide = true)]
+        no_quick_repair: bool,
     },
     /// Measure the transport's floor: serve `Write` on the daemon's TLS and HTTP/2 settings
     /// doing only what no store can skip (authenticate, validate, make the body durable in a
@@ -124,6 +156,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// What a `restart-bench` child process does (see [`crate::restart_bench`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestartChild {
+    /// Writes new files until the node file is large enough, then ends.
+    Fill,
+    /// Overwrites files until the bench kills it.
+    Write,
 }
 
 #[derive(Debug, Subcommand)]

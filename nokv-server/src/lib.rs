@@ -31,6 +31,7 @@ pub mod pki;
 pub mod placement;
 pub mod pressure;
 pub mod provider_bench;
+pub mod restart_bench;
 pub mod route;
 pub mod rpc_floor;
 pub mod server;

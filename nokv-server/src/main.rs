@@ -1,6 +1,6 @@
 //! `nokv-server`: serve (the default), issue a token, prepare a cluster TLS directory, restore
-//! a backup into a new data dir, or run one of the measuring instruments (`provider-bench`,
-//! `store-bench`, `rpc-floor`).
+//! a backup into a new data dir, recover from a damaged redo log, or run one of the measuring
+//! instruments (`provider-bench`, `store-bench`, `restart-bench`, `rpc-floor`).
 
 use std::process::ExitCode;
 
@@ -57,8 +57,40 @@ fn main() -> ExitCode {
             serve,
             sessions,
             seconds,
-        }) => measure("store-bench", *serve, |s| async move {
-            nokv_server::store_bench::run(&s, &sessions, seconds).await
+            no_quick_repair,
+        }) => {
+            nokv_server::meta::quick_repair::set_for_measurement(!no_quick_repair);
+            measure("store-bench", *serve, |s| async move {
+                nokv_server::store_bench::run(&s, &sessions, seconds).await
+            })
+        }
+        Some(Command::RestartBench {
+            serve,
+            fill_files,
+            child: Some(role),
+            no_quick_repair,
+            ..
+        }) => measure("restart-bench", *serve, |s| async move {
+            nokv_server::restart_bench::child(&s, role, !no_quick_repair, fill_files)
+                .await
+                .map(|()| Vec::<nokv_server::restart_bench::Report>::new())
+        }),
+        Some(Command::RestartBench {
+            serve,
+            fill_files,
+            rounds,
+            flush_rounds,
+            flushes,
+            child: None,
+            ..
+        }) => measure("restart-bench", *serve, |s| async move {
+            let opts = nokv_server::restart_bench::Options {
+                fill_files,
+                rounds,
+                flush_rounds,
+                flushes,
+            };
+            nokv_server::restart_bench::run(&s, &opts).await
         }),
         Some(Command::RpcFloor {
             data_dir,

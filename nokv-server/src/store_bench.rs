@@ -56,14 +56,14 @@ fn process_cpu() -> Duration {
 }
 
 /// A request id as the SDK makes them: the millisecond first, then 80 random bits.
-fn request_id() -> String {
+pub(crate) fn request_id() -> String {
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     format!("{:012x}{}", ms & 0xffff_ffff_ffff, random_hex(10))
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

@@ -22,6 +22,9 @@
 //! is where the two files live (and `powercut` the simulated disk tests cut power on), `fatal`
 //! ends the process after a failed fsync, `salvage` starts again from a damaged log when the
 //! operator accepts the loss, and `records` are the stored types.
+//! panics on a damaged file at the boundary, `quick_repair` keeps the restart after a crash
+//! from walking the whole file, `fault` injects storage faults in tests, and
+//! `records` are the stored types.
 
 mod batch;
 mod disk;
@@ -34,6 +37,7 @@ mod open;
 mod overlay;
 #[cfg(test)]
 mod powercut;
+pub mod quick_repair;
 mod read;
 pub mod records;
 mod redo;

@@ -237,6 +237,8 @@ impl MetaStore {
         let log_path = redo::path_for(path);
         let disk = &faults.disk;
         let mut txn = db.begin_write()?;
+        // The open's commit too: a crash right after it must not walk the whole file again.
+        txn.set_quick_repair(super::quick_repair::on());
         let applied = redo::applied(&txn)?;
         let damaged_record = |seq: u64, e: MetaError| MetaError::Damaged {
             path: log_path.clone(),
@@ -253,6 +255,7 @@ impl MetaStore {
                 durable_commit(txn, path, faults)?;
                 tracing::info!(store = %path.display(), batches = replayed, "replayed the redo log");
                 txn = db.begin_write()?;
+                txn.set_quick_repair(super::quick_repair::on());
             }
             let round = Round::fresh(last, 0);
             let log = Log::create(disk, &log_path, round, faults)
@@ -482,6 +485,14 @@ impl MetaStore {
         Some(fatal::sync_failed(&file, which, &error, &self.faults))
     }
 
+    /// Begins a write transaction. Every one records redb's allocator state when it commits
+    /// durably (quick repair; a `Deferred` or batch commit ignores the flag), so the last
+    /// durable commit before a kill -9 or power cut — the committer's periodic
+    /// [`MetaStore::flush`], or a shard's `prepare` at open — lets the next open load that
+    /// state instead of walking the whole node file. Measured (`restart-bench`, see
+    /// [`super::quick_repair`]): it costs one fsync more per durable commit, 0.19 -> 0.56 ms
+    /// on a quiet disk, once a second; the open after a kill -9 of a 1.06 GiB node file takes
+    /// 67 ms instead of 1.2 s with the file cached, 106 ms instead of 6.5 s after a reboot.
     pub(super) fn begin_write(&self) -> MetaResult<redb::WriteTransaction> {
         if let Some(fatal) = self.fatal() {
             return Err(fatal);
@@ -491,7 +502,9 @@ impl MetaStore {
                 "an earlier write of this handle failed".into(),
             ));
         }
-        self.db.begin_write().map_err(|e| self.fail(e))
+        let mut txn = self.db.begin_write().map_err(|e| self.fail(e))?;
+        txn.set_quick_repair(super::quick_repair::on());
+        Ok(txn)
     }
 
     pub(super) fn commit(&self, txn: redb::WriteTransaction) -> MetaResult<()> {
