@@ -21,11 +21,12 @@
 //! all, e.g. after a clean stop): then nothing needed is lost.
 //!
 //! What cannot be told from an honest log, and is therefore not refused: damage confined to
-//! the last append (it looks exactly like that append torn by a power cut), and a cut at a
-//! multiple of [`GROW`] bytes through the last append (both lose only that last append); and a
-//! log of exactly the round before the node file's, which is what a crash between a
-//! checkpoint's durable commit and the new round's marker leaves (that round's records are all
-//! in the node file already; a log older than that is refused).
+//! the last append (it looks exactly like that append torn by a power cut: only that append is
+//! lost), and a cut at a multiple of [`GROW`] bytes (it looks like the last append torn while it
+//! grew the file: every append whose records lay past the cut is lost). A log of exactly the
+//! round before the node file's — what a crash between a checkpoint's durable commit and the
+//! new round's marker leaves — is accepted only if that round announced the node file's round
+//! in its log before the commit (`ANNOUNCE`); a copy of it taken before then is refused.
 //!
 //! Memory stays bounded: records are read and applied one at a time, never the whole file.
 
