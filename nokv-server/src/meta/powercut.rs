@@ -4,7 +4,7 @@
 //!
 //! Model: a write lands in the file's page cache; `sync_data` makes the whole file durable.
 //! A power cut keeps the durable bytes and, of each write since the last fsync, every
-//! 512-byte sector independently with probability one half (sectors are written whole or
+//! 4 KiB sector independently with probability one half (sectors are written whole or
 //! not at all; their order is not kept) — so the last writes may be torn. Files exist from
 //! creation (directory entries are fsynced by the callers anyway); renames are durable.
 //!
@@ -19,6 +19,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+
+/// The unit a power cut keeps or loses whole: a 4 KiB physical sector (what current disks
+/// write atomically, and redb's page size).
+const SECTOR: usize = 4096;
 
 /// The disk: files by path.
 #[derive(Debug, Default)]
@@ -133,7 +137,7 @@ impl SimDisk {
                 let end = (at + data.len()).min(bytes.len());
                 let mut sector = at;
                 while sector < end {
-                    let stop = ((sector / 512 + 1) * 512).min(end);
+                    let stop = ((sector / SECTOR + 1) * SECTOR).min(end);
                     if next() % 2 == 0 {
                         bytes[sector..stop].copy_from_slice(&data[sector - at..stop - at]);
                     }

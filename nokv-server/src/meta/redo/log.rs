@@ -2,9 +2,10 @@
 //!
 //! Invariants:
 //! * records of a round are written only after the durable commit that began the round, and
-//!   after (or in the same write as) the round's marker at offset 0 — so a crash never finds
-//!   a record of a round the file does not know, and the log is never overwritten while it
-//!   holds the only copy of anything;
+//!   after the round's marker at offset 0 is durable (written on its own) — so a crash never
+//!   finds a record of a round the file does not know, the log is never overwritten while it
+//!   holds the only copy of anything, and the previous round's announcement of this one
+//!   survives until this round's marker does;
 //! * one [`Log::append`] is one write and one fsync; every record it writes carries the
 //!   sequence of the append's first record, which lets a reader tell a torn last append from
 //!   damage in the middle (see [`super::scan`]);
@@ -159,6 +160,12 @@ impl Log {
     pub(in crate::meta) fn append(&mut self, redos: &[&Redo]) -> Result<(), AppendError> {
         if redos.is_empty() && !self.needs_marker {
             return Ok(());
+        }
+        if self.needs_marker && !redos.is_empty() {
+            // The marker first, on its own: until it is durable the old round's log — its
+            // announcement of this round among it — must not be overwritten by this round's
+            // records (a power cut could keep them and lose the marker).
+            self.append(&[])?;
         }
         let id = self.round.id;
         let mut buf = std::mem::take(&mut self.buf);
