@@ -662,6 +662,79 @@ fn a_log_of_the_previous_round_copied_before_the_current_round_began_is_refused(
     )]);
 }
 
+/// `nokv-server recover`: without `--accept-loss` it reports and changes nothing (exit 1);
+/// with it, it keeps every write before the damage, names the sequence numbers it drops (the
+/// damaged record's through the last one behind it), moves the log aside, and the daemon then
+/// starts with exactly the writes before the damage.
+#[test]
+fn recover_with_accept_loss_keeps_the_writes_before_the_damage_and_names_what_it_drops() {
+    let t = template();
+    let records = &t.log.records;
+    let burst_at: Vec<usize> = t
+        .burst
+        .iter()
+        .map(|w| t.log.record_of(w).unwrap())
+        .collect();
+    let damaged = burst_at[BURST / 2];
+    let copy = copy_dir(&t.dir);
+    let data = copy.path().to_str().unwrap().to_string();
+    flip(payload_middle(&records[damaged]), 0x10)(&log_path(copy.path()));
+    let log_before = std::fs::read(log_path(copy.path())).unwrap();
+
+    let dry = nokv_tests::server_command(&["recover", "--data-dir", &data, "--json"]);
+    assert_eq!(dry.status, 1, "a loss not accepted: {}", dry.stderr);
+    let report = dry.json();
+    assert_eq!(report["applied_changes"], false);
+    assert!(
+        report["problem"]
+            .as_str()
+            .unwrap()
+            .contains("damaged at offset")
+    );
+    assert_eq!(
+        std::fs::read(log_path(copy.path())).unwrap(),
+        log_before,
+        "a dry run changes nothing"
+    );
+
+    let done =
+        nokv_tests::server_command(&["recover", "--data-dir", &data, "--accept-loss", "--json"]);
+    assert_eq!(done.status, 0, "{}", done.stderr);
+    let report = done.json();
+    assert_eq!(report["applied_changes"], true);
+    assert_eq!(report["dropped_from"], records[damaged].seq);
+    assert!(report["dropped_through"].as_u64().unwrap() >= records.last().unwrap().seq);
+    let aside = PathBuf::from(report["moved_to"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read(&aside).unwrap(),
+        log_before,
+        "the damaged log kept aside"
+    );
+
+    let d = Daemon::start_in(copy.path(), ARGS);
+    let kept: Vec<Write> = t
+        .acked
+        .iter()
+        .filter(|w| t.log.record_of(w).is_none_or(|r| r < damaged))
+        .cloned()
+        .collect();
+    assert!(
+        not_read_back(&d, &kept).is_empty(),
+        "every write before the damage"
+    );
+    let dropped: Vec<Write> = t
+        .burst
+        .iter()
+        .filter(|w| t.log.record_of(w).is_some_and(|r| r >= damaged))
+        .cloned()
+        .collect();
+    assert_eq!(
+        not_read_back(&d, &dropped).len(),
+        dropped.len(),
+        "the dropped writes, as reported"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fsync failures
 // ---------------------------------------------------------------------------------------------
