@@ -450,9 +450,51 @@ where
     }
 }
 
-/// `/nokv.v1.Workspace/Write` → `Workspace/Write`; other services keep their full path.
+/// The label of a call to `path`: `/nokv.v1.Workspace/Write` → `Workspace/Write`, the other
+/// served services' methods their full path, and anything else `unknown`.
+///
+/// Invariant: every label comes from a closed list — the methods of the services this daemon
+/// serves, read from their own descriptors — so no caller, authenticated or not, can add a
+/// series by calling a method name of its choosing (300 calls of made-up names once added
+/// 7,200 series lines).
 pub fn method_label(path: &str) -> &str {
+    if !served_methods().contains(path) {
+        return UNKNOWN_METHOD;
+    }
     path.strip_prefix("/nokv.v1.").unwrap_or(path)
+}
+
+/// The label of every call to a method this daemon does not serve.
+pub const UNKNOWN_METHOD: &str = "unknown";
+
+/// `/package.Service/Method` for every method of nokv.v1, gRPC health and reflection.
+fn served_methods() -> &'static std::collections::HashSet<String> {
+    static METHODS: std::sync::OnceLock<std::collections::HashSet<String>> =
+        std::sync::OnceLock::new();
+    METHODS.get_or_init(|| {
+        use prost::Message;
+        let sets = [
+            nokv_proto::v1::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ];
+        let mut methods = std::collections::HashSet::new();
+        for set in sets {
+            let Ok(set) = prost_types::FileDescriptorSet::decode(set) else {
+                continue;
+            };
+            for file in set.file {
+                let package = file.package();
+                for service in &file.service {
+                    for method in &service.method {
+                        methods.insert(format!("/{package}.{}/{}", service.name(), method.name()));
+                    }
+                }
+            }
+        }
+        methods
+    })
 }
 
 /// The name of a gRPC status code, as `tonic::Code`'s variants spell it (`OK` for 0, as
@@ -484,12 +526,34 @@ pub fn code_name(code: i32) -> &'static str {
 mod tests {
     use super::*;
 
+    // Catches: a label taken from the request path verbatim (an unauthenticated caller adds a
+    // series per made-up method name).
+    #[test]
+    fn a_method_the_daemon_does_not_serve_is_labelled_unknown_whatever_its_name() {
+        for path in [
+            "/nokv.v1.Workspace/X0d2c1f7e",
+            "/nokv.v1.Nope/Write",
+            "/evil.Service/Method",
+            "",
+            "/",
+            "/nokv.v1.Workspace/Write/extra",
+        ] {
+            assert_eq!(method_label(path), UNKNOWN_METHOD, "{path:?}");
+        }
+        assert!(served_methods().len() > 20, "the served services were read");
+    }
+
     #[test]
     fn rpc_labels_name_the_service_and_method_and_the_status_code() {
         assert_eq!(method_label("/nokv.v1.Workspace/Write"), "Workspace/Write");
         assert_eq!(
             method_label("/grpc.health.v1.Health/Check"),
             "/grpc.health.v1.Health/Check"
+        );
+        assert_eq!(method_label("/nokv.v1.Admin/Health"), "Admin/Health");
+        assert_eq!(
+            method_label("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
         );
         assert_eq!(code_name(0), "OK");
         for c in 1..=16 {

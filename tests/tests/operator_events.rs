@@ -323,6 +323,91 @@ fn metrics_are_scraped_over_http_as_prometheus_text_and_count_the_rpcs_a_client_
     assert_eq!(http("GET", &format!("{host}/other"), b"").0, 404);
 }
 
+/// Calls `path` (a method the daemon may not serve) with no token over TLS; its outcome
+/// (Unimplemented, Unauthenticated) does not matter, only that the daemon saw the call.
+async fn call_made_up_method(channel: tonic::transport::Channel, path: String) {
+    use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("channel ready");
+    let path = tonic::codegen::http::uri::PathAndQuery::try_from(path).unwrap();
+    let codec = tonic_prost::ProstCodec::<HealthCheckRequest, HealthCheckResponse>::default();
+    let _ = grpc
+        .unary(
+            tonic::Request::new(HealthCheckRequest::default()),
+            path,
+            codec,
+        )
+        .await;
+}
+
+// Catches (issue 43, item 2): the rpc metrics' method label taken from the request path
+// verbatim — an unauthenticated caller then adds series at will (300 made-up names once added
+// 7,200 lines to /metrics).
+#[test]
+fn a_thousand_calls_to_made_up_methods_add_no_metric_series() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let d = Daemon::start(&["--metrics-listen", "127.0.0.1:0"]);
+    let url = d
+        .stdout()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("nokv-server metrics on ")
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no metrics line in:\n{}", d.stdout()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ca = std::fs::read(d.ca_path()).unwrap();
+    let channel = rt.block_on(async {
+        tonic::transport::Endpoint::from_shared(d.endpoint())
+            .unwrap()
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            )
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    });
+    let made_up = |i: u32| {
+        let name = hex::encode(pseudo_random_bytes(u64::from(i), 8));
+        match i % 3 {
+            0 => format!("/nokv.v1.Workspace/X{name}"),
+            1 => format!("/nokv.v1.S{name}/Write"),
+            _ => format!("/x{name}.Y/Z"),
+        }
+    };
+    // One call first: the `unknown` label's series exist from then on.
+    rt.block_on(call_made_up_method(channel.clone(), made_up(0)));
+    let before = scrape(&url);
+    assert!(
+        before.iter().any(|s| s.name == "nokv_rpc_requests_total"
+            && s.labels.get("method").map(String::as_str) == Some("unknown")),
+        "made-up methods are counted, as one label"
+    );
+    for i in 1..=1000 {
+        rt.block_on(call_made_up_method(channel.clone(), made_up(i)));
+    }
+    let after = scrape(&url);
+    let series = |s: &[Sample]| -> BTreeSet<String> {
+        s.iter()
+            .map(|s| format!("{}{:?}", s.name, s.labels))
+            .collect()
+    };
+    assert_eq!(
+        series(&after).len(),
+        series(&before).len(),
+        "new series: {:?}",
+        series(&after)
+            .difference(&series(&before))
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn metrics_are_off_unless_metrics_listen_is_given() {
     let d = Daemon::start(&[]);
