@@ -126,13 +126,15 @@ pub fn ensure(data_dir: &Path, advertise: Option<&str>) -> Result<Material> {
 }
 
 /// Writes `DATA_DIR/client.toml` for the `nokv` CLI. It holds the admin token, so it is a
-/// secret file. Rewritten on every start because the endpoint may have changed.
+/// secret file. Rewritten at a start only when its content changes (the endpoint may have):
+/// a restart on a full disk must not fail on rewriting a file that is already right — the
+/// store's own refusal, if any, is the message that matters there.
 pub fn write_client_config(data_dir: &Path, endpoint: &str, m: &Material) -> Result<PathBuf> {
     let path = data_dir.join("client.toml");
-    write_secret(
-        &path,
-        client_toml(endpoint, &m.ca_path, &m.admin_token).as_bytes(),
-    )?;
+    let body = client_toml(endpoint, &m.ca_path, &m.admin_token);
+    if std::fs::read(&path).ok().as_deref() != Some(body.as_bytes()) {
+        write_secret(&path, body.as_bytes())?;
+    }
     canonical(&path)
 }
 
@@ -220,6 +222,23 @@ mod tests {
             "a new advertised name re-issues the certificate"
         );
         assert!(b.signer.verify(&a.admin_token).is_ok());
+    }
+
+    // Catches (issue 43, item 5): client.toml rewritten at every start — on a full disk the
+    // restart then fails on `client.tmp`, hiding the real problem.
+    #[test]
+    fn client_toml_is_rewritten_only_when_its_content_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = ensure(dir.path(), None).unwrap();
+        write_client_config(dir.path(), "https://127.0.0.1:7878", &m).unwrap();
+        // Any write now fails (its temporary file cannot be created), as on a full disk.
+        fs::create_dir(dir.path().join("client.tmp")).unwrap();
+        write_client_config(dir.path(), "https://127.0.0.1:7878", &m)
+            .expect("the same content is not written again");
+        assert!(
+            write_client_config(dir.path(), "https://127.0.0.1:7999", &m).is_err(),
+            "a new endpoint is written"
+        );
     }
 
     #[test]
