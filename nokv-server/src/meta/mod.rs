@@ -101,6 +101,12 @@ pub enum MetaError {
         store: PathBuf,
         detail: String,
     },
+    /// Opening the store could not write its log (a full disk, say): nothing was lost, the
+    /// open can be retried once the cause is gone.
+    #[error(
+        "cannot write {path} while opening the store ({detail}); free space or fix the disk and start again"
+    )]
+    Unwritable { path: PathBuf, detail: String },
     /// An fsync failed: the process does not go on (see [`fatal`]).
     #[error("fsync of {file} failed ({detail}); the process must restart to replay from disk")]
     Fatal { file: PathBuf, detail: String },

@@ -670,7 +670,10 @@ fn fatal_if_synced_failed(path: &Path, faults: &StoreFaults, e: MetaError) -> Me
 /// A failed write or fsync of the log while opening the store.
 fn append_failed(log: &Path, e: AppendError, faults: &StoreFaults) -> MetaError {
     match e {
-        AppendError::Write(e) => MetaError::Failed(format!("writing {}: {e}", log.display())),
+        AppendError::Write(e) => MetaError::Unwritable {
+            path: log.to_path_buf(),
+            detail: e.to_string(),
+        },
         AppendError::Sync(e) => fatal::sync_failed(log, Synced::Log, &e.to_string(), faults),
     }
 }
