@@ -5,9 +5,10 @@
 //! honest log — after any crash, kill -9 or power cut — then looks like this, and nothing else:
 //! * it exists, is at least [`GROW`] long, a multiple of it, and at most [`LOG_MAX`];
 //! * offset 0 holds the marker of the round (or, after a crash between the commit that began
-//!   the round and the marker's fsync, the previous round's marker: then nothing of the round
-//!   was written). A 32-byte header lies within one disk sector, which is written whole or not
-//!   at all;
+//!   the round and the marker's fsync, the previous round's marker, and in that round's log
+//!   its announcement of this round: then nothing of this round was written — its marker is
+//!   written and fsynced on its own before any record). A 32-byte header lies within one disk
+//!   sector, which is written whole or not at all;
 //! * then records of the round with consecutive sequence numbers from the round's start, up to
 //!   a tail: zeros, stale bytes of earlier rounds, or a torn last append — one whose fsync never
 //!   returned, so none of its records was acknowledged.
