@@ -317,8 +317,71 @@ class McpServerTest(unittest.TestCase):
             return names, r
 
         names, r = asyncio.run(go())
-        self.assertEqual(names, TOOLS - WRITING_TOOLS)
+        # nokv_restore writes files on this machine: gone too, unless --allow-restore.
+        self.assertEqual(names, TOOLS - WRITING_TOOLS - {"nokv_restore"})
         self.assertEqual(r["content"], "kept\n")
+
+    def test_read_only_refuses_restore_unless_allow_restore_is_given(self):
+        dest = self.dir / "ro-restore.bin"
+
+        async def go():
+            async with self.session("--workspace", "agent", "--read-only") as s:
+                text = await self.fails(s, "nokv_restore", {"path": "a.bin",
+                                                            "local_path": str(dest)},
+                                        "ReadOnly")
+            async with self.session("--workspace", "agent", "--read-only",
+                                    "--allow-restore") as s:
+                names = {t.name for t in (await s.list_tools()).tools}
+            return text, names
+
+        text, names = asyncio.run(go())
+        self.assertIn("--allow-restore", text)
+        self.assertFalse(dest.exists())
+        self.assertEqual(names, TOOLS - WRITING_TOOLS)
+
+    def test_restore_never_replaces_an_existing_local_file_unless_overwrite_is_true(self):
+        source = self.dir / "art.bin"
+        source.write_bytes(os.urandom(5 * MIB + 7))
+        dest = self.dir / "notes.txt"
+        dest.write_bytes(b"my notes, not an artifact\n")
+        os.chmod(dest, 0o600)
+        before = dest.read_bytes()
+
+        async def go():
+            async with self.session("--workspace", "agent") as s:
+                await self.ok(s, "nokv_publish", {"path": "ow/art.bin",
+                                                  "local_path": str(source)})
+                text = await self.fails(s, "nokv_restore", {"path": "ow/art.bin",
+                                                            "local_path": str(dest)},
+                                        "LocalRefused")
+                untouched = dest.read_bytes()
+                done = await self.ok(s, "nokv_restore", {"path": "ow/art.bin",
+                                                         "local_path": str(dest),
+                                                         "overwrite": True})
+                return text, untouched, done
+
+        text, untouched, done = asyncio.run(go())
+        self.assertIn("overwrite", text)
+        self.assertEqual(untouched, before, "the existing file is left byte for byte")
+        self.assertEqual(dest.read_bytes(), source.read_bytes())
+        self.assertEqual(done["sha256"], hashlib.sha256(source.read_bytes()).hexdigest())
+
+    def test_publish_refuses_a_device_a_fifo_or_a_directory_before_reading_it(self):
+        fifo = self.dir / "pipe"
+        os.mkfifo(fifo)
+
+        async def go():
+            texts = []
+            async with self.session("--workspace", "agent") as s:
+                for local in ("/dev/zero", str(fifo), str(self.dir)):
+                    texts.append(await self.fails(s, "nokv_publish", {
+                        "path": "bad/x.bin", "local_path": local}, "LocalRefused"))
+            return texts
+
+        texts = asyncio.run(go())
+        self.assertIn("a device", texts[0])
+        self.assertIn("a FIFO", texts[1])
+        self.assertIn("a directory", texts[2])
 
     def test_a_token_for_another_workspace_gets_permission_denied_as_a_tool_error(self):
         async def go():

@@ -53,10 +53,18 @@ pub struct McpArgs {
     #[arg(long, value_name = "WS")]
     workspace: Option<String>,
     /// Expose only the tools that do not change the workspace (stat, read, list, find, grep,
-    /// restore, health).
+    /// health) — and not nokv_restore either, which writes files on this machine, unless
+    /// --allow-restore is given.
     #[arg(long)]
     read_only: bool,
+    /// With --read-only: keep nokv_restore (it writes local files, never the workspace).
+    #[arg(long, requires = "read_only")]
+    allow_restore: bool,
 }
+
+/// The tool that writes to the host's files (not the workspace): removed by --read-only
+/// unless --allow-restore.
+const HOST_WRITING_TOOL: &str = "nokv_restore";
 
 /// The MCP server: the SDK client plus what the host fixed at start.
 #[derive(Clone)]
@@ -64,16 +72,22 @@ pub struct NokvMcp {
     client: Client,
     pinned: Option<String>,
     read_only: bool,
+    /// True if nokv_restore is refused (read-only without --allow-restore).
+    no_restore: bool,
     tool_router: ToolRouter<NokvMcp>,
 }
 
 impl NokvMcp {
     pub fn new(client: Client, args: McpArgs) -> NokvMcp {
         let mut tool_router = Self::tool_router();
+        let no_restore = args.read_only && !args.allow_restore;
         if args.read_only {
             for name in WRITING_TOOLS {
                 tool_router.remove_route(name);
             }
+        }
+        if no_restore {
+            tool_router.remove_route(HOST_WRITING_TOOL);
         }
         if args.workspace.is_some() {
             for route in tool_router.map.values_mut() {
@@ -84,6 +98,7 @@ impl NokvMcp {
             client,
             pinned: args.workspace,
             read_only: args.read_only,
+            no_restore,
             tool_router,
         }
     }
@@ -146,6 +161,16 @@ impl ServerHandler for NokvMcp {
                 format!(
                     "{} changes the workspace and this server is read-only",
                     request.name
+                ),
+            )
+            .into());
+        }
+        if self.no_restore && request.name == HOST_WRITING_TOOL {
+            return Ok(reply::refused(
+                reply::READ_ONLY,
+                format!(
+                    "{HOST_WRITING_TOOL} writes files on this machine and this server is \
+                     read-only (nokv mcp --allow-restore keeps it)"
                 ),
             )
             .into());

@@ -189,9 +189,12 @@ pub struct RestoreArgs {
     pub workspace: Option<String>,
     /// Path of the artifact inside the workspace.
     pub path: String,
-    /// Local destination file on the machine running `nokv mcp`; replaced atomically once
+    /// Local destination file on the machine running `nokv mcp`; written atomically once
     /// every block verified. Its directory must exist.
     pub local_path: String,
+    /// Replace `local_path` if a file is already there (default false: an existing file is
+    /// refused with LocalRefused and left untouched).
+    pub overwrite: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -11,6 +11,9 @@ use serde_json::{Value, json};
 
 /// The reason of a refused write tool in `--read-only` mode.
 pub const READ_ONLY: &str = "ReadOnly";
+/// The reason of a call refused to protect the files of the machine `nokv mcp` runs on (a
+/// restore over an existing file, a publish of something that is not a regular file).
+pub const LOCAL_REFUSED: &str = "LocalRefused";
 /// The reason of a call whose arguments do not fit the tool's schema (a missing `path`, a
 /// string where a number goes), like the daemon's for bad input.
 pub const INVALID_ARGUMENT: &str = "InvalidArgument";
@@ -69,6 +72,10 @@ fn hint(reason: &str) -> Option<&'static str> {
         }
         "Unauthenticated" => "the token is missing, expired or invalid: ask the operator",
         READ_ONLY => "this server was started with --read-only: only reading tools are allowed",
+        LOCAL_REFUSED => {
+            "the rule in the message protects this machine's files: pass overwrite: true to \
+             replace a file you mean to replace, or name a regular file to publish"
+        }
         "QuotaExceeded" => "the workspace is over its byte quota: delete something first",
         "InvalidArgument" => "fix the argument named in the message and call again",
         "Unimplemented" => "the nokv server is older than this tool: it lacks this operation",

@@ -444,6 +444,20 @@ impl NokvMcp {
             async {
                 let ws = self.workspace(a.workspace)?;
                 let local = Path::new(&a.local_path);
+                // Before a byte is read: a device never ends (/dev/zero), a FIFO blocks, a
+                // directory is not an artifact.
+                if let Ok(m) = std::fs::metadata(local)
+                    && !m.is_file()
+                {
+                    return Ok(reply::refused(
+                        reply::LOCAL_REFUSED,
+                        format!(
+                            "nokv_publish reads regular files only: {} is {}",
+                            a.local_path,
+                            file_kind(&m)
+                        ),
+                    ));
+                }
                 let receipt = match a.receipt {
                     Some(r) => r,
                     None => receipt::derive(&ws, &a.path, local)?,
@@ -494,8 +508,10 @@ impl NokvMcp {
         name = "nokv_restore",
         description = "Download an artifact into a local file, every block verified against \
             its recorded sha256; the destination appears only once complete (an interrupted \
-            restore resumes when called again). Does not change the workspace. Errors: \
-            NotFound; Local if the destination cannot be written.",
+            restore resumes when called again). Does not change the workspace; writes a file on \
+            this machine, and refuses to replace an existing one unless overwrite is true. \
+            Errors: NotFound; LocalRefused if the destination exists; Local if it cannot be \
+            written.",
         annotations(read_only_hint = true)
     )]
     async fn restore(&self, Parameters(a): Parameters<RestoreArgs>) -> CallToolResult {
@@ -503,6 +519,16 @@ impl NokvMcp {
             async {
                 let ws = self.workspace(a.workspace)?;
                 let dest = Path::new(&a.local_path);
+                if !a.overwrite.unwrap_or(false) && std::fs::symlink_metadata(dest).is_ok() {
+                    return Ok(reply::refused(
+                        reply::LOCAL_REFUSED,
+                        format!(
+                            "nokv_restore never replaces an existing file unless the call says \
+                             overwrite: true: {} exists and was left untouched",
+                            a.local_path
+                        ),
+                    ));
+                }
                 let r = self
                     .client
                     .restore(&ws, &a.path, dest, PARALLEL, None)
@@ -596,4 +622,21 @@ async fn route_check(client: &Client, ws: &str) -> Answer {
             "endpoint": r.endpoint, "epoch": r.epoch,
         }),
     ))
+}
+
+/// What a file that is not a regular file is, in words.
+fn file_kind(m: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
 }
