@@ -37,13 +37,9 @@ use std::time::{Duration, Instant};
 use nokv_proto::v1 as pb;
 
 use crate::config::{RestartChild, Settings};
-use crate::ids::random_bytes;
-use crate::memory::BlockMemory;
 use crate::meta::{Commit, MetaStore, Tables, quick_repair};
-use crate::node::{Node, NodeParts};
-use crate::object::ObjectProvider;
+
 use crate::store_bench::{percentile, request_id};
-use crate::token::Signer;
 
 /// What the parent does with the measurement flags.
 pub struct Options {
@@ -139,10 +135,7 @@ struct Sample {
 }
 
 fn node_file(settings: &Settings) -> PathBuf {
-    settings
-        .data_dir
-        .join("shards")
-        .join(crate::node::NODE_FILE)
+    crate::node::node_file(&settings.data_dir)
 }
 
 fn mib(path: &Path) -> f64 {
@@ -409,19 +402,7 @@ pub async fn child(
     fill_files: u64,
 ) -> Result<(), String> {
     quick_repair::set_for_measurement(quick);
-    let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir).map_err(|e| e.to_string())?;
-    let provider =
-        ObjectProvider::open(&settings.provider, &settings.prefix).map_err(|e| e.to_string())?;
-    let parts = NodeParts {
-        shard_count: settings.shards,
-        cfg: settings.shard.clone(),
-        bulk: (settings.bulk_parallel, settings.bulk_mib_per_s),
-        memory: BlockMemory::new(settings.block_memory, settings.block_memory_wait),
-        provider,
-        signer: Signer::new(&random_bytes(32)),
-        name: "restart-bench".into(),
-    };
-    let node = Arc::new(Node::open(&settings.data_dir, parts).map_err(|e| e.to_string())?);
+    let (_lock, node) = crate::store_bench::open_node(settings, "restart-bench")?;
     let path = node_file(settings);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let written = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -71,14 +71,13 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Writes for `seconds` with each session count in turn, on one node opened under the
-/// settings' data dir.
-pub async fn run(
+/// Locks the data dir of `settings` and opens its node as a measuring instrument does: the
+/// shard write path of the daemon, nothing served, a throwaway token key (`name` labels it).
+pub(crate) fn open_node(
     settings: &Settings,
-    sessions: &[usize],
-    seconds: f64,
-) -> Result<Vec<Report>, String> {
-    let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir).map_err(|e| e.to_string())?;
+    name: &str,
+) -> Result<(crate::dir_lock::DirLock, Arc<Node>), String> {
+    let lock = crate::dir_lock::DirLock::acquire(&settings.data_dir).map_err(|e| e.to_string())?;
     let provider =
         ObjectProvider::open(&settings.provider, &settings.prefix).map_err(|e| e.to_string())?;
     let parts = NodeParts {
@@ -89,9 +88,20 @@ pub async fn run(
         provider,
         // Nothing is authenticated here: a throwaway key.
         signer: Signer::new(&random_bytes(32)),
-        name: "store-bench".into(),
+        name: name.into(),
     };
     let node = Arc::new(Node::open(&settings.data_dir, parts).map_err(|e| e.to_string())?);
+    Ok((lock, node))
+}
+
+/// Writes for `seconds` with each session count in turn, on one node opened under the
+/// settings' data dir.
+pub async fn run(
+    settings: &Settings,
+    sessions: &[usize],
+    seconds: f64,
+) -> Result<Vec<Report>, String> {
+    let (_lock, node) = open_node(settings, "store-bench")?;
     let mut reports = Vec::new();
     for &n in sessions {
         reports.push(measure(&node, n, seconds).await?);

@@ -27,6 +27,8 @@
 //! `records` are the stored types.
 
 mod batch;
+#[cfg(test)]
+mod dice;
 mod disk;
 pub mod fatal;
 pub mod fault;

@@ -44,18 +44,7 @@ const KEYS: [&str; 5] = ["k0", "k1", "k2", "blk-0", "blk-1"];
 const ROUNDS: usize = 300;
 const SEED: u64 = 0x6e6f_6b76;
 
-/// A small deterministic sequence (no dependency for a test's dice).
-struct Dice(u64);
-
-impl Dice {
-    fn roll(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as usize % n
-    }
-}
+use super::dice::Dice;
 
 /// The two namespaces the sessions write (shards of one node file, so the replay also routes
 /// every row by its table's full name).

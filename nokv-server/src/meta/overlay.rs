@@ -401,17 +401,7 @@ mod tests {
         }};
     }
 
-    /// A small deterministic sequence (no dependency for a test's dice).
-    struct Dice(u64);
-    impl Dice {
-        fn roll(&mut self, n: usize) -> usize {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 33) as usize % n
-        }
-    }
+    use crate::meta::dice::Dice;
 
     // Catches: a layer ordered bytewise instead of by the table's key order (pages and
     // prefixes of the "a"/"ab"/"b" workspaces come out wrong), an older layer winning over a
