@@ -250,6 +250,8 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         stop_rx.clone(),
     ));
 
+    // Before anything says it listens (see `shutdown_signal`).
+    let signalled = shutdown_signal();
     tracing::info!(
         %endpoint,
         shards = settings.shards,
@@ -277,7 +279,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let handoff = cluster.clone();
     let balance_stop = stop_tx.clone();
     let shutdown = async move {
-        shutdown_signal().await;
+        signalled.await;
         // Cluster mode: hand every shard off while still serving, so requests in flight
         // finish and new ones are pointed at the next owners; only then stop accepting.
         if let Some(cluster) = handoff {
@@ -461,11 +463,17 @@ async fn maintain(node: Arc<Node>, interval: Duration, mut stop: watch::Receiver
     }
 }
 
-pub(crate) async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT. The handlers are installed by this call, not when the
+/// future is first polled: a daemon that has announced it listens must stop gracefully on a
+/// signal sent the next moment, not die of the signal's default action.
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }

@@ -319,3 +319,16 @@ fn a_shard_recovers_by_itself_after_disk_full() {
     );
     assert!(errors[0].contains("metadata store failed"), "{}", errors[0]);
 }
+
+/// A supervisor (or a test) may send SIGTERM the moment the daemon prints that it listens;
+/// the daemon must then stop gracefully (exit 0), not die of the signal's default action
+/// because its handler was only installed when the server first polled for it.
+#[test]
+fn a_daemon_told_to_stop_the_moment_it_listens_stops_gracefully() {
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let d = Daemon::start_in(dir.path(), &[]);
+        let (status, _, stderr) = d.terminate_collecting_output();
+        assert!(status.success(), "{status}\nstderr: {stderr}");
+    }
+}

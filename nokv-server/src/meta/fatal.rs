@@ -28,6 +28,19 @@ pub(super) fn sync_failed(
     faults: &StoreFaults,
 ) -> MetaError {
     faults.sync_failed(which, error.to_string());
+    if !faults.claim_report() {
+        // Another thread reported the failure first and is ending the process: one ERROR,
+        // and nothing this thread does may look like a recoverable failure meanwhile.
+        if faults.fatal_is_caught() {
+            return MetaError::Fatal {
+                file: file.to_path_buf(),
+                detail: error.to_string(),
+            };
+        }
+        loop {
+            std::thread::park();
+        }
+    }
     tracing::error!(
         file = %file.display(),
         error,

@@ -36,6 +36,8 @@ struct SyncFaults {
     failed: parking_lot::Mutex<Option<(Synced, String)>>,
     /// Tests only: a failed fsync fails the store for good instead of ending the process.
     caught: AtomicBool,
+    /// The failure has been reported: its one ERROR is written and the process is ending.
+    reported: AtomicBool,
 }
 
 fn index(of: Synced) -> usize {
@@ -142,6 +144,12 @@ impl StoreFaults {
         }
         budget.fetch_sub(1, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// True for the one caller that reports the failed fsync (see [`super::fatal`]); every
+    /// other thread that meets it later leaves the reporting, and the exit, to that one.
+    pub(super) fn claim_report(&self) -> bool {
+        !self.sync.reported.swap(true, Ordering::SeqCst)
     }
 
     /// Latches the first failed fsync (see [`super::fatal`]).

@@ -336,13 +336,12 @@ impl MetaStore {
             }
             Err(AppendError::Write(e)) => Err(self.fail(redb::StorageError::Io(e))),
             Err(AppendError::Sync(e)) => {
+                // Reported (and, outside tests, the process ended) before the handle is marked
+                // failed: the committer must never see this as a failure to recover from.
+                let fatal =
+                    fatal::sync_failed(log.path(), Synced::Log, &e.to_string(), &self.faults);
                 self.fail(redb::StorageError::Io(std::io::Error::other(e.to_string())));
-                Err(fatal::sync_failed(
-                    log.path(),
-                    Synced::Log,
-                    &e.to_string(),
-                    &self.faults,
-                ))
+                Err(fatal)
             }
         }
     }
@@ -467,8 +466,11 @@ impl MetaStore {
     /// Marks the handle failed (keeping the first reason) and describes why.
     pub(super) fn fail(&self, e: impl Into<redb::Error>) -> MetaError {
         let reason = e.into().to_string();
+        // A failed fsync is reported first (outside tests the process ends there), so no other
+        // thread sees this handle failed and starts an in-process recovery meanwhile.
+        let fatal = self.fatal();
         self.failure.lock().get_or_insert_with(|| reason.clone());
-        self.fatal().unwrap_or(MetaError::Failed(reason))
+        fatal.unwrap_or(MetaError::Failed(reason))
     }
 
     /// The fatal error, if an fsync of this store's files has failed (see [`fatal`]): then
@@ -477,12 +479,13 @@ impl MetaStore {
     /// process instead of entering the in-process recovery meant for a full disk.
     fn fatal(&self) -> Option<MetaError> {
         let (which, error) = self.faults.failed_sync()?;
-        self.failure.lock().get_or_insert_with(|| error.clone());
         let file = match which {
             Synced::Log => redo::path_for(&self.path),
             Synced::Store => self.path.clone(),
         };
-        Some(fatal::sync_failed(&file, which, &error, &self.faults))
+        let fatal = fatal::sync_failed(&file, which, &error, &self.faults);
+        self.failure.lock().get_or_insert(error);
+        Some(fatal)
     }
 
     /// Begins a write transaction. Every one records redb's allocator state when it commits
