@@ -367,7 +367,24 @@ impl Cluster {
             )));
         }
         let control = self.control();
+        if to != control.node_id() {
+            let endpoint = &view
+                .nodes
+                .iter()
+                .find(|(id, _)| id == to)
+                .expect("listed")
+                .1
+                .endpoint;
+            if let Err(why) = crate::peer_probe::reachable(endpoint).await {
+                return Err(Error::FailedPrecondition(format!(
+                    "node {to:?} is down: {why}; it is still listed until its lease lapses \
+                     (within {:?}); shard {shard} was not moved",
+                    self.settings.node_ttl
+                )));
+            }
+        }
         if !self.node.held().contains(&shard) {
+            owner_alive(&view, shard).await?;
             // Not ours: `NotOwner` points the caller at the owner (the CLI follows the hint),
             // or `Unavailable` while the shard is between owners.
             self.node.shard(shard)?;
@@ -584,6 +601,47 @@ impl Routes for Arc<ClusterRoutes> {
     fn own_endpoint(&self) -> String {
         self.own.clone()
     }
+}
+
+/// `Ok` unless shard `shard` of `view` belongs to a node that is down; then why, and what
+/// becomes of the shard, for an operator who asked to move it.
+///
+/// A dead owner's shards are not movable: their latest acknowledged writes exist only in its
+/// data dir, so they wait for it to restart (a shard it never changed since its checkpoint is
+/// taken from that checkpoint by another node, without anyone moving it).
+async fn owner_alive(view: &ClusterView, shard: u32) -> Result<()> {
+    let Some(sv) = view.shards.get(shard as usize) else {
+        return Ok(());
+    };
+    let waits = "its latest acknowledged writes exist only in that node's data dir, so the \
+                 shard waits for it to restart and take the shard back (a shard it never \
+                 changed since its last checkpoint is taken over by another node by itself)";
+    let (owner, why) = match &sv.owner {
+        Some(key) => {
+            let endpoint = view
+                .nodes
+                .iter()
+                .find(|(id, _)| *id == key.node)
+                .map(|(_, n)| n.endpoint.clone())
+                .or_else(|| sv.record.as_ref().and_then(|r| r.endpoint.clone()));
+            let Some(endpoint) = endpoint else {
+                return Ok(());
+            };
+            match crate::peer_probe::reachable(&endpoint).await {
+                Ok(()) => return Ok(()),
+                Err(why) => (key.node.clone(), why),
+            }
+        }
+        None => match sv.record.as_ref().and_then(|r| r.owner.clone()) {
+            Some(owner) if !view.nodes.iter().any(|(id, _)| *id == owner) => {
+                (owner, "its lease has lapsed".to_string())
+            }
+            _ => return Ok(()),
+        },
+    };
+    Err(Error::FailedPrecondition(format!(
+        "shard {shard} cannot be moved: its owner {owner:?} is down ({why}); {waits}"
+    )))
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod names;
 pub mod node;
 pub mod object;
+pub mod peer_probe;
 pub mod pki;
 pub mod placement;
 pub mod pressure;

@@ -448,9 +448,60 @@ fn a_node_killed_with_sigkill_leaves_its_shards_unowned_until_it_restarts_on_its
         .collect();
 
     let spec = c.kill9(victim);
+    // A move to the dead node is answered at once, naming it (not after a handoff nobody
+    // completes). Still listed until its lease lapses, it is found down by a connect; after
+    // that it is not a member.
+    let mine = before.served_by(nodes[0].id())[0];
+    let started = Instant::now();
+    let out = c.cli(
+        &only(&nodes[0]),
+        &["admin", "shard", "move", &mine.to_string(), &victim_id],
+    );
+    eprintln!(
+        "move to the killed node answered in {:?}: {}",
+        started.elapsed(),
+        out.stderr.trim()
+    );
+    assert_ne!(out.status, 0, "{}", out.stderr);
+    assert!(
+        (out.stderr.contains("FailedPrecondition") && out.stderr.contains("is down"))
+            || (out.stderr.contains("InvalidArgument") && out.stderr.contains("not a live member")),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains(&victim_id), "{}", out.stderr);
+    // ... and changes nothing: the shard was never handed off towards it.
+    let after = c.view().expect("cluster view");
+    assert!(
+        after.shard(mine).served_by(nodes[0].id())
+            && after.shard(mine).epoch == before.shard(mine).epoch,
+        "shard {mine} was handed off towards a dead node: {:?} -> {:?}",
+        before.shard(mine),
+        after.shard(mine)
+    );
+
     let down = c.wait_until("the crashed node's lease has lapsed", |v| {
         victim_shards.iter().all(|&s| !v.shard(s).owner_alive)
     });
+    // Moving one of its shards is refused at once: the owner is down and the shard waits for it.
+    let out = c.cli(
+        &only(&nodes[0]),
+        &[
+            "admin",
+            "shard",
+            "move",
+            &victim_shards[0].to_string(),
+            nodes[1].id(),
+        ],
+    );
+    out.assert_fails_with("FailedPrecondition");
+    assert!(
+        out.stderr
+            .contains(&format!("its owner {victim_id:?} is down"))
+            && out.stderr.contains("waits for it to restart"),
+        "{}",
+        out.stderr
+    );
     for &s in &victim_shards {
         let sv = down.shard(s);
         assert!(
