@@ -61,15 +61,29 @@ install_mcp() {
     python3 -c 'import mcp.client.stdio' || { echo "scripts/test.sh: mcp still not importable after install" >&2; exit 1; }
 }
 
+# The reference Prometheus text-format parser that scripts/tests/test_metrics.py checks
+# /metrics with.
+install_prometheus_client() {
+    if python3 -c 'import prometheus_client.parser' >/dev/null 2>&1; then
+        echo "scripts/test.sh: python prometheus_client present, skipping install"
+        return
+    fi
+    echo "scripts/test.sh: installing prometheus_client"
+    python3 -m pip install --quiet prometheus_client
+    python3 -c 'import prometheus_client.parser' || { echo "scripts/test.sh: prometheus_client still not importable after install" >&2; exit 1; }
+}
+
 install_etcd
 install_moto
 install_mcp
+install_prometheus_client
 
 cargo build --workspace --bins
 cargo test --workspace
 
 if [ -d scripts/tests ]; then
-    # Required here: a missing `mcp` package or binary fails the MCP test instead of skipping it.
+    # Required here: a missing `mcp`/`prometheus_client` package or binary fails its test
+    # instead of skipping it.
     NOKV_TEST_REQUIRE_MCP=1 python3 -m unittest discover -s scripts/tests -v
 fi
 
