@@ -22,6 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod linearizability;
 
 /// How long the daemon may take to print its listening line (covers a cold debug build's
 /// first start, with TLS key generation).
