@@ -33,11 +33,18 @@ pub type Value = u64;
 pub enum Call {
     Read,
     /// Upsert.
-    Write { value: Value },
+    Write {
+        value: Value,
+    },
     /// Write only if the key's generation is `expected`.
-    WriteIf { expected: u64, value: Value },
+    WriteIf {
+        expected: u64,
+        value: Value,
+    },
     /// Delete; `expected` 0 means unconditional.
-    Delete { expected: u64 },
+    Delete {
+        expected: u64,
+    },
 }
 
 /// What the client heard back.
@@ -97,7 +104,9 @@ impl Register {
         };
         match (call, outcome) {
             (Call::Read, Outcome::Read(seen)) => {
-                let now = self.current.map(|(v, g)| (v, g.or(learned.get(&v).copied())));
+                let now = self
+                    .current
+                    .map(|(v, g)| (v, g.or(learned.get(&v).copied())));
                 match (now, seen) {
                     (None, None) => Some(self),
                     (Some((v, g)), Some((sv, sg))) if v == sv && g.is_none_or(|g| g == sg) => {
@@ -120,16 +129,14 @@ impl Register {
                 (generation != Some(expected)).then_some(self)
             }
             (Call::Delete { expected }, Outcome::Deleted(g)) => {
-                (generation == Some(g) && (expected == 0 || expected == g)).then_some(
-                    Register {
-                        current: None,
-                        highest: self.highest,
-                    },
-                )
+                (generation == Some(g) && (expected == 0 || expected == g)).then_some(Register {
+                    current: None,
+                    highest: self.highest,
+                })
             }
             (Call::Delete { expected }, Outcome::Unknown) => {
-                let matches = self.current.is_some()
-                    && (expected == 0 || generation == Some(expected));
+                let matches =
+                    self.current.is_some() && (expected == 0 || generation == Some(expected));
                 matches.then_some(Register {
                     current: None,
                     highest: self.highest,
@@ -224,7 +231,9 @@ fn check_key(key: &str, mut ops: Vec<Op>) -> Result<usize, Box<Violation>> {
             o.answered
         }
     };
-    let completed: Vec<usize> = (0..n).filter(|&i| ops[i].outcome != Outcome::Unknown).collect();
+    let completed: Vec<usize> = (0..n)
+        .filter(|&i| ops[i].outcome != Outcome::Unknown)
+        .collect();
 
     let words = n.div_ceil(64);
     let mut seen: HashSet<(Vec<u64>, Register)> = HashSet::new();
@@ -233,7 +242,11 @@ fn check_key(key: &str, mut ops: Vec<Op>) -> Result<usize, Box<Violation>> {
     let mut stack: Vec<(Vec<u64>, Register, usize, Vec<usize>)> =
         vec![(vec![0; words], Register::default(), 0, Vec::new())];
     let mut longest: Vec<usize> = Vec::new();
-    let done = |set: &[u64]| completed.iter().all(|&i| set[i / 64] & (1 << (i % 64)) != 0);
+    let done = |set: &[u64]| {
+        completed
+            .iter()
+            .all(|&i| set[i / 64] & (1 << (i % 64)) != 0)
+    };
     while let Some((set, state, next, order)) = stack.pop() {
         if done(&set) {
             return Ok(seen.len());
@@ -315,11 +328,7 @@ mod tests {
     fn a_stale_read_after_a_newer_write_was_acknowledged_is_rejected() {
         // Write 1 and then write 2 are both acknowledged before the read starts; the read
         // returns 1: no order places it after write 2.
-        let h = vec![
-            w(1, 1, (0, 1)),
-            w(2, 2, (2, 3)),
-            r(Some((1, 1)), (4, 5)),
-        ];
+        let h = vec![w(1, 1, (0, 1)), w(2, 2, (2, 3)), r(Some((1, 1)), (4, 5))];
         let v = check(&h).unwrap_err();
         assert_eq!(v.key, "k");
         assert!(v.to_string().contains("not linearizable"), "{v}");
@@ -385,15 +394,47 @@ mod tests {
     fn a_conditional_write_succeeds_only_at_the_current_generation() {
         let ok = vec![
             w(1, 1, (0, 1)),
-            op(Call::WriteIf { expected: 1, value: 2 }, Outcome::Written(2), 2, 3),
-            op(Call::WriteIf { expected: 1, value: 3 }, Outcome::Mismatch, 4, 5),
+            op(
+                Call::WriteIf {
+                    expected: 1,
+                    value: 2,
+                },
+                Outcome::Written(2),
+                2,
+                3,
+            ),
+            op(
+                Call::WriteIf {
+                    expected: 1,
+                    value: 3,
+                },
+                Outcome::Mismatch,
+                4,
+                5,
+            ),
         ];
         check(&ok).unwrap();
         // Two conditional writes on the same generation cannot both succeed.
         let both = vec![
             w(1, 1, (0, 1)),
-            op(Call::WriteIf { expected: 1, value: 2 }, Outcome::Written(2), 2, 10),
-            op(Call::WriteIf { expected: 1, value: 3 }, Outcome::Written(3), 2, 10),
+            op(
+                Call::WriteIf {
+                    expected: 1,
+                    value: 2,
+                },
+                Outcome::Written(2),
+                2,
+                10,
+            ),
+            op(
+                Call::WriteIf {
+                    expected: 1,
+                    value: 3,
+                },
+                Outcome::Written(3),
+                2,
+                10,
+            ),
         ];
         check(&both).unwrap_err();
     }

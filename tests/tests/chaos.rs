@@ -35,7 +35,7 @@ use nokv_client::Client;
 use nokv_client::publish::PublishOptions;
 use nokv_client::sdk::LostResponses;
 use nokv_proto::v1 as pb;
-use nokv_tests::{Daemon, pseudo_random_bytes};
+use nokv_tests::{Daemon, SplitMix64, pseudo_random_bytes};
 
 /// Schedules run by `cargo test` (CI): well under a minute on 2 cores.
 const CI_RUNS: u64 = 20;
@@ -57,27 +57,8 @@ const DAEMON_ARGS: &[&str] = &[
 const SETTLE_DEADLINE: Duration = Duration::from_secs(90);
 const WS: &str = "chaos";
 
-/// splitmix64: a small deterministic generator, one per schedule.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
+/// One generator per schedule.
+type Rng = SplitMix64;
 
 /// One client operation of a schedule.
 #[derive(Debug, Clone)]
@@ -123,7 +104,7 @@ struct Schedule {
 
 impl Schedule {
     fn draw(seed: u64) -> Schedule {
-        let mut r = Rng(seed);
+        let mut r: Rng = SplitMix64(seed);
         let mut faults = format!("seed={seed}");
         if r.chance(60) {
             faults += &format!(",refuse={}", r.range(5, 20));
@@ -149,7 +130,7 @@ impl Schedule {
             }
         }
         let op = |r: &mut Rng| {
-            let seed = r.next();
+            let seed = r.next_u64();
             if r.chance(50) {
                 Op::Write {
                     path: format!("small/{}", r.range(0, 3)),
