@@ -23,7 +23,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// zeroing 2 MiB pages for a few KiB of transaction state: `clear_page_erms` under huge-page
 /// faults was 9 % of the samples of `store-bench --sessions 8` (perf, issue 12). With them off,
 /// CPU per write fell 2-6 % at 8 sessions, 16 % at 64 and not at all at 1 (medians of
-/// interleaved store-bench pairs; docs/small-writes.md), and publish and restore measured within
+/// interleaved store-bench pairs; docs/architecture.md), and publish and restore measured within
 /// their spread. Failing is harmless (a kernel without the option): nothing changes.
 fn without_transparent_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes plain integer arguments and touches no memory of ours.

@@ -12,7 +12,7 @@ use super::{MetaError, MetaResult, MetaStore, Namespace, ReadView, Redo, WriteVi
 /// 64 rather than 16: the commit was 5.7 % of the daemon's CPU at 8 writers, and committing a
 /// quarter as often took 1-6 % (median 3 %) off the server's CPU per put, measured against the
 /// bench client's own, in 8 of 8 pairs at 8 clients, while readers, who look a row up through every
-/// held layer, showed no cost in the probe (docs/small-writes.md, "Machine E"); [`HOLD_BYTES`]
+/// held layer, showed no cost in the probe (issue 12, machine E; git history); [`HOLD_BYTES`]
 /// still bounds what they keep.
 pub(super) const HOLD_BATCHES: usize = 64;
 /// Row bytes the layers of a held transaction may reach before it is committed (bounds the

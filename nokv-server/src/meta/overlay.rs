@@ -4,7 +4,7 @@
 //! Why: a redb commit per batch — even a non-durable one — copies the leaves and the path to
 //! the root of every table the batch touched, writes them into the page cache and takes a
 //! fresh read snapshot; at 8 writers that page work was a quarter of the daemon's CPU per
-//! small write (docs/small-writes.md). So the committer keeps one redb write transaction open
+//! small write (docs/architecture.md). So the committer keeps one redb write transaction open
 //! across up to [`super::batch::HOLD_BATCHES`] batches (pages dirtied by one batch are
 //! updated in place by the next) and commits it once; meanwhile each batch's row effects —
 //! the very effects its redo record carries — become a [`Layer`], and readers read the last

@@ -819,7 +819,7 @@ fn run_batches(
 ///
 /// Why: at one client every put is a batch of its own, and handing it to the acknowledger costs
 /// a thread wake-up and a sleep per put for nothing (there is no next batch to overlap the fsync
-/// with); doing it here took 13 % off the daemon's CPU per lone put (docs/small-writes.md).
+/// with); doing it here took 13 % off the daemon's CPU per lone put (docs/architecture.md).
 /// But when writes come faster than one per fsync, a session that arrives during that fsync
 /// waits for it instead of running its own batch meanwhile — the probe's eight agents in a
 /// tool loop lost 2-14 % of their operations to it. So once a session arrived while the
