@@ -30,6 +30,18 @@ install_etcd() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y etcd-server
 }
 
+# promtool (Debian's prometheus package), which scripts/tests/test_metrics.py lints /metrics
+# with. Only the binary is used; the package's service is never started by the tests.
+install_promtool() {
+    if command -v promtool >/dev/null 2>&1; then
+        echo "scripts/test.sh: promtool present, skipping install"
+        return
+    fi
+    echo "scripts/test.sh: installing prometheus (for promtool)"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+}
+
 # A pyenv shim for moto_server can exist without the package behind it, so check both
 # that the module imports and that the entry point actually runs.
 moto_ok() {
@@ -74,6 +86,7 @@ install_prometheus_client() {
 }
 
 install_etcd
+install_promtool
 install_moto
 install_mcp
 install_prometheus_client

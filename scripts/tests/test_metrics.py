@@ -1,4 +1,5 @@
-"""`/metrics` checked against Prometheus conventions with PyPI's `prometheus_client` parser.
+"""`/metrics` checked against Prometheus conventions: `promtool check metrics` (Debian's
+prometheus package) and PyPI's `prometheus_client` parser with the naming rules below.
 
 A daemon is started with `--metrics-listen`, a client writes and reads a file so every
 request-path family has samples, and the scrape is parsed by the reference text-format parser
@@ -14,6 +15,7 @@ missing package or binary a failure here too instead of a skip.
 
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -143,6 +145,22 @@ class MetricsConventionsTest(unittest.TestCase):
         text = self.scrape()
         self.assertGreater(len(list(text_string_to_metric_families(text))), 10)
         self.assertEqual(convention_violations(text), [])
+
+    def test_promtool_check_metrics_finds_nothing_to_lint(self):
+        promtool = shutil.which("promtool")
+        if promtool is None:
+            if REQUIRED:
+                self.fail("promtool missing: scripts/test.sh installs Debian's prometheus")
+            self.skipTest("promtool is not installed (Debian's prometheus package)")
+        text = self.scrape()
+        lint = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                              capture_output=True)
+        self.assertEqual((lint.returncode, lint.stdout + lint.stderr), (0, ""))
+        # And promtool does lint: a counter without _total is reported.
+        bad = subprocess.run([promtool, "check", "metrics"], capture_output=True, text=True,
+                             input="# HELP nokv_things Things.\n# TYPE nokv_things counter\n"
+                                   "nokv_things 1\n")
+        self.assertNotEqual(bad.returncode, 0, bad.stdout + bad.stderr)
 
     def test_the_convention_check_catches_a_counter_without_total_and_a_millisecond_unit(self):
         # The checker itself, on text that breaks the rules (so an empty list above means
