@@ -32,6 +32,7 @@ pub mod pki;
 pub mod placement;
 pub mod pressure;
 pub mod provider_bench;
+pub mod provider_log;
 pub mod restart_bench;
 pub mod route;
 pub mod rpc_floor;

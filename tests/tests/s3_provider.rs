@@ -160,9 +160,10 @@ async fn a_create_of_an_existing_key_on_s3_is_refused_and_the_first_bytes_stay()
         PutOutcome::Written
     );
     let second = provider.create(&key, Bytes::from_static(b"second")).await;
-    assert!(
-        matches!(second, PutOutcome::Unknown(_)),
-        "a second create of {key} must be refused, not written: {second:?}"
+    assert_eq!(
+        second,
+        PutOutcome::Exists,
+        "a second create of {key} must be refused as taken, not written"
     );
     assert_eq!(
         provider.get(&key).await.unwrap(),
@@ -173,6 +174,65 @@ async fn a_create_of_an_existing_key_on_s3_is_refused_and_the_first_bytes_stay()
     let (status, stored) = moto.s3("GET", &format!("/{bucket}/{key}"), b"");
     assert_eq!(status, 200, "GET {key}");
     assert_eq!(stored, b"first");
+}
+
+/// The provider log's fence on real S3 semantics (If-None-Match), as an ordered interleaving
+/// (moto checks the condition, then writes: a true race would test moto, not us): the
+/// deposed writer's next segment is refused once a taker's fence holds its key, and a reader
+/// stops at the fence even though a later segment of the writer landed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fence_in_a_log_stream_on_s3_refuses_the_deposed_writers_next_segment() {
+    use nokv_server::provider_log::{Kind, LogError, Segment, StreamId, stream};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let bucket = "nokv-log";
+    let moto = moto_with_bucket(bucket);
+    let provider = ObjectProvider::open(
+        &ProviderConfig::S3 {
+            endpoint: Some(moto.endpoint()),
+            bucket: bucket.into(),
+            region: "us-east-1".into(),
+            allow_http: true,
+            access_key_id: Some("test".into()),
+            secret_access_key: Some("test".into()),
+        },
+        PREFIX,
+    )
+    .expect("open the S3 provider");
+    let id = StreamId {
+        node: "n1".into(),
+        incarnation: 9,
+    };
+    let segment = |first, last| Segment {
+        kind: Kind::Records,
+        node: "n1".into(),
+        incarnation: 9,
+        first,
+        last,
+        shards: vec![(2, 3)],
+        body: vec![first as u8; 100],
+    };
+    stream::append(&provider, &id, &segment(1, 4))
+        .await
+        .unwrap();
+    stream::append(&provider, &id, &segment(5, 5))
+        .await
+        .unwrap();
+    // The writer's 6..=7 is in flight; 8..=9 lands first.
+    stream::append(&provider, &id, &segment(8, 9))
+        .await
+        .unwrap();
+    assert_eq!(
+        stream::fence(&provider, &id, 1, "n2", 2, 4).await.unwrap(),
+        6
+    );
+    match stream::append(&provider, &id, &segment(6, 7)).await {
+        Err(LogError::Fenced { at: 6, by, .. }) => assert_eq!(by, "n2"),
+        other => panic!("the deposed writer's segment was not refused: {other:?}"),
+    }
+    let tail = stream::read(&provider, &id, 1).await.unwrap();
+    let ranges: Vec<(u64, u64)> = tail.segments.iter().map(|s| (s.first, s.last)).collect();
+    assert_eq!(ranges, vec![(1, 4), (5, 5)]);
+    assert_eq!(tail.fenced, Some((6, "n2".to_string())));
 }
 
 /// A CommitUpload executed on the S3-backed daemon whose response never reached the SDK is

@@ -60,6 +60,9 @@ impl ObjectProvider {
             PutOutcome::NotWritten(e) | PutOutcome::Unknown(e) => Err(ObjectError::Provider(
                 format!("uploading checkpoint {key}: {e}"),
             )),
+            PutOutcome::Exists => Err(ObjectError::Provider(format!(
+                "uploading checkpoint {key}: the key is taken"
+            ))),
         }
     }
 

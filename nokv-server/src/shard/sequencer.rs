@@ -756,6 +756,13 @@ fn record_block(
                 "block write was not sent: {why}"
             ))));
         }
+        // An attempt key is random, so it cannot exist unless something else wrote it: the
+        // guard stays an unknown-writer guard, and the reconciler deletes what is there.
+        PutOutcome::Exists => {
+            return Ok(Err(Error::Unavailable(
+                "block write found its attempt key taken; retry".into(),
+            )));
+        }
         // Unknown: the guard stays an unknown-writer guard; the bytes may still land.
         PutOutcome::Unknown(why) => {
             return Ok(Err(Error::Unavailable(format!(
