@@ -4,6 +4,7 @@
 //! Depends on `nokv-proto` only — never on the server.
 
 pub mod config;
+pub mod dir;
 pub mod error;
 pub mod publish;
 mod receipt;

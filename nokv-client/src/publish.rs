@@ -7,12 +7,13 @@
 //! renewal failure stops the publish with that failure's reason and nothing is committed.
 
 use std::collections::HashSet;
+use std::io::SeekFrom;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
@@ -79,18 +80,34 @@ impl Client {
         file: &std::path::Path,
         opts: PublishOptions,
     ) -> Result<Published> {
+        let f = std::fs::File::open(file)
+            .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?;
+        self.publish_open(ws, path, f, file, opts).await
+    }
+
+    /// [`Client::publish`] of a file opened by the caller (`shown` names it in messages):
+    /// every byte hashed and sent comes through this one handle, so the caller decides, once,
+    /// which file is read (`nokv mcp --local-root` opens it beneath its root). Reading starts
+    /// at the file's beginning whatever its current offset.
+    pub async fn publish_open(
+        &self,
+        ws: &str,
+        path: &str,
+        file: std::fs::File,
+        shown: &std::path::Path,
+        opts: PublishOptions,
+    ) -> Result<Published> {
+        let local = |e: std::io::Error| ClientError::local(format!("{}: {e}", shown.display()));
+        let mut f = tokio::fs::File::from_std(file);
         let declared = match &opts.receipt {
-            Some(_) => Some(receipt::file_sha256(file).await?),
+            Some(_) => {
+                f.seek(SeekFrom::Start(0)).await.map_err(local)?;
+                Some(receipt::reader_sha256(&mut f).await.map_err(local)?)
+            }
             None => None,
         };
-        let f = tokio::fs::File::open(file)
-            .await
-            .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?;
-        let size = f
-            .metadata()
-            .await
-            .map_err(|e| ClientError::local(format!("{}: {e}", file.display())))?
-            .len();
+        f.seek(SeekFrom::Start(0)).await.map_err(local)?;
+        let size = f.metadata().await.map_err(local)?.len();
         self.publish_source(ws, path, f, size, declared, opts).await
     }
 

@@ -14,22 +14,21 @@
 //! other failure aborts as without a receipt. Without a receipt nothing of this applies and
 //! every publish is a new upload.
 
-use std::path::Path;
-
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::error::ClientError;
 use crate::sdk::Result;
 
-/// The whole-file sha256 of `file`, read in 4 MiB pieces (never held in memory as a whole).
-pub(crate) async fn file_sha256(file: &Path) -> Result<Vec<u8>> {
-    let local = |e: std::io::Error| ClientError::local(format!("{}: {e}", file.display()));
-    let mut f = tokio::fs::File::open(file).await.map_err(local)?;
+/// The sha256 of what `reader` yields to its end, read in 4 MiB pieces (never held in memory
+/// as a whole).
+pub(crate) async fn reader_sha256<R: AsyncRead + Unpin>(
+    reader: &mut R,
+) -> std::io::Result<Vec<u8>> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 4 << 20];
     loop {
-        let n = f.read(&mut buf).await.map_err(local)?;
+        let n = reader.read(&mut buf).await?;
         if n == 0 {
             return Ok(hasher.finalize().to_vec());
         }

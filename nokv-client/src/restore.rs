@@ -5,6 +5,10 @@
 //!
 //! Safety of the local files, checked before any block is downloaded:
 //! * DEST must be something a rename can replace: not a directory, in an existing directory.
+//! * DEST's directory is opened once ([`Destination`]); `DEST.partial` is created, renamed and
+//!   removed relative to that handle, so a parent swapped for a symbolic link meanwhile cannot
+//!   redirect the writes elsewhere (and `nokv mcp --local-root` can hand restore a directory
+//!   it resolved beneath its root).
 //! * `DEST.partial` is opened without following a symbolic link (`O_NOFOLLOW`), created `0600`
 //!   if new, and must be a regular file owned by this user that nobody else can write. A
 //!   partial file planted by someone else (e.g. a link to a file the user can write, in a
@@ -15,7 +19,8 @@
 //! blocks were collected) cannot be completed: the server answers `NotFound` for the revision,
 //! and the restore fails saying that the artifact was replaced.
 
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -24,6 +29,7 @@ use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use crate::dir::{Dir, EntryKind};
 use crate::error::ClientError;
 use crate::publish::Progress;
 use crate::sdk::{Client, Result, unary};
@@ -41,9 +47,69 @@ fn io(path: &Path, e: std::io::Error) -> ClientError {
 }
 
 pub fn partial_path(dest: &Path) -> PathBuf {
-    let mut p = dest.as_os_str().to_owned();
+    PathBuf::from(partial_name(dest.as_os_str()))
+}
+
+fn partial_name(name: &OsStr) -> OsString {
+    let mut p = name.to_owned();
     p.push(".partial");
-    PathBuf::from(p)
+    p
+}
+
+/// Where a restore writes: a file name in an open directory, checked to be something the
+/// final rename can replace (not a directory). `shown` names it in messages.
+#[derive(Debug)]
+pub struct Destination {
+    dir: Dir,
+    name: OsString,
+    shown: PathBuf,
+}
+
+impl Destination {
+    /// The destination `dest`: its directory is opened now, and must exist.
+    pub fn new(dest: &Path) -> Result<Destination> {
+        if dest.as_os_str().is_empty() {
+            return Err(ClientError::usage("the destination path is empty"));
+        }
+        let Some(name) = dest.file_name() else {
+            return Err(ClientError::usage(format!(
+                "{} does not name a file: restore needs a file path to create or replace",
+                dest.display()
+            )));
+        };
+        let parent = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let dir = Dir::open(parent).map_err(|e| {
+            ClientError::usage(match e.raw_os_error() {
+                Some(libc::ENOTDIR) => format!(
+                    "{}: {} is not a directory",
+                    dest.display(),
+                    parent.display()
+                ),
+                _ => format!(
+                    "{}: its directory {}: {e}",
+                    dest.display(),
+                    parent.display()
+                ),
+            })
+        })?;
+        Destination::in_dir(dir, name.to_owned(), dest.to_owned())
+    }
+
+    /// The destination `name` in the open directory `dir`; `name` is one path component.
+    pub fn in_dir(dir: Dir, name: OsString, shown: PathBuf) -> Result<Destination> {
+        match dir.entry_kind(&name) {
+            Ok(Some(EntryKind::Directory)) => Err(ClientError::usage(format!(
+                "{} is a directory: restore needs a file path to create or replace (e.g. {}/NAME)",
+                shown.display(),
+                shown.display()
+            ))),
+            Ok(_) => Ok(Destination { dir, name, shown }),
+            Err(e) => Err(io(&shown, e)),
+        }
+    }
 }
 
 impl Client {
@@ -99,9 +165,21 @@ impl Client {
         parallel: usize,
         progress: Option<Progress>,
     ) -> Result<Restored> {
-        check_destination(dest)?;
+        let dest = Destination::new(dest)?;
+        self.restore_to(ws, path, &dest, parallel, progress).await
+    }
+
+    /// Restores `ws:path` into `dest` atomically, as [`Client::restore`] does.
+    pub async fn restore_to(
+        &self,
+        ws: &str,
+        path: &str,
+        dest: &Destination,
+        parallel: usize,
+        progress: Option<Progress>,
+    ) -> Result<Restored> {
         let m = self.manifest(ws, path).await?;
-        self.restore_manifest(ws, path, m, dest, parallel, progress)
+        self.restore_manifest_to(ws, path, m, dest, parallel, progress)
             .await
     }
 
@@ -116,9 +194,24 @@ impl Client {
         parallel: usize,
         progress: Option<Progress>,
     ) -> Result<Restored> {
-        check_destination(dest)?;
-        let partial = partial_path(dest);
-        let (file, resuming) = open_partial(&partial)?;
+        let dest = Destination::new(dest)?;
+        self.restore_manifest_to(ws, path, m, &dest, parallel, progress)
+            .await
+    }
+
+    /// [`Client::restore_manifest`] into an open [`Destination`].
+    pub async fn restore_manifest_to(
+        &self,
+        ws: &str,
+        path: &str,
+        m: pb::GetManifestResponse,
+        dest: &Destination,
+        parallel: usize,
+        progress: Option<Progress>,
+    ) -> Result<Restored> {
+        let partial_name = partial_name(&dest.name);
+        let partial = partial_path(&dest.shown);
+        let (file, resuming) = open_partial(&dest.dir, &partial_name, &partial)?;
         if file.metadata().map_err(|e| io(&partial, e))?.len() != m.size {
             file.set_len(m.size).map_err(|e| io(&partial, e))?;
         }
@@ -160,16 +253,21 @@ impl Client {
             .await?;
 
         let (f, p, want) = (file.clone(), partial.clone(), m.sha256.clone());
-        tokio::task::spawn_blocking(move || finish(&f, &p, &want))
+        let whole = tokio::task::spawn_blocking(move || finish(&f, &p, &want))
             .await
-            .map_err(|e| ClientError::local(e.to_string()))??;
-        std::fs::rename(&partial, dest).map_err(|e| io(dest, e))?;
-        // Make the rename itself durable.
-        if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty())
-            && let Ok(d) = std::fs::File::open(dir)
-        {
-            let _ = d.sync_all();
+            .map_err(|e| ClientError::local(e.to_string()))?;
+        if let Err(e) = whole {
+            if e.reason == crate::Reason::Integrity {
+                // None of its blocks can be trusted as a resume point.
+                let _ = dest.dir.remove_file(&partial_name);
+            }
+            return Err(e);
         }
+        dest.dir
+            .rename(&partial_name, &dest.name)
+            .map_err(|e| io(&dest.shown, e))?;
+        // Make the rename itself durable.
+        let _ = dest.dir.sync();
         Ok(Restored {
             manifest: m,
             resumed_blocks: resumed,
@@ -216,62 +314,23 @@ impl Client {
     }
 }
 
-/// Refuses a destination that the final rename could not replace, before anything is
-/// downloaded: an existing directory, or a parent that is missing or not a directory.
-fn check_destination(dest: &Path) -> Result<()> {
-    if dest.as_os_str().is_empty() {
-        return Err(ClientError::usage("the destination path is empty"));
-    }
-    match std::fs::symlink_metadata(dest) {
-        Ok(md) if md.is_dir() => {
-            return Err(ClientError::usage(format!(
-                "{} is a directory: restore needs a file path to create or replace (e.g. {}/NAME)",
-                dest.display(),
-                dest.display()
-            )));
-        }
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(dest, e)),
-    }
-    let parent = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    match std::fs::metadata(parent) {
-        Ok(md) if md.is_dir() => Ok(()),
-        Ok(_) => Err(ClientError::usage(format!(
-            "{}: {} is not a directory",
-            dest.display(),
-            parent.display()
-        ))),
-        Err(e) => Err(ClientError::usage(format!(
-            "{}: its directory {}: {e}",
-            dest.display(),
-            parent.display()
-        ))),
-    }
-}
-
 /// Opens (or creates, mode 0600) `DEST.partial` without following a symbolic link, and
 /// refuses it unless it is a regular file owned by this user and writable by nobody else.
 /// Returns the file and whether it existed before (a resume).
-fn open_partial(partial: &Path) -> Result<(std::fs::File, bool)> {
+fn open_partial(dir: &Dir, name: &OsStr, partial: &Path) -> Result<(std::fs::File, bool)> {
     let refuse = |why: String| {
         ClientError::local(format!(
             "{}: {why}; refusing to use it (remove it if you did not create it)",
             partial.display()
         ))
     };
-    let existed = std::fs::symlink_metadata(partial).is_ok();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(partial)
+    let existed = dir.entry_kind(name).map_err(|e| io(partial, e))?.is_some();
+    let file = dir
+        .open_file(
+            name,
+            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0o600,
+        )
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => refuse("is a symbolic link".into()),
             _ => io(partial, e),
@@ -324,8 +383,8 @@ fn block_verifies(file: &std::fs::File, offset: u64, b: &pb::BlockInfo) -> bool 
     file.read_exact_at(&mut buf, offset).is_ok() && Sha256::digest(&buf).as_slice() == b.sha256
 }
 
-/// Verifies the whole sha256 of the assembled file and makes it durable. A mismatch removes
-/// the partial file: none of its blocks can be trusted as a resume point then.
+/// Verifies the whole sha256 of the assembled file and makes it durable. On a mismatch the
+/// caller removes the partial file: none of its blocks can be trusted as a resume point then.
 fn finish(file: &std::fs::File, partial: &Path, want: &[u8]) -> Result<()> {
     file.sync_all().map_err(|e| io(partial, e))?;
     let mut h = Sha256::new();
@@ -340,7 +399,6 @@ fn finish(file: &std::fs::File, partial: &Path, want: &[u8]) -> Result<()> {
         pos += n as u64;
     }
     if h.finalize().as_slice() != want {
-        let _ = std::fs::remove_file(partial);
         return Err(ClientError::integrity(
             "the restored file does not match the artifact's recorded sha256",
         ));

@@ -1,7 +1,8 @@
 """`nokv mcp` driven by the real MCP client from PyPI (`mcp`) against a real daemon.
 
 A daemon (local provider) is started on a temporary data directory; every test spawns
-`nokv mcp` over stdio, initializes a session and calls tools as an agent host would.
+`nokv mcp` over stdio, initializes a session and calls tools as an agent host would. `nokv mcp`
+starts in that temporary directory, so it is the default --local-root of every session.
 
 Run: python3 -m unittest discover -s scripts/tests -v   (after `cargo build --workspace --bins`)
 
@@ -45,6 +46,7 @@ TOOLS = {
     "nokv_find", "nokv_grep", "nokv_delete", "nokv_publish", "nokv_restore", "nokv_health",
 }
 WRITING_TOOLS = {"nokv_write", "nokv_edit", "nokv_append", "nokv_delete", "nokv_publish"}
+LOCAL_FILE_TOOLS = {"nokv_publish", "nokv_restore"}
 
 
 class Recorded:
@@ -113,7 +115,8 @@ class McpServerTest(unittest.TestCase):
                     raise AssertionError(msg)
                 raise unittest.SkipTest(msg)
         cls.tmp = tempfile.TemporaryDirectory(prefix="nokv-mcp-test-")
-        cls.dir = Path(cls.tmp.name)
+        # Canonical: absolute local paths are compared against the canonical --local-root.
+        cls.dir = Path(cls.tmp.name).resolve()
         data = cls.dir / "data"
         cls.daemon = subprocess.Popen(
             [str(SERVER_BIN), "--data-dir", str(data), "--listen", "127.0.0.1:0", "--log", "warn"],
@@ -160,7 +163,7 @@ class McpServerTest(unittest.TestCase):
         extra = {"NOKV_ENDPOINT": self.endpoint, "NOKV_CA": self.ca,
                  "NOKV_TOKEN": token or self.token, **(env or {})}
         params = StdioServerParameters(command=str(CLI_BIN), args=["mcp", *args],
-                                       env=clean_env(extra))
+                                       env=clean_env(extra), cwd=str(self.dir))
         with open(self.dir / "mcp.stderr.log", "a") as errlog:
             async with stdio_client(params, errlog=errlog) as (read, write):
                 if record is not None:
@@ -372,7 +375,8 @@ class McpServerTest(unittest.TestCase):
 
         async def go():
             texts = []
-            async with self.session("--workspace", "agent") as s:
+            # /dev/zero is outside the default root (the test's directory).
+            async with self.session("--workspace", "agent", "--local-root", "/") as s:
                 for local in ("/dev/zero", str(fifo), str(self.dir)):
                     texts.append(await self.fails(s, "nokv_publish", {
                         "path": "bad/x.bin", "local_path": local}, "LocalRefused"))
@@ -382,6 +386,87 @@ class McpServerTest(unittest.TestCase):
         self.assertIn("a device", texts[0])
         self.assertIn("a FIFO", texts[1])
         self.assertIn("a directory", texts[2])
+
+    def test_local_root_refuses_every_escape_naming_its_rule_and_leaves_outside_files_untouched(self):
+        base = self.dir / "escape"
+        root = base / "root"
+        (root / "sub").mkdir(parents=True)
+        outside = base / "outside.txt"
+        outside.write_bytes(os.urandom(4096))
+        os.chmod(outside, 0o600)
+        before = outside.read_bytes()
+        (root / "art.bin").write_bytes(os.urandom(MIB + 3))
+        os.symlink("../outside.txt", root / "up_link")
+        os.symlink(str(outside), root / "abs_link")
+        os.symlink(str(base), root / "dir_out")
+        dotdot, absolute, symlink = "through `..`", "absolute path outside", "symbolic link"
+        reads = [("../outside.txt", dotdot), ("sub/../../outside.txt", dotdot),
+                 (str(outside), absolute), ("/etc/passwd", absolute),
+                 ("up_link", symlink), ("abs_link", symlink), ("dir_out/outside.txt", symlink)]
+        writes = reads[:3] + [("abs_link", symlink), ("up_link", symlink),
+                              ("dir_out/outside.txt", symlink), ("dir_out/new.bin", symlink)]
+
+        async def go():
+            refusals = []
+            async with self.session("--workspace", "agent", "--local-root", str(root)) as s:
+                await self.ok(s, "nokv_publish", {"path": "esc/art.bin",
+                                                  "local_path": "art.bin"})
+                for local, rule in reads:
+                    text = await self.fails(s, "nokv_publish", {
+                        "path": "esc/stolen.bin", "local_path": local}, "OutsideLocalRoot")
+                    refusals.append((local, rule, text))
+                for local, rule in writes:
+                    text = await self.fails(s, "nokv_restore", {
+                        "path": "esc/art.bin", "local_path": local, "overwrite": True},
+                        "OutsideLocalRoot")
+                    refusals.append((local, rule, text))
+                await self.fails(s, "nokv_stat", {"path": "esc/stolen.bin"}, "NotFound")
+            return refusals
+
+        for local, rule, text in asyncio.run(go()):
+            self.assertIn(f"escapes --local-root {root}", text, local)
+            self.assertIn(rule, text, local)
+        self.assertEqual(outside.read_bytes(), before, "the file outside is left byte for byte")
+        self.assertEqual(sorted(p.name for p in base.iterdir()), ["outside.txt", "root"])
+
+    def test_publish_and_restore_inside_the_default_local_root_work_relative_or_absolute(self):
+        # The default root is the directory `nokv mcp` starts in: the test's directory.
+        source = self.dir / "inroot" / "data.bin"
+        source.parent.mkdir()
+        source.write_bytes(os.urandom(2 * MIB + 1))
+
+        async def go():
+            async with self.session("--workspace", "agent") as s:
+                await self.ok(s, "nokv_publish", {"path": "inroot/data.bin",
+                                                  "local_path": "inroot/data.bin"})
+                rel = await self.ok(s, "nokv_restore", {"path": "inroot/data.bin",
+                                                        "local_path": "inroot/copy.bin"})
+                ab = await self.ok(s, "nokv_restore", {
+                    "path": "inroot/data.bin",
+                    "local_path": str(self.dir / "inroot" / "copy2.bin")})
+                return rel, ab
+
+        rel, ab = asyncio.run(go())
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        self.assertEqual((rel["sha256"], ab["sha256"]), (digest, digest))
+        for name in ("copy.bin", "copy2.bin"):
+            self.assertEqual((self.dir / "inroot" / name).read_bytes(), source.read_bytes())
+
+    def test_local_root_none_removes_publish_and_restore_and_refuses_a_call_to_either(self):
+        dest = self.dir / "none-restore.bin"
+
+        async def go():
+            async with self.session("--workspace", "agent", "--local-root", "none") as s:
+                names = {t.name for t in (await s.list_tools()).tools}
+                texts = [await self.fails(s, tool, {"path": "a.bin", "local_path": str(dest)},
+                                          "LocalRefused") for tool in sorted(LOCAL_FILE_TOOLS)]
+            return names, texts
+
+        names, texts = asyncio.run(go())
+        self.assertEqual(names, TOOLS - LOCAL_FILE_TOOLS)
+        for t in texts:
+            self.assertIn("--local-root none", t)
+        self.assertFalse(dest.exists())
 
     def test_a_token_for_another_workspace_gets_permission_denied_as_a_tool_error(self):
         async def go():

@@ -5,19 +5,24 @@
 //! stdout carries the protocol and nothing else: logs go to stderr (the CLI's subscriber
 //! writes there), and no tool prints. Protocol version negotiation is the `rmcp` SDK's.
 //!
-//! Two switches shape what a model can do, decided when the host starts the server:
+//! Three switches shape what a model can do, decided when the host starts the server:
 //! * `--workspace WS` pins the workspace: the `workspace` argument disappears from every
 //!   schema and a call naming another workspace is refused (`Usage`).
 //! * `--read-only` removes the tools that change the workspace from the tool list, and a call
 //!   to one anyway is a tool error with reason `ReadOnly` (a host may call a tool it cached
-//!   from an earlier session). `nokv_restore` stays: it reads the workspace (it writes only a
-//!   local file).
+//!   from an earlier session). `nokv_restore` goes too (it writes a file on this machine)
+//!   unless `--allow-restore`.
+//! * `--local-root DIR|none` confines the only two tools that touch this machine's files,
+//!   nokv_publish (reads one) and nokv_restore (writes one), to files beneath DIR (default:
+//!   the directory `nokv mcp` starts in); see [`local_root`]. `none` removes both.
 
+mod local_root;
 mod params;
 mod receipt;
 mod reply;
 mod tools;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nokv_client::{Client, ClientError};
@@ -60,11 +65,22 @@ pub struct McpArgs {
     /// With --read-only: keep nokv_restore (it writes local files, never the workspace).
     #[arg(long, requires = "read_only")]
     allow_restore: bool,
+    /// The directory nokv_publish may read and nokv_restore may write files in (the only
+    /// tools that touch this machine's files). Every local_path is resolved beneath it by the
+    /// kernel: `..` above it, an absolute path outside it and a symbolic link leading out are
+    /// refused. Default: the directory `nokv mcp` starts in. `none`: no local file at all
+    /// (nokv_publish and nokv_restore are removed); a directory named none is `./none`.
+    #[arg(long, value_name = "DIR|none")]
+    local_root: Option<PathBuf>,
 }
 
 /// The tool that writes to the host's files (not the workspace): removed by --read-only
 /// unless --allow-restore.
 const HOST_WRITING_TOOL: &str = "nokv_restore";
+
+/// The tools that touch the host's files: confined by --local-root, removed by
+/// `--local-root none`.
+const LOCAL_FILE_TOOLS: [&str; 2] = ["nokv_publish", HOST_WRITING_TOOL];
 
 /// The MCP server: the SDK client plus what the host fixed at start.
 #[derive(Clone)]
@@ -74,11 +90,22 @@ pub struct NokvMcp {
     read_only: bool,
     /// True if nokv_restore is refused (read-only without --allow-restore).
     no_restore: bool,
+    /// Where local files are confined; `None` with `--local-root none`.
+    local_root: Option<Arc<local_root::LocalRoot>>,
     tool_router: ToolRouter<NokvMcp>,
 }
 
 impl NokvMcp {
-    pub fn new(client: Client, args: McpArgs) -> NokvMcp {
+    /// The server; fails if the `--local-root` directory cannot be opened.
+    pub fn new(client: Client, args: McpArgs) -> Result<NokvMcp, ClientError> {
+        let local_root = match args.local_root {
+            Some(p) if p.as_os_str() == "none" => None,
+            Some(p) => Some(local_root::LocalRoot::open(&p)?),
+            None => Some(local_root::LocalRoot::open(Path::new("."))?),
+        };
+        if let Some(r) = &local_root {
+            tracing::info!(local_root = %r.path().display(), "local files confined");
+        }
         let mut tool_router = Self::tool_router();
         let no_restore = args.read_only && !args.allow_restore;
         if args.read_only {
@@ -89,18 +116,40 @@ impl NokvMcp {
         if no_restore {
             tool_router.remove_route(HOST_WRITING_TOOL);
         }
+        if local_root.is_none() {
+            for name in LOCAL_FILE_TOOLS {
+                tool_router.remove_route(name);
+            }
+        }
         if args.workspace.is_some() {
             for route in tool_router.map.values_mut() {
                 drop_workspace_argument(&mut route.attr);
             }
         }
-        NokvMcp {
+        Ok(NokvMcp {
             client,
             pinned: args.workspace,
             read_only: args.read_only,
             no_restore,
+            local_root: local_root.map(Arc::new),
             tool_router,
-        }
+        })
+    }
+
+    /// The local root, or the refusal of a local-file tool under `--local-root none`.
+    fn local_root(
+        &self,
+        tool: &str,
+    ) -> Result<&local_root::LocalRoot, rmcp::model::CallToolResult> {
+        self.local_root.as_deref().ok_or_else(|| {
+            reply::refused(
+                reply::LOCAL_REFUSED,
+                format!(
+                    "{tool} touches files on this machine and this server was started with \
+                     --local-root none: no local file can be read or written"
+                ),
+            )
+        })
     }
 
     /// The workspace a call acts on: the pinned one, or the one it names.
@@ -175,6 +224,11 @@ impl ServerHandler for NokvMcp {
             )
             .into());
         }
+        if LOCAL_FILE_TOOLS.contains(&request.name.as_ref())
+            && let Err(refused) = self.local_root(&request.name)
+        {
+            return Ok(refused.into());
+        }
         let call = ToolCallContext::new(self, request, context);
         Ok(match self.tool_router.call(call).await? {
             // rmcp answers arguments that do not fit the tool's schema itself, with a bare
@@ -198,7 +252,7 @@ impl ServerHandler for NokvMcp {
 /// Serves MCP on stdin/stdout until the host closes stdin.
 pub async fn run(client: Client, args: McpArgs) -> Result<(), ClientError> {
     let mcp = |e: String| ClientError::local(format!("MCP: {e}"));
-    let service = NokvMcp::new(client, args)
+    let service = NokvMcp::new(client, args)?
         .serve(rmcp::transport::stdio())
         .await
         .map_err(|e| mcp(e.to_string()))?;

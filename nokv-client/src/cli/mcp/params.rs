@@ -171,8 +171,9 @@ pub struct PublishArgs {
     pub workspace: Option<String>,
     /// Destination path of the artifact inside the workspace.
     pub path: String,
-    /// The local file to upload, on the machine running `nokv mcp` (an absolute path is
-    /// safest; a relative one is resolved against that process's working directory).
+    /// The local file to upload, on the machine running `nokv mcp`: relative to the server's
+    /// local root directory (by default the one it started in), or absolute inside it.
+    /// Paths leading out of the root (`..` above it, a symbolic link out) are refused.
     pub local_path: String,
     /// Names this publication (1-128 printable ASCII characters). Default: derived from the
     /// workspace, path, local file and its size and modification time — so calling again with
@@ -189,8 +190,9 @@ pub struct RestoreArgs {
     pub workspace: Option<String>,
     /// Path of the artifact inside the workspace.
     pub path: String,
-    /// Local destination file on the machine running `nokv mcp`; written atomically once
-    /// every block verified. Its directory must exist.
+    /// Local destination file on the machine running `nokv mcp`, relative to the server's
+    /// local root directory (by default the one it started in) or absolute inside it;
+    /// written atomically once every block verified. Its directory must exist.
     pub local_path: String,
     /// Replace `local_path` if a file is already there (default false: an existing file is
     /// refused with LocalRefused and left untouched).

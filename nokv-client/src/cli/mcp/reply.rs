@@ -12,8 +12,12 @@ use serde_json::{Value, json};
 /// The reason of a refused write tool in `--read-only` mode.
 pub const READ_ONLY: &str = "ReadOnly";
 /// The reason of a call refused to protect the files of the machine `nokv mcp` runs on (a
-/// restore over an existing file, a publish of something that is not a regular file).
+/// restore over an existing file, a publish of something that is not a regular file, either
+/// tool under `--local-root none`).
 pub const LOCAL_REFUSED: &str = "LocalRefused";
+/// The reason of a call whose `local_path` leads out of `nokv mcp --local-root` (an absolute
+/// path outside it, `..` above it, a symbolic link leading out); the message names the rule.
+pub const OUTSIDE_LOCAL_ROOT: &str = "OutsideLocalRoot";
 /// The reason of a call whose arguments do not fit the tool's schema (a missing `path`, a
 /// string where a number goes), like the daemon's for bad input.
 pub const INVALID_ARGUMENT: &str = "InvalidArgument";
@@ -74,7 +78,13 @@ fn hint(reason: &str) -> Option<&'static str> {
         READ_ONLY => "this server was started with --read-only: only reading tools are allowed",
         LOCAL_REFUSED => {
             "the rule in the message protects this machine's files: pass overwrite: true to \
-             replace a file you mean to replace, or name a regular file to publish"
+             replace a file you mean to replace, or name a regular file to publish; a server \
+             started with --local-root none reads and writes no local file at all"
+        }
+        OUTSIDE_LOCAL_ROOT => {
+            "this server reads and writes local files only inside its --local-root directory \
+             (named in the message): pass a path inside it, relative to it or absolute, with \
+             no `..` above it and no symbolic link that leads out"
         }
         "QuotaExceeded" => "the workspace is over its byte quota: delete something first",
         "InvalidArgument" => "fix the argument named in the message and call again",

@@ -5,9 +5,10 @@
 //! Every tool answers through [`reply`]: failures become tool errors carrying the typed reason,
 //! whatever their source (the daemon, the transport, a bad argument caught here).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nokv_client::publish::PublishOptions;
+use nokv_client::restore::Destination;
 use nokv_client::{Client, ClientError};
 use nokv_proto::v1 as pb;
 use rmcp::handler::server::wrapper::Parameters;
@@ -18,10 +19,11 @@ use serde_json::json;
 use super::super::agent_ops::{grep_json, grep_lines};
 use super::super::crash_point;
 use super::super::output::{entry_json, human_bytes, kind_name};
-use super::NokvMcp;
+use super::local_root::LocalError;
 use super::params::*;
 use super::receipt;
 use super::reply;
+use super::{HOST_WRITING_TOOL, NokvMcp};
 
 /// Blocks in flight for a publish or a restore (the CLI's default).
 const PARALLEL: usize = 4;
@@ -434,8 +436,10 @@ impl NokvMcp {
             checkpoint) as an artifact at `path`, in 4 MiB blocks, verified end to end. Safe to \
             retry: calling again with the same arguments after a failure or interruption \
             resumes the upload and sends only the missing blocks (blocks_sent / blocks_skipped \
-            say so); after a success it sends nothing. Errors: Local if the local file cannot \
-            be read; QuotaExceeded; RequestIdReused if an explicit receipt was used for another \
+            say so); after a success it sends nothing. local_path is confined to the server's \
+            local root directory. Errors: OutsideLocalRoot if local_path leads out of it; \
+            LocalRefused if it is not a regular file; Local if it cannot be read; \
+            QuotaExceeded; RequestIdReused if an explicit receipt was used for another \
             file.",
         annotations(destructive_hint = true)
     )]
@@ -443,31 +447,44 @@ impl NokvMcp {
         answer(
             async {
                 let ws = self.workspace(a.workspace)?;
-                let local = Path::new(&a.local_path);
+                let root = match self.local_root("nokv_publish") {
+                    Ok(r) => r,
+                    Err(refused) => return Ok(refused),
+                };
+                let file = match root.open_source(&a.local_path) {
+                    Ok(f) => f,
+                    Err(e) => return local_refusal(e),
+                };
+                let meta = file
+                    .metadata()
+                    .map_err(|e| ClientError::local(format!("{}: {e}", a.local_path)))?;
                 // Before a byte is read: a device never ends (/dev/zero), a FIFO blocks, a
                 // directory is not an artifact.
-                if let Ok(m) = std::fs::metadata(local)
-                    && !m.is_file()
-                {
+                if !meta.is_file() {
                     return Ok(reply::refused(
                         reply::LOCAL_REFUSED,
                         format!(
                             "nokv_publish reads regular files only: {} is {}",
                             a.local_path,
-                            file_kind(&m)
+                            file_kind(&meta)
                         ),
                     ));
                 }
+                let shown = Path::new(&a.local_path);
                 let receipt = match a.receipt {
                     Some(r) => r,
-                    None => receipt::derive(&ws, &a.path, local)?,
+                    None => {
+                        let rel = shown.strip_prefix(root.path()).unwrap_or(shown);
+                        receipt::derive(&ws, &a.path, &root.path().join(rel), &meta)
+                    }
                 };
                 let p = self
                     .client
-                    .publish(
+                    .publish_open(
                         &ws,
                         &a.path,
-                        local,
+                        file,
+                        shown,
                         PublishOptions {
                             parallel: PARALLEL,
                             progress: crash_point::arm(None),
@@ -509,17 +526,25 @@ impl NokvMcp {
         description = "Download an artifact into a local file, every block verified against \
             its recorded sha256; the destination appears only once complete (an interrupted \
             restore resumes when called again). Does not change the workspace; writes a file on \
-            this machine, and refuses to replace an existing one unless overwrite is true. \
-            Errors: NotFound; LocalRefused if the destination exists; Local if it cannot be \
-            written.",
+            this machine, inside the server's local root directory, and refuses to replace an \
+            existing one unless overwrite is true. Errors: NotFound; OutsideLocalRoot if \
+            local_path leads out of the local root; LocalRefused if the destination exists; \
+            Local if it cannot be written.",
         annotations(read_only_hint = true)
     )]
     async fn restore(&self, Parameters(a): Parameters<RestoreArgs>) -> CallToolResult {
         answer(
             async {
                 let ws = self.workspace(a.workspace)?;
-                let dest = Path::new(&a.local_path);
-                if !a.overwrite.unwrap_or(false) && std::fs::symlink_metadata(dest).is_ok() {
+                let root = match self.local_root(HOST_WRITING_TOOL) {
+                    Ok(r) => r,
+                    Err(refused) => return Ok(refused),
+                };
+                let target = match root.target(&a.local_path) {
+                    Ok(t) => t,
+                    Err(e) => return local_refusal(e),
+                };
+                if !a.overwrite.unwrap_or(false) && target.existing.is_some() {
                     return Ok(reply::refused(
                         reply::LOCAL_REFUSED,
                         format!(
@@ -529,9 +554,11 @@ impl NokvMcp {
                         ),
                     ));
                 }
+                let dest =
+                    Destination::in_dir(target.dir, target.name, PathBuf::from(&a.local_path))?;
                 let r = self
                     .client
-                    .restore(&ws, &a.path, dest, PARALLEL, None)
+                    .restore_to(&ws, &a.path, &dest, PARALLEL, None)
                     .await?;
                 let m = &r.manifest;
                 Ok(reply::ok(
@@ -622,6 +649,15 @@ async fn route_check(client: &Client, ws: &str) -> Answer {
             "endpoint": r.endpoint, "epoch": r.epoch,
         }),
     ))
+}
+
+/// The tool answer for a local path that was not opened: an escape from the root is refused
+/// with its rule (`OutsideLocalRoot`); any other failure is the call's error.
+fn local_refusal(e: LocalError) -> Answer {
+    match e {
+        LocalError::Escapes(message) => Ok(reply::refused(reply::OUTSIDE_LOCAL_ROOT, message)),
+        LocalError::Failed(e) => Err(e),
+    }
 }
 
 /// What a file that is not a regular file is, in words.
