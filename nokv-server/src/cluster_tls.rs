@@ -192,7 +192,9 @@ fn checked_etcd_hosts(hosts: &[String]) -> Result<Vec<String>> {
         return Ok(Vec::new());
     }
     checked_hosts(hosts).map_err(|e| match e {
-        BootstrapError::Invalid(m) => BootstrapError::Invalid(m.replacen("--host", "--etcd-host", 1)),
+        BootstrapError::Invalid(m) => {
+            BootstrapError::Invalid(m.replacen("--host", "--etcd-host", 1))
+        }
         other => other,
     })
 }
@@ -438,7 +440,9 @@ mod tests {
         }
         let server = fs::read_to_string(etcd_file(&c, "server.pem")).unwrap();
         assert!(server.starts_with("-----BEGIN CERTIFICATE-----"));
-        let e = add_cert(&c, &[], &hosts(&["etcd"])).unwrap_err().to_string();
+        let e = add_cert(&c, &[], &hosts(&["etcd"]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("already exists"), "{e}");
         let plain = root.path().join("plain");
         init(&plain, &hosts(&["n1"]), &[]).unwrap();

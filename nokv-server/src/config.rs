@@ -854,9 +854,9 @@ fn check_access(urls: &[String], access: &EtcdAccessFiles) -> Result<(), ConfigE
         (None, Some(_)) => Err(ConfigError(
             "--etcd-password-file needs --etcd-user (the etcd user the password is for)".into(),
         )),
-        (Some(user), Some(_)) if user.trim().is_empty() || user.contains(['\n', '\r']) => {
-            Err(ConfigError("--etcd-user must be a non-empty user name".into()))
-        }
+        (Some(user), Some(_)) if user.trim().is_empty() || user.contains(['\n', '\r']) => Err(
+            ConfigError("--etcd-user must be a non-empty user name".into()),
+        ),
         _ => Ok(()),
     }
 }

@@ -745,9 +745,15 @@ fn every_deploy_cluster_node_reaches_etcd_over_https_with_a_ca_and_a_client_cert
         &format!("ETCD_CERT_FILE: {tls_dir}/etcd/server.pem"),
         &format!("ETCD_KEY_FILE: {tls_dir}/etcd/server.key"),
     ] {
-        assert!(compose.contains(setting), "docker-compose.yml: no {setting}");
+        assert!(
+            compose.contains(setting),
+            "docker-compose.yml: no {setting}"
+        );
     }
-    assert!(!compose.contains("http://etcd"), "plain http to etcd remains");
+    assert!(
+        !compose.contains("http://etcd"),
+        "plain http to etcd remains"
+    );
 
     let configmap = std::fs::read_to_string(deploy_dir().join("k8s/configmap.yaml")).unwrap();
     let setting = |name: &str| {

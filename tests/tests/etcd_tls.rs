@@ -61,24 +61,23 @@ fn a_node_with_the_cluster_etcd_client_certificate_joins_an_etcd_demanding_clien
     let c = Cluster::with_etcd_tls("etcdtls");
     assert!(c.etcd().endpoint().starts_with("https://127.0.0.1:"));
     let node = c.start(c.spec(1));
-    c.wait_until("the node owns every shard", |v| v.owned_by("n1").len() == 16);
+    c.wait_until("the node owns every shard", |v| {
+        v.owned_by("n1").len() == 16
+    });
     let body = b"written while etcd checked our certificate\n";
     c.cli_stdin(&[node.endpoint()], &["put", "w:notes/a.txt"], Some(body))
         .assert_ok();
-    let read = c.cli_via(&node, &["get", "w:notes/a.txt"]).assert_ok();
-    assert_eq!(read.stdout, body);
+    let read = c.cli_via(&node, &["get", "w:notes/a.txt"]);
+    assert_eq!(read.assert_ok().stdout, body);
 }
 
 #[test]
 fn a_node_without_a_client_certificate_is_refused_at_start_up_in_one_line_saying_etcd_requires_one()
- {
+{
     let c = Cluster::with_etcd_tls("etcdtls-nocert");
     let ca = c.tls_dir().join("ca.pem");
-    let line = assert_refused_in_one_line(
-        &c,
-        &["--etcd-ca".into(), path_str(&ca).into()],
-        "requires a client certificate",
-    );
+    let flags = ["--etcd-ca".to_string(), path_str(&ca).to_string()];
+    let line = assert_refused_in_one_line(&c, &flags, "requires a client certificate");
     assert!(line.contains("--etcd-cert"), "{line}");
 }
 
@@ -160,7 +159,12 @@ async fn etcd_user_auth_joins_with_the_right_password_refuses_a_wrong_one_and_ne
 
     let pw = c.root().join("etcd-password");
     std::fs::write(&pw, format!("{wrong}\n")).unwrap();
-    let user = ["--etcd-user", "nokv-node", "--etcd-password-file", path_str(&pw)];
+    let user = [
+        "--etcd-user",
+        "nokv-node",
+        "--etcd-password-file",
+        path_str(&pw),
+    ];
     let c = &c;
     let (status, stderr) = tokio::task::block_in_place(|| c.start_refused(&c.spec(8), &user));
     assert!(!status.success(), "{stderr}");
@@ -174,7 +178,9 @@ async fn etcd_user_auth_joins_with_the_right_password_refuses_a_wrong_one_and_ne
     std::fs::write(&pw, format!("{right}\n")).unwrap();
     let (stderr, owned) = tokio::task::block_in_place(|| {
         let node = c.start_with(c.spec(1), &user);
-        let view = c.wait_until("the node owns every shard", |v| v.owned_by("n1").len() == 16);
+        let view = c.wait_until("the node owns every shard", |v| {
+            v.owned_by("n1").len() == 16
+        });
         c.cli_stdin(&[node.endpoint()], &["put", "w:a.txt"], Some(b"x"))
             .assert_ok();
         let (_, _, stderr) = c.terminate(node);

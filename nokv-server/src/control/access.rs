@@ -76,13 +76,13 @@ pub enum AccessError {
     /// etcd demands a client certificate and none was configured.
     #[error(
         "etcd at {endpoint} requires a client certificate: give --etcd-cert and --etcd-key \
-         (etcd refused the connection: {alert})"
+         ({alert})"
     )]
     CertificateRequired { endpoint: String, alert: String },
     /// etcd refused the client certificate we presented.
     #[error(
         "etcd at {endpoint} refused our client certificate --etcd-cert {} (not signed by a CA \
-         etcd trusts, or expired; etcd said: {alert})",
+         etcd trusts, or expired; {alert})",
         cert.display()
     )]
     CertificateRefused {
@@ -325,12 +325,52 @@ async fn probe(endpoint: &str, access: &EtcdAccess) -> Result<(), AccessError> {
         channel = channel.tls_config(tls).map_err(|e| failed(&e))?;
     }
     let channel = channel.connect().await.map_err(|e| failed(&e))?;
+    // From here the TLS handshake is complete on our side; etcd checks our certificate after
+    // it (TLS 1.3), so a refusal arrives with the first call.
+    let after_handshake = |e: &(dyn StdError + 'static)| match failed(e) {
+        AccessError::Failed { endpoint, detail }
+            if access.tls.is_some() && closed_at_once(&detail) =>
+        {
+            refused_certificate(endpoint, access, CLOSED_AFTER_HANDSHAKE.into())
+        }
+        other => other,
+    };
     let mut client =
         Client::from_channel(etcd_client::Channel::Tonic(channel), Some(access.options()))
             .await
-            .map_err(|e| failed(&e))?;
-    client.status().await.map_err(|e| failed(&e))?;
+            .map_err(|e| after_handshake(&e))?;
+    client.status().await.map_err(|e| after_handshake(&e))?;
     Ok(())
+}
+
+/// What a refusal looks like when etcd's alert is lost: etcd sends it and closes while our
+/// first request is unread in its socket, and the kernel's reset can discard the alert before
+/// we read it.
+const CLOSED_AFTER_HANDSHAKE: &str = "it closed the connection right after the TLS handshake";
+
+/// The connection ended under the first call (closed, reset, cancelled).
+fn closed_at_once(detail: &str) -> bool {
+    let detail = detail.to_ascii_lowercase();
+    [
+        "connection closed",
+        "connection reset",
+        "broken pipe",
+        "operation was canceled",
+    ]
+    .iter()
+    .any(|t| detail.contains(t))
+}
+
+/// The refusal of our client certificate, or of its absence.
+fn refused_certificate(endpoint: String, access: &EtcdAccess, alert: String) -> AccessError {
+    match access.tls.as_ref().and_then(|t| t.identity.as_ref()) {
+        Some((cert, ..)) => AccessError::CertificateRefused {
+            endpoint,
+            cert: cert.clone(),
+            alert,
+        },
+        None => AccessError::CertificateRequired { endpoint, alert },
+    }
 }
 
 /// Names the cause of a failed probe from its error chain: a TLS alert from etcd, a
@@ -350,18 +390,21 @@ fn classify(endpoint: &str, access: &EtcdAccess, error: &(dyn StdError + 'static
     });
     let detail = texts.join(": ").replace(['\n', '\r'], " ");
     let tls = access.tls.as_ref();
+    // An alert etcd sends after the handshake (TLS 1.3 checks the client's certificate then)
+    // reaches us re-wrapped as text by the HTTP/2 layer, not as a rustls error.
+    let alert = match &tls_error {
+        Some(rustls::Error::AlertReceived(alert)) => Some(format!("{alert:?}")),
+        _ => detail.split_once(ALERT_TEXT).map(|(_, rest)| {
+            rest.split(|c: char| !c.is_ascii_alphanumeric())
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        }),
+    };
+    if let Some(alert) = alert {
+        return refused_certificate(endpoint, access, format!("alert {alert}"));
+    }
     match tls_error {
-        Some(rustls::Error::AlertReceived(alert)) => {
-            let alert = format!("{alert:?}");
-            return match tls.and_then(|t| t.identity.as_ref()) {
-                Some((cert, ..)) => AccessError::CertificateRefused {
-                    endpoint,
-                    cert: cert.clone(),
-                    alert,
-                },
-                None => AccessError::CertificateRequired { endpoint, alert },
-            };
-        }
         Some(rustls::Error::InvalidCertificate(why)) => {
             use rustls::CertificateError as C;
             let detail = format!("{why:?}");
@@ -390,6 +433,9 @@ fn classify(endpoint: &str, access: &EtcdAccess, error: &(dyn StdError + 'static
     }
     AccessError::Failed { endpoint, detail }
 }
+
+/// How rustls words an alert received from the peer (`rustls::Error::AlertReceived`).
+const ALERT_TEXT: &str = "received fatal alert: ";
 
 /// Visits `error` and its causes, looking through `std::io::Error`s (whose `source` skips the
 /// error they wrap: a rustls error travels inside one).
@@ -425,7 +471,10 @@ mod tests {
         assert_eq!(user.password, EtcdPassword("s3cret-Pa55".into()));
         let shown = format!("{access:?} {access:#?}");
         assert!(!shown.contains("s3cret"), "{shown}");
-        assert!(shown.contains("<redacted>") && shown.contains("nokv"), "{shown}");
+        assert!(
+            shown.contains("<redacted>") && shown.contains("nokv"),
+            "{shown}"
+        );
         let refused = AccessError::AuthFailed {
             endpoint: "https://e:2379".into(),
             user: "nokv".into(),
