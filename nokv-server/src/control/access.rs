@@ -404,23 +404,20 @@ fn classify(endpoint: &str, access: &EtcdAccess, error: &(dyn StdError + 'static
     if let Some(alert) = alert {
         return refused_certificate(endpoint, access, format!("alert {alert}"));
     }
-    match tls_error {
-        Some(rustls::Error::InvalidCertificate(why)) => {
-            use rustls::CertificateError as C;
-            let detail = format!("{why:?}");
-            return match (why, tls) {
-                (C::NotValidForName | C::NotValidForNameContext { .. }, _) => {
-                    AccessError::WrongName { endpoint, detail }
-                }
-                (_, Some(tls)) => AccessError::UntrustedServer {
-                    endpoint,
-                    ca: tls.ca_path.clone(),
-                    detail,
-                },
-                (_, None) => AccessError::Failed { endpoint, detail },
-            };
-        }
-        _ => {}
+    if let Some(rustls::Error::InvalidCertificate(why)) = tls_error {
+        use rustls::CertificateError as C;
+        let detail = format!("{why:?}");
+        return match (why, tls) {
+            (C::NotValidForName | C::NotValidForNameContext { .. }, _) => {
+                AccessError::WrongName { endpoint, detail }
+            }
+            (_, Some(tls)) => AccessError::UntrustedServer {
+                endpoint,
+                ca: tls.ca_path.clone(),
+                detail,
+            },
+            (_, None) => AccessError::Failed { endpoint, detail },
+        };
     }
     if let Some(user) = &access.user
         && detail.contains("authentication failed")
