@@ -9,7 +9,14 @@
 //! C/admin.token                admin token for every workspace
 //! C/client.toml                endpoint (first host, port 7878), CA and admin token for the CLI
 //! C/nodes/H.pem  C/nodes/H.key the certificate of node host H (its only name)
+//! C/etcd/server.pem + .key     with --etcd-host: a serving certificate for a test/dev etcd
+//! C/etcd/client.pem + .key     with --etcd-host: the nodes' etcd client certificate
 //! ```
+//! The etcd material lets a test or development etcd run with `--client-cert-auth
+//! --trusted-ca-file C/ca.pem --cert-file C/etcd/server.pem --key-file C/etcd/server.key` and
+//! nodes reach it with `--etcd-ca C/ca.pem --etcd-cert C/etcd/client.pem --etcd-key
+//! C/etcd/client.key`. Such an etcd trusts every certificate of the cluster CA, node
+//! certificates included; a production etcd should have a CA of its own.
 //! `cluster init` builds the whole directory beside C and renames it into place, so C either
 //! does not exist or is complete; it never overwrites an existing C. `cluster cert` adds one
 //! host's certificate from the same CA and never replaces an existing one.
@@ -32,8 +39,11 @@ const CLIENT_PORT: u16 = 7878;
 
 /// Creates the cluster directory `dir` with a certificate for each of `hosts`. Refuses when
 /// `dir` exists and is not empty; nothing is left behind on failure.
-pub fn init(dir: &Path, hosts: &[String]) -> Result<PathBuf> {
+/// With `etcd_hosts`, also writes etcd's serving certificate for those names and the nodes'
+/// etcd client certificate ([`write_etcd`]).
+pub fn init(dir: &Path, hosts: &[String], etcd_hosts: &[String]) -> Result<PathBuf> {
     let hosts = checked_hosts(hosts)?;
+    let etcd_hosts = checked_etcd_hosts(etcd_hosts)?;
     if !is_absent_or_empty(dir)? {
         return Err(exists(dir));
     }
@@ -71,6 +81,9 @@ pub fn init(dir: &Path, hosts: &[String]) -> Result<PathBuf> {
         for host in &hosts {
             write_node(&staging, &ca_key, host)?;
         }
+        if !etcd_hosts.is_empty() {
+            write_etcd(&staging, &ca_key, &etcd_hosts)?;
+        }
         Ok(())
     })();
     if let Err(e) = built {
@@ -92,9 +105,16 @@ pub fn init(dir: &Path, hosts: &[String]) -> Result<PathBuf> {
 }
 
 /// Adds a certificate for each of `hosts` to the existing cluster directory `dir`, signed by
-/// its CA; refuses a host that already has one.
-pub fn add_cert(dir: &Path, hosts: &[String]) -> Result<Vec<PathBuf>> {
-    let hosts = checked_hosts(hosts)?;
+/// its CA; refuses a host that already has one. With `etcd_hosts`, also adds the etcd material
+/// ([`write_etcd`]), refused when the directory has it already. Checks everything before it
+/// writes anything.
+pub fn add_cert(dir: &Path, hosts: &[String], etcd_hosts: &[String]) -> Result<Vec<PathBuf>> {
+    let hosts = if hosts.is_empty() && !etcd_hosts.is_empty() {
+        Vec::new()
+    } else {
+        checked_hosts(hosts)?
+    };
+    let etcd_hosts = checked_etcd_hosts(etcd_hosts)?;
     let ca_key_path = dir.join("ca.key");
     let ca_key = read_opt(&ca_key_path)?.ok_or_else(|| {
         BootstrapError::Invalid(format!(
@@ -112,12 +132,71 @@ pub fn add_cert(dir: &Path, hosts: &[String]) -> Result<Vec<PathBuf>> {
             node_key(dir, h).display()
         )));
     }
+    if !etcd_hosts.is_empty() && etcd_file(dir, "server.pem").exists() {
+        return Err(BootstrapError::Invalid(format!(
+            "{} already exists: the directory has etcd certificates; delete {} first to replace them",
+            etcd_file(dir, "server.pem").display(),
+            dir.join("etcd").display()
+        )));
+    }
     let mut written = Vec::new();
     for host in &hosts {
         write_node(dir, &ca_key, host)?;
         written.push(node_cert(dir, host));
     }
+    if !etcd_hosts.is_empty() {
+        write_etcd(dir, &ca_key, &etcd_hosts)?;
+        written.extend(["server.pem", "client.pem"].map(|f| etcd_file(dir, f)));
+    }
     Ok(written)
+}
+
+/// `C/etcd/NAME`: the etcd material of a cluster directory.
+pub fn etcd_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join("etcd").join(name)
+}
+
+/// Common name of the nodes' etcd client certificate: the etcd user it authenticates as when
+/// etcd's auth is on and no `--etcd-user` is given.
+pub const ETCD_CLIENT_NAME: &str = "nokv";
+
+/// Writes `C/etcd/server.pem` + `.key` (names: `etcd_hosts`; serverAuth and clientAuth) and
+/// `C/etcd/client.pem` + `.key` (clientAuth, common name [`ETCD_CLIENT_NAME`]), both signed by
+/// the cluster CA; keys 0600.
+fn write_etcd(dir: &Path, ca_key: &KeyPair, etcd_hosts: &[String]) -> Result<()> {
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    mkdir(&dir.join("etcd"))?;
+    let (cert, key) = pki::issue_leaf_for(
+        ca_key_again(ca_key)?,
+        pki::CLUSTER_CA_NAME,
+        etcd_hosts.to_vec(),
+        "etcd",
+        vec![ServerAuth, ClientAuth],
+    )?;
+    write_secret(&etcd_file(dir, "server.key"), key.as_bytes())?;
+    write_file(&etcd_file(dir, "server.pem"), cert.as_bytes())?;
+    let (cert, key) = pki::issue_leaf_for(
+        ca_key_again(ca_key)?,
+        pki::CLUSTER_CA_NAME,
+        Vec::new(),
+        ETCD_CLIENT_NAME,
+        vec![ClientAuth],
+    )?;
+    write_secret(&etcd_file(dir, "client.key"), key.as_bytes())?;
+    write_file(&etcd_file(dir, "client.pem"), cert.as_bytes())
+}
+
+/// `--etcd-host` values: like node hosts, but none is fine (no etcd material).
+fn checked_etcd_hosts(hosts: &[String]) -> Result<Vec<String>> {
+    if hosts.is_empty() {
+        return Ok(Vec::new());
+    }
+    checked_hosts(hosts).map_err(|e| match e {
+        BootstrapError::Invalid(m) => {
+            BootstrapError::Invalid(m.replacen("--host", "--etcd-host", 1))
+        }
+        other => other,
+    })
 }
 
 /// Loads what a node serves with from the cluster directory `dir`: the CA, the certificate of
@@ -307,7 +386,7 @@ mod tests {
     fn cluster_init_writes_secrets_0600_and_a_client_config_and_never_overwrites() {
         let root = tempfile::tempdir().unwrap();
         let c = root.path().join("cluster");
-        init(&c, &hosts(&["node-a", "10.0.0.2"])).unwrap();
+        init(&c, &hosts(&["node-a", "10.0.0.2"]), &[]).unwrap();
         for f in [
             "ca.key",
             "cluster.secret",
@@ -324,7 +403,7 @@ mod tests {
         let client = fs::read_to_string(c.join("client.toml")).unwrap();
         assert!(client.contains("https://node-a:7878"), "{client}");
         let before = fs::read(c.join("cluster.secret")).unwrap();
-        let e = init(&c, &hosts(&["node-b"])).unwrap_err().to_string();
+        let e = init(&c, &hosts(&["node-b"]), &[]).unwrap_err().to_string();
         assert!(e.contains("already exists"), "{e}");
         assert_eq!(fs::read(c.join("cluster.secret")).unwrap(), before);
         let leftovers: Vec<_> = fs::read_dir(root.path()).unwrap().collect();
@@ -335,9 +414,9 @@ mod tests {
     fn cluster_cert_adds_a_host_once_and_nodes_load_their_own_certificate() {
         let root = tempfile::tempdir().unwrap();
         let c = root.path().join("c");
-        init(&c, &hosts(&["a.example"])).unwrap();
-        add_cert(&c, &hosts(&["b.example"])).unwrap();
-        assert!(add_cert(&c, &hosts(&["b.example"])).is_err());
+        init(&c, &hosts(&["a.example"]), &[]).unwrap();
+        add_cert(&c, &hosts(&["b.example"]), &[]).unwrap();
+        assert!(add_cert(&c, &hosts(&["b.example"]), &[]).is_err());
         let a = load(&c, &["a.example"]).unwrap();
         let b = load(&c, &["nope", "b.example"]).unwrap();
         assert_ne!(a.cert_pem, b.cert_pem);
@@ -348,6 +427,29 @@ mod tests {
         };
         let e = e.to_string();
         assert!(e.contains("cluster cert"), "{e}");
+    }
+
+    #[test]
+    fn etcd_hosts_add_an_etcd_server_and_client_certificate_once_with_secret_keys() {
+        let root = tempfile::tempdir().unwrap();
+        let c = root.path().join("c");
+        init(&c, &hosts(&["n1"]), &hosts(&["127.0.0.1", "etcd"])).unwrap();
+        for f in ["server.key", "client.key"] {
+            let mode = fs::metadata(etcd_file(&c, f)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{f}");
+        }
+        let server = fs::read_to_string(etcd_file(&c, "server.pem")).unwrap();
+        assert!(server.starts_with("-----BEGIN CERTIFICATE-----"));
+        let e = add_cert(&c, &[], &hosts(&["etcd"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already exists"), "{e}");
+        let plain = root.path().join("plain");
+        init(&plain, &hosts(&["n1"]), &[]).unwrap();
+        assert!(!plain.join("etcd").exists());
+        let written = add_cert(&plain, &[], &hosts(&["etcd"])).unwrap();
+        assert_eq!(written.len(), 2);
+        assert!(etcd_file(&plain, "client.key").is_file());
     }
 
     #[test]
@@ -364,9 +466,13 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let c = root.path().join("c");
         for bad in ["", "../x", "a/b", "h:7878", "https://h", "a..b"] {
-            assert!(init(&c, &hosts(&[bad])).is_err(), "{bad:?}");
+            assert!(init(&c, &hosts(&[bad]), &[]).is_err(), "{bad:?}");
+            assert!(
+                init(&c, &hosts(&["n1"]), &hosts(&[bad])).is_err(),
+                "--etcd-host {bad:?}"
+            );
             assert!(!c.exists(), "{bad:?}");
         }
-        assert!(init(&c, &[]).is_err());
+        assert!(init(&c, &[], &[]).is_err());
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
+use crate::control::access::EtcdAccessFiles;
 use crate::memory::{DEFAULT_BLOCK_MEMORY, DEFAULT_WAIT, parse_size};
 use crate::object::ProviderConfig;
 use crate::server::MAX_MESSAGE;
@@ -189,8 +190,9 @@ pub enum TokenCommand {
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
     /// Write a new cluster directory: one CA, a certificate per --host (C/nodes/HOST.pem and
-    /// .key), the token secret, an admin token and C/client.toml. Never overwrites an existing
-    /// directory.
+    /// .key), the token secret, an admin token and C/client.toml; with --etcd-host, also
+    /// certificates for a test/dev etcd (C/etcd/server.pem + .key) and the nodes' etcd client
+    /// certificate (C/etcd/client.pem + .key). Never overwrites an existing directory.
     Init {
         /// The cluster directory to create.
         #[arg(long)]
@@ -198,15 +200,26 @@ pub enum ClusterCommand {
         /// A node's host name or IP address, as clients reach it; repeat for several nodes.
         #[arg(long, required = true)]
         host: Vec<String>,
+        /// A name or IP address etcd is reached at; repeat for several. Writes C/etcd/server.pem
+        /// (for etcd's --cert-file, with --trusted-ca-file C/ca.pem --client-cert-auth) and
+        /// C/etcd/client.pem (for the nodes' --etcd-cert), both signed by the cluster CA. For
+        /// a test or development etcd: such an etcd trusts every cluster-CA certificate.
+        #[arg(long)]
+        etcd_host: Vec<String>,
     },
-    /// Add a node certificate for --host, signed by the cluster directory's CA.
+    /// Add a node certificate for --host, signed by the cluster directory's CA; with
+    /// --etcd-host, add the etcd certificates `cluster init --etcd-host` writes (refused when
+    /// the directory has them).
     Cert {
         /// An existing cluster directory (from `cluster init`).
         #[arg(long)]
         dir: PathBuf,
         /// The new node's host name or IP address; repeat for several.
-        #[arg(long, required = true)]
+        #[arg(long, required_unless_present = "etcd_host")]
         host: Vec<String>,
+        /// A name or IP address etcd is reached at; repeat for several (see `cluster init`).
+        #[arg(long)]
+        etcd_host: Vec<String>,
     },
 }
 
@@ -319,10 +332,30 @@ pub struct ServeArgs {
     /// the cluster's token secret, instead of development material in the data dir.
     #[arg(long, env = "NOKV_TLS_DIR")]
     pub tls_dir: Option<PathBuf>,
-    /// etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379,http://10.0.0.2:2379);
+    /// etcd endpoints, comma-separated (e.g. https://10.0.0.1:2379,https://10.0.0.2:2379);
     /// turns on cluster mode. Needs --tls-dir, --cluster, --node-id and --advertise.
+    /// https:// URLs need --etcd-ca; http:// sends ownership records in the clear to anyone on
+    /// the network.
     #[arg(long, env = "NOKV_ETCD")]
     pub etcd: Option<String>,
+    /// CA file (PEM) etcd's serving certificate must be signed by; the only CA trusted for
+    /// etcd (no system roots). Needed by, and only valid with, https:// --etcd URLs.
+    #[arg(long, env = "NOKV_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// This node's client certificate (PEM) for an etcd started with --client-cert-auth;
+    /// with --etcd-key and --etcd-ca.
+    #[arg(long, env = "NOKV_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The private key (PEM) of --etcd-cert.
+    #[arg(long, env = "NOKV_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user to authenticate as (etcd's auth enabled); with --etcd-password-file.
+    #[arg(long, env = "NOKV_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// File holding only the --etcd-user's password (one trailing line break is ignored);
+    /// keep it 0600. Read once at start-up; the password is never logged or shown.
+    #[arg(long, env = "NOKV_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
     /// Cluster name: the nodes of one cluster share it (etcd keys live under /nokv/NAME/).
     #[arg(long, env = "NOKV_CLUSTER")]
     pub cluster: Option<String>,
@@ -393,6 +426,9 @@ pub struct ClusterSettings {
     pub node_ttl: Duration,
     /// The shared cluster TLS directory (`--tls-dir`).
     pub tls_dir: PathBuf,
+    /// How etcd is reached: `--etcd-ca`, `--etcd-cert`/`--etcd-key`, `--etcd-user`/
+    /// `--etcd-password-file` (paths only; read when the node joins).
+    pub etcd_access: EtcdAccessFiles,
 }
 
 /// Fully resolved settings.
@@ -473,6 +509,11 @@ impl ServeArgs {
                 s3_secret_access_key,
                 tls_dir,
                 etcd,
+                etcd_ca,
+                etcd_cert,
+                etcd_key,
+                etcd_user,
+                etcd_password_file,
                 cluster,
                 node_id,
                 node_ttl,
@@ -608,6 +649,13 @@ impl ServeArgs {
                 )));
             }
         };
+        let access = EtcdAccessFiles {
+            ca: self.etcd_ca.take(),
+            cert: self.etcd_cert.take(),
+            key: self.etcd_key.take(),
+            user: self.etcd_user.take(),
+            password_file: self.etcd_password_file.take(),
+        };
         let cluster = cluster_settings(
             self.etcd.take(),
             self.cluster.take(),
@@ -615,6 +663,7 @@ impl ServeArgs {
             self.advertise.clone(),
             self.node_ttl.take(),
             self.tls_dir.clone(),
+            access,
         )?;
         if let Some(id) = &self.node_id {
             check_id("--node-id", id)?;
@@ -680,11 +729,17 @@ fn cluster_settings(
     advertise: Option<String>,
     node_ttl: Option<String>,
     tls_dir: Option<PathBuf>,
+    access: EtcdAccessFiles,
 ) -> Result<Option<ClusterSettings>, ConfigError> {
     let Some(etcd) = etcd else {
         let stray: Vec<&str> = [
             ("--cluster", cluster.is_some()),
             ("--node-ttl", node_ttl.is_some()),
+            ("--etcd-ca", access.ca.is_some()),
+            ("--etcd-cert", access.cert.is_some()),
+            ("--etcd-key", access.key.is_some()),
+            ("--etcd-user", access.user.is_some()),
+            ("--etcd-password-file", access.password_file.is_some()),
         ]
         .into_iter()
         .filter_map(|(flag, set)| set.then_some(flag))
@@ -731,6 +786,7 @@ fn cluster_settings(
             "--etcd {bad:?} is not an http:// or https:// URL"
         )));
     }
+    check_access(&urls, &access)?;
     let (cluster, node_id) = (cluster.unwrap_or_default(), node_id.unwrap_or_default());
     check_id("--cluster", &cluster)?;
     check_id("--node-id", &node_id)?;
@@ -751,7 +807,58 @@ fn cluster_settings(
         advertise: advertise.unwrap_or_default(),
         node_ttl,
         tls_dir,
+        etcd_access: access,
     }))
+}
+
+/// The etcd access flags fit the URLs and each other: all URLs https:// with `--etcd-ca`, or
+/// all http:// without TLS files; certificate and key together; user and password file
+/// together.
+fn check_access(urls: &[String], access: &EtcdAccessFiles) -> Result<(), ConfigError> {
+    let https = urls.iter().filter(|u| u.starts_with("https://")).count();
+    if https != 0 && https != urls.len() {
+        return Err(ConfigError(
+            "--etcd mixes http:// and https:// URLs: use https:// for every endpoint".into(),
+        ));
+    }
+    if https == 0 {
+        if let Some(flag) = [
+            ("--etcd-ca", access.ca.is_some()),
+            ("--etcd-cert", access.cert.is_some()),
+            ("--etcd-key", access.key.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(flag, set)| set.then_some(flag))
+        {
+            return Err(ConfigError(format!(
+                "{flag} needs https:// --etcd URLs (given: {})",
+                urls.join(",")
+            )));
+        }
+    } else if access.ca.is_none() {
+        return Err(ConfigError(format!(
+            "--etcd {} needs --etcd-ca FILE: the CA etcd's certificate is checked against (no \
+             system roots are trusted for etcd)",
+            urls.join(",")
+        )));
+    }
+    match (&access.cert, &access.key) {
+        (Some(_), None) => return Err(ConfigError("--etcd-cert needs --etcd-key".into())),
+        (None, Some(_)) => return Err(ConfigError("--etcd-key needs --etcd-cert".into())),
+        _ => {}
+    }
+    match (&access.user, &access.password_file) {
+        (Some(_), None) => Err(ConfigError(
+            "--etcd-user needs --etcd-password-file (a file holding only the password)".into(),
+        )),
+        (None, Some(_)) => Err(ConfigError(
+            "--etcd-password-file needs --etcd-user (the etcd user the password is for)".into(),
+        )),
+        (Some(user), Some(_)) if user.trim().is_empty() || user.contains(['\n', '\r']) => Err(
+            ConfigError("--etcd-user must be a non-empty user name".into()),
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Cluster names and node ids become etcd key segments: 1-64 of letters, digits, '.', '_', '-'.
@@ -773,6 +880,8 @@ fn check_id(flag: &str, id: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
+    use std::path::Path;
 
     #[test]
     fn flags_win_over_the_file_and_the_file_over_defaults() {
@@ -1088,6 +1197,7 @@ mod tests {
                 advertise: "n1:7878".into(),
                 node_ttl: Duration::from_secs(10),
                 tls_dir: "/c".into(),
+                etcd_access: EtcdAccessFiles::default(),
             }
         );
         let mut args = FULL.to_vec();
@@ -1169,6 +1279,116 @@ mod tests {
         let mut no_url = FULL.to_vec();
         no_url[1] = " , ";
         assert!(resolve(&no_url).is_err());
+    }
+
+    fn https_full() -> Vec<&'static str> {
+        let mut args = FULL.to_vec();
+        args[1] = "https://127.0.0.1:2379,https://127.0.0.1:2479";
+        args
+    }
+
+    #[test]
+    fn etcd_tls_and_credentials_come_from_flags_environment_names_and_the_toml_file() {
+        let mut args = https_full();
+        args.extend([
+            "--etcd-ca",
+            "/c/ca.pem",
+            "--etcd-cert",
+            "/c/etcd/client.pem",
+            "--etcd-key",
+            "/c/etcd/client.key",
+            "--etcd-user",
+            "nokv",
+            "--etcd-password-file",
+            "/run/pw",
+        ]);
+        let c = resolve(&args).unwrap().cluster.unwrap();
+        assert_eq!(
+            c.etcd_access,
+            EtcdAccessFiles {
+                ca: Some("/c/ca.pem".into()),
+                cert: Some("/c/etcd/client.pem".into()),
+                key: Some("/c/etcd/client.key".into()),
+                user: Some("nokv".into()),
+                password_file: Some("/run/pw".into()),
+            }
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "etcd = \"https://e:2379\"\ncluster = \"k\"\nnode_id = \"n2\"\nadvertise = \"n2\"\n\
+             tls_dir = \"/c\"\netcd_ca = \"/c/ca.pem\"\netcd_cert = \"/c/e.pem\"\n\
+             etcd_key = \"/c/e.key\"\netcd_user = \"u\"\netcd_password_file = \"/pw\"\n",
+        )
+        .unwrap();
+        let c = resolve(&["--config", file.to_str().unwrap()])
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(c.etcd_access.key.as_deref(), Some(Path::new("/c/e.key")));
+        assert_eq!(c.etcd_access.user.as_deref(), Some("u"));
+        let help = Cli::command().render_long_help().to_string();
+        for env in [
+            "NOKV_ETCD_CA",
+            "NOKV_ETCD_CERT",
+            "NOKV_ETCD_KEY",
+            "NOKV_ETCD_USER",
+            "NOKV_ETCD_PASSWORD_FILE",
+        ] {
+            assert!(help.contains(env), "{env}");
+        }
+    }
+
+    #[test]
+    fn etcd_access_flags_that_do_not_fit_the_urls_or_each_other_are_refused_in_one_line() {
+        let with = |base: Vec<&'static str>, extra: &[&'static str]| {
+            let mut args = base;
+            args.extend_from_slice(extra);
+            resolve(&args).map(|_| ()).map_err(|e| e.0)
+        };
+        let ca = ["--etcd-ca", "/ca.pem"];
+        let cases: [(Vec<&'static str>, Vec<&'static str>, &str); 7] = [
+            (https_full(), vec![], "needs --etcd-ca"),
+            (FULL.to_vec(), ca.to_vec(), "--etcd-ca needs https://"),
+            (
+                https_full(),
+                [&ca[..], &["--etcd-cert", "/c.pem"]].concat(),
+                "--etcd-cert needs --etcd-key",
+            ),
+            (
+                https_full(),
+                [&ca[..], &["--etcd-key", "/c.key"]].concat(),
+                "--etcd-key needs --etcd-cert",
+            ),
+            (
+                FULL.to_vec(),
+                vec!["--etcd-user", "u"],
+                "--etcd-user needs --etcd-password-file",
+            ),
+            (
+                FULL.to_vec(),
+                vec!["--etcd-password-file", "/pw"],
+                "--etcd-password-file needs --etcd-user",
+            ),
+            (
+                {
+                    let mut a = FULL.to_vec();
+                    a[1] = "http://a:2379,https://b:2379";
+                    a
+                },
+                vec![],
+                "mixes",
+            ),
+        ];
+        for (base, extra, expected) in cases {
+            let e = with(base, &extra).unwrap_err();
+            assert!(e.contains(expected), "{extra:?}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        assert!(with(https_full(), &ca).is_ok());
+        let e = resolve(&["--etcd-ca", "/ca.pem"]).unwrap_err();
+        assert!(e.0.contains("only apply with --etcd"), "{e}");
     }
 
     #[test]

@@ -130,9 +130,9 @@ impl From<crate::control::ControlError> for Error {
     fn from(e: crate::control::ControlError) -> Self {
         use crate::control::ControlError as C;
         match e {
-            C::Etcd(_) | C::LeaseLost | C::NotOwner { .. } => Error::Unavailable(format!(
-                "{e}; the shard is moving or its owner is rejoining, retry"
-            )),
+            C::Etcd(_) | C::Access(_) | C::LeaseLost | C::NotOwner { .. } => Error::Unavailable(
+                format!("{e}; the shard is moving or its owner is rejoining, retry"),
+            ),
             C::ConfigMismatch { .. } | C::NodeIdInUse { .. } => {
                 Error::FailedPrecondition(e.to_string())
             }

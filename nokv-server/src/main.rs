@@ -245,7 +245,11 @@ fn rpc_floor(
 
 fn cluster(command: ClusterCommand) -> ExitCode {
     match command {
-        ClusterCommand::Init { dir, host } => match cluster_tls::init(&dir, &host) {
+        ClusterCommand::Init {
+            dir,
+            host,
+            etcd_host,
+        } => match cluster_tls::init(&dir, &host, &etcd_host) {
             Ok(dir) => {
                 println!("cluster directory {} written", dir.display());
                 println!(
@@ -260,6 +264,9 @@ fn cluster(command: ClusterCommand) -> ExitCode {
                     "  point the CLI at it: export NOKV_CONFIG={}",
                     dir.join("client.toml").display()
                 );
+                if !etcd_host.is_empty() {
+                    print_etcd_usage(&dir);
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -267,10 +274,17 @@ fn cluster(command: ClusterCommand) -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        ClusterCommand::Cert { dir, host } => match cluster_tls::add_cert(&dir, &host) {
+        ClusterCommand::Cert {
+            dir,
+            host,
+            etcd_host,
+        } => match cluster_tls::add_cert(&dir, &host, &etcd_host) {
             Ok(written) => {
                 for path in written {
                     println!("wrote {}", path.display());
+                }
+                if !etcd_host.is_empty() {
+                    print_etcd_usage(&dir);
                 }
                 ExitCode::SUCCESS
             }
@@ -280,6 +294,24 @@ fn cluster(command: ClusterCommand) -> ExitCode {
             }
         },
     }
+}
+
+/// How the etcd material of a cluster directory is used (`cluster init/cert --etcd-host`).
+fn print_etcd_usage(dir: &std::path::Path) {
+    let f = |name: &str| cluster_tls::etcd_file(dir, name).display().to_string();
+    println!(
+        "  etcd (test/dev): etcd --client-cert-auth --trusted-ca-file {} --cert-file {} --key-file {} \\\n      \
+         --listen-client-urls https://HOST:2379 --advertise-client-urls https://HOST:2379",
+        dir.join("ca.pem").display(),
+        f("server.pem"),
+        f("server.key")
+    );
+    println!(
+        "  nodes: --etcd https://HOST:2379 --etcd-ca {} --etcd-cert {} --etcd-key {}",
+        dir.join("ca.pem").display(),
+        f("client.pem"),
+        f("client.key")
+    );
 }
 
 /// Runs a measurement subcommand: resolves the daemon settings it shares (data dir, provider,

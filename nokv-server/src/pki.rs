@@ -11,7 +11,10 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 
 use crate::bootstrap::BootstrapError;
 use crate::ids::random_bytes;
@@ -44,12 +47,29 @@ pub fn new_ca(ca_name: &str) -> Result<(KeyPair, String)> {
 /// `ca_key` and named `ca_name` (the name must be the CA certificate's: it becomes the leaf's
 /// issuer name, which chain verification matches); returns (certificate PEM, private key PEM).
 pub fn issue_leaf(ca_key: KeyPair, ca_name: &str, sans: Vec<String>) -> Result<(String, String)> {
+    issue_leaf_for(ca_key, ca_name, sans, "nokv-server", Vec::new())
+}
+
+/// Like [`issue_leaf`], with the leaf's common name and extended key usages chosen (an empty
+/// list leaves the extension out: any use). etcd's certificates carry them explicitly: Go checks
+/// `clientAuth` on a client certificate and `serverAuth` on a server one when present, and an
+/// etcd with `--client-cert-auth` also dials itself (its gRPC gateway) with its server
+/// certificate, so that one needs both. With etcd's auth on, the common name of a client
+/// certificate is the etcd user it authenticates as.
+pub fn issue_leaf_for(
+    ca_key: KeyPair,
+    ca_name: &str,
+    sans: Vec<String>,
+    common_name: &str,
+    usages: Vec<ExtendedKeyUsagePurpose>,
+) -> Result<(String, String)> {
     let issuer = Issuer::new(ca_params(ca_name)?, ca_key);
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(sans)?;
     params
         .distinguished_name
-        .push(DnType::CommonName, "nokv-server");
+        .push(DnType::CommonName, common_name);
+    params.extended_key_usages = usages;
     let cert = params.signed_by(&key, &issuer)?;
     Ok((cert.pem(), key.serialize_pem()))
 }

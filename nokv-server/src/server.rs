@@ -20,6 +20,8 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use crate::bootstrap;
 use crate::cluster::{Cluster, ClusterRoutes};
 use crate::config::Settings;
+use crate::control::ControlError;
+use crate::control::access::EtcdAccess;
 use crate::control::etcd::{ClusterConfig, EtcdControl, EtcdSettings};
 use crate::memory::BlockMemory;
 use crate::node::{Node, NodeParts};
@@ -145,7 +147,10 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
                     prefix: settings.prefix.clone(),
                 },
             )
-            .with_node_ttl(c.node_ttl);
+            .with_node_ttl(c.node_ttl)
+            // Read once here: a node that rejoins later uses the same material, and a missing
+            // or malformed file is refused before the node serves anything.
+            .with_access(EtcdAccess::load(&c.etcd_access).map_err(ControlError::from)?);
             // Joining checks the cluster record first: a node whose shard count, bucket or
             // prefix disagree refuses to start before it serves anything.
             let (control, outcome) = EtcdControl::join(etcd.clone()).await?;

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{CliOutput, Daemon, Etcd, Moto, cli_with_config, free_ports, server_command};
+use crate::{
+    CliOutput, Daemon, Etcd, EtcdServerTls, Moto, cli_with_config, free_ports, server_command,
+};
 
 /// Shard count of every test cluster (the daemon's default).
 pub const SHARDS: u32 = 16;
@@ -89,6 +91,9 @@ pub struct Cluster {
     bucket: String,
     tls_dir: PathBuf,
     client_config: PathBuf,
+    /// The etcd access flags every node gets (`--etcd-ca`, `--etcd-cert`, `--etcd-key` when
+    /// etcd runs over TLS; none otherwise).
+    etcd_access: Vec<String>,
     /// Node id -> endpoint of every node that can answer right now.
     reachable: Mutex<BTreeMap<String, String>>,
     root: tempfile::TempDir,
@@ -98,21 +103,52 @@ impl Cluster {
     /// Starts etcd and moto, creates bucket `nokv-NAME` and the cluster TLS directory for host
     /// 127.0.0.1. No node runs yet.
     pub fn new(name: &str) -> Cluster {
-        let etcd = Etcd::start();
-        let moto = Moto::start();
-        let bucket = format!("nokv-{name}");
-        moto.create_bucket(&bucket);
+        Cluster::build(name, false)
+    }
+
+    /// Like [`Cluster::new`], but etcd serves clients only over TLS and demands a client
+    /// certificate signed by the cluster CA (`cluster init --etcd-host 127.0.0.1`); every node
+    /// gets `--etcd-ca`, `--etcd-cert` and `--etcd-key` from the cluster directory.
+    pub fn with_etcd_tls(name: &str) -> Cluster {
+        Cluster::build(name, true)
+    }
+
+    fn build(name: &str, etcd_tls: bool) -> Cluster {
         let root = tempfile::tempdir().expect("create cluster root dir");
         let tls_dir = root.path().join("tls");
-        server_command(&[
+        let mut init = vec![
             "cluster",
             "init",
             "--dir",
             path_str(&tls_dir),
             "--host",
             "127.0.0.1",
-        ])
-        .assert_ok();
+        ];
+        if etcd_tls {
+            init.extend(["--etcd-host", "127.0.0.1"]);
+        }
+        server_command(&init).assert_ok();
+        let (etcd, etcd_access) = if etcd_tls {
+            let etcd = Etcd::start_tls(&EtcdServerTls {
+                trusted_ca: tls_dir.join("ca.pem"),
+                cert: tls_dir.join("etcd/server.pem"),
+                key: tls_dir.join("etcd/server.key"),
+            });
+            let access = [
+                ("--etcd-ca", "ca.pem"),
+                ("--etcd-cert", "etcd/client.pem"),
+                ("--etcd-key", "etcd/client.key"),
+            ]
+            .into_iter()
+            .flat_map(|(flag, file)| [flag.to_string(), path_str(&tls_dir.join(file)).into()])
+            .collect();
+            (etcd, access)
+        } else {
+            (Etcd::start(), Vec::new())
+        };
+        let moto = Moto::start();
+        let bucket = format!("nokv-{name}");
+        moto.create_bucket(&bucket);
         let token = std::fs::read_to_string(tls_dir.join("admin.token")).expect("read admin.token");
         // No endpoint here: every run names its endpoints in NOKV_ENDPOINT.
         let client_config = root.path().join("client.toml");
@@ -132,6 +168,7 @@ impl Cluster {
             bucket,
             tls_dir,
             client_config,
+            etcd_access,
             reachable: Mutex::new(BTreeMap::new()),
             root,
         }
@@ -179,6 +216,23 @@ impl Cluster {
     /// The daemon flags of `spec` in this cluster, then `extra` (which may override nothing
     /// already given: clap refuses a repeated flag, so the refusal tests add only new ones).
     pub fn node_args(&self, spec: &NodeSpec, extra: &[&str]) -> Vec<String> {
+        let access: Vec<&str> = self.etcd_access.iter().map(String::as_str).collect();
+        self.node_args_with_etcd_access(spec, &access, extra)
+    }
+
+    /// The cluster's TLS directory (`cluster init` output).
+    pub fn tls_dir(&self) -> &Path {
+        &self.tls_dir
+    }
+
+    /// Like [`Cluster::node_args`], with `access` in place of the cluster's etcd access flags
+    /// (a refusal test gives none, or another CA's certificate).
+    pub fn node_args_with_etcd_access(
+        &self,
+        spec: &NodeSpec,
+        access: &[&str],
+        extra: &[&str],
+    ) -> Vec<String> {
         let addr = format!("127.0.0.1:{}", spec.port);
         let mut args: Vec<String> = [
             "--listen",
@@ -206,6 +260,7 @@ impl Cluster {
         if !extra.contains(&"--s3-bucket") {
             args.extend(["--s3-bucket".to_string(), self.bucket.clone()]);
         }
+        args.extend(access.iter().map(|s| s.to_string()));
         args.extend(extra.iter().map(|s| s.to_string()));
         args
     }
@@ -240,8 +295,20 @@ impl Cluster {
     /// Starts a node expected to refuse: returns its exit status and stderr (panics if it
     /// listens instead).
     pub fn start_refused(&self, spec: &NodeSpec, extra: &[&str]) -> (ExitStatus, String) {
+        let access: Vec<&str> = self.etcd_access.iter().map(String::as_str).collect();
+        self.start_refused_with_etcd_access(spec, &access, extra)
+    }
+
+    /// Like [`Cluster::start_refused`], with `access` in place of the cluster's etcd access
+    /// flags.
+    pub fn start_refused_with_etcd_access(
+        &self,
+        spec: &NodeSpec,
+        access: &[&str],
+        extra: &[&str],
+    ) -> (ExitStatus, String) {
         std::fs::create_dir_all(&spec.data_dir).expect("create node data dir");
-        let args = self.node_args(spec, extra);
+        let args = self.node_args_with_etcd_access(spec, access, extra);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (status, _stdout, stderr) =
             Daemon::start_refused_in_with_env(&spec.data_dir, &args, &S3_ENV);

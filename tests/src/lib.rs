@@ -860,16 +860,56 @@ pub struct Etcd {
     endpoint: String,
 }
 
+/// The TLS files of an etcd that demands client certificates ([`Etcd::start_tls`]).
+#[derive(Debug, Clone)]
+pub struct EtcdServerTls {
+    /// `--trusted-ca-file`: client certificates must be signed by this CA.
+    pub trusted_ca: PathBuf,
+    /// `--cert-file`: etcd's serving certificate (must name 127.0.0.1).
+    pub cert: PathBuf,
+    /// `--key-file`.
+    pub key: PathBuf,
+}
+
 impl Etcd {
     /// Starts etcd on two fresh ports (client, peer) and waits until `/health` reports true.
     pub fn start() -> Etcd {
+        Etcd::start_with(None)
+    }
+
+    /// Starts etcd serving clients only over TLS with `--client-cert-auth` (a client without a
+    /// certificate signed by `tls.trusted_ca` is refused in the handshake) on
+    /// `https://127.0.0.1:PORT`; readiness is polled on a plain-http metrics port (loopback)
+    /// that serves `/health` without a client certificate.
+    pub fn start_tls(tls: &EtcdServerTls) -> Etcd {
+        Etcd::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&EtcdServerTls>) -> Etcd {
         let program = require_program("etcd");
         let dir = tempfile::tempdir().expect("create etcd temp dir");
-        let ports = free_ports(2);
-        let client = format!("http://127.0.0.1:{}", ports[0]);
+        let ports = free_ports(3);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", ports[0]);
         let peer = format!("http://127.0.0.1:{}", ports[1]);
         let name = "nokv-test";
         let mut cmd = Command::new(program);
+        let health = match tls {
+            None => format!("{client}/health"),
+            Some(tls) => {
+                let metrics = format!("http://127.0.0.1:{}", ports[2]);
+                cmd.arg("--client-cert-auth")
+                    .arg("--trusted-ca-file")
+                    .arg(&tls.trusted_ca)
+                    .arg("--cert-file")
+                    .arg(&tls.cert)
+                    .arg("--key-file")
+                    .arg(&tls.key)
+                    .arg("--listen-metrics-urls")
+                    .arg(&metrics);
+                format!("{metrics}/health")
+            }
+        };
         cmd.arg("--name")
             .arg(name)
             .arg("--data-dir")
@@ -888,7 +928,6 @@ impl Etcd {
             .env_remove("ETCD_DATA_DIR")
             .env_remove("ETCD_NAME");
         let mut process = ServiceProcess::spawn("etcd", &mut cmd, dir.path().join("etcd.log"));
-        let health = format!("{client}/health");
         process.wait_until(|| match try_http("GET", &health, &[], b"") {
             Ok((200, body)) => {
                 let body = String::from_utf8_lossy(&body);
@@ -903,7 +942,7 @@ impl Etcd {
         }
     }
 
-    /// `http://127.0.0.1:PORT`, the client URL.
+    /// `http://127.0.0.1:PORT` (`https://` with TLS), the client URL.
     pub fn endpoint(&self) -> String {
         self.endpoint.clone()
     }

@@ -695,3 +695,89 @@ fn every_compose_node_advertises_a_host_cluster_init_made_a_certificate_for_unde
         assert_eq!(values(&node.args, "--cluster"), ["demo"], "{}", node.at);
     }
 }
+
+/// Mutation: put `http://` back in one compose node's `--etcd`, or drop its `--etcd-cert`, or
+/// the ConfigMap's `NOKV_ETCD_KEY`, or `etcd_ca` from cluster-node.toml.
+#[test]
+fn every_deploy_cluster_node_reaches_etcd_over_https_with_a_ca_and_a_client_certificate() {
+    let compose = std::fs::read_to_string(deploy_dir().join("docker-compose.yml")).unwrap();
+    let invocations: Vec<Invocation> = shell_invocations("docker-compose.yml", &compose)
+        .into_iter()
+        .chain(yaml_invocations("docker-compose.yml", &compose))
+        .collect();
+    let init = invocations
+        .iter()
+        .find(|i| i.args.starts_with(&["cluster".into(), "init".into()]))
+        .expect("a `nokv-server cluster init` in docker-compose.yml");
+    let tls_dir = values(&init.args, "--dir")[0];
+    assert!(
+        values(&init.args, "--etcd-host").contains(&"etcd"),
+        "cluster init makes etcd's certificate for the name nodes dial: {init:?}"
+    );
+    let nodes: Vec<&Invocation> = invocations
+        .iter()
+        .filter(|i| i.program == "nokv-server" && !values(&i.args, "--etcd").is_empty())
+        .collect();
+    assert_eq!(nodes.len(), 3, "three nodes: {nodes:?}");
+    for node in nodes {
+        for url in values(&node.args, "--etcd")[0].split(',') {
+            assert!(url.starts_with("https://"), "{}: {url}", node.at);
+        }
+        for (flag, file) in [
+            ("--etcd-ca", "ca.pem"),
+            ("--etcd-cert", "etcd/client.pem"),
+            ("--etcd-key", "etcd/client.key"),
+        ] {
+            assert_eq!(
+                values(&node.args, flag),
+                [format!("{tls_dir}/{file}")],
+                "{}",
+                node.at
+            );
+        }
+    }
+    // The etcd service itself: TLS only, client certificates demanded, trusting the cluster CA.
+    for setting in [
+        "ETCD_LISTEN_CLIENT_URLS: https://",
+        "ETCD_ADVERTISE_CLIENT_URLS: https://etcd:2379",
+        "ETCD_CLIENT_CERT_AUTH: \"true\"",
+        &format!("ETCD_TRUSTED_CA_FILE: {tls_dir}/ca.pem"),
+        &format!("ETCD_CERT_FILE: {tls_dir}/etcd/server.pem"),
+        &format!("ETCD_KEY_FILE: {tls_dir}/etcd/server.key"),
+    ] {
+        assert!(
+            compose.contains(setting),
+            "docker-compose.yml: no {setting}"
+        );
+    }
+    assert!(
+        !compose.contains("http://etcd"),
+        "plain http to etcd remains"
+    );
+
+    let configmap = std::fs::read_to_string(deploy_dir().join("k8s/configmap.yaml")).unwrap();
+    let setting = |name: &str| {
+        configmap.lines().find_map(|l| {
+            let (k, v) = l.trim().split_once(':')?;
+            (k == name).then(|| v.trim().trim_matches('"').to_string())
+        })
+    };
+    let etcd = setting("NOKV_ETCD").expect("NOKV_ETCD in the ConfigMap");
+    assert!(etcd.split(',').all(|u| u.starts_with("https://")), "{etcd}");
+    let statefulset = std::fs::read_to_string(deploy_dir().join("k8s/statefulset.yaml")).unwrap();
+    for name in ["NOKV_ETCD_CA", "NOKV_ETCD_CERT", "NOKV_ETCD_KEY"] {
+        let path = setting(name).unwrap_or_else(|| panic!("{name} in the ConfigMap"));
+        let dir = path.rsplit_once('/').unwrap().0;
+        assert!(
+            statefulset.contains(&format!("mountPath: {dir}")),
+            "{name}={path}: nothing is mounted at {dir} in the StatefulSet"
+        );
+    }
+
+    let text = std::fs::read_to_string(deploy_dir().join("cluster-node.toml")).unwrap();
+    let args: nokv_server::config::ServeArgs = toml::from_str(&text).unwrap();
+    let cluster = args.resolve().unwrap().cluster.unwrap();
+    assert!(cluster.etcd.iter().all(|u| u.starts_with("https://")));
+    let access = &cluster.etcd_access;
+    assert!(access.ca.is_some() && access.cert.is_some() && access.key.is_some());
+}

@@ -32,6 +32,7 @@ use etcd_client::{
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use super::access::EtcdAccess;
 use super::deadline::AckDeadline;
 use super::{ControlError, Epoch};
 
@@ -187,6 +188,8 @@ pub struct EtcdSettings {
     pub safety_margin: Duration,
     /// The settings this node expects the cluster record to hold.
     pub config: ClusterConfig,
+    /// TLS and credentials for etcd ([`super::access`]); plain http by default.
+    pub access: EtcdAccess,
 }
 
 impl EtcdSettings {
@@ -206,7 +209,14 @@ impl EtcdSettings {
             node_ttl: DEFAULT_NODE_TTL,
             safety_margin: DEFAULT_NODE_TTL / 5,
             config,
+            access: EtcdAccess::plain(),
         }
+    }
+
+    /// Sets how etcd is reached (TLS, client certificate, user).
+    pub fn with_access(mut self, access: EtcdAccess) -> EtcdSettings {
+        self.access = access;
+        self
     }
 
     /// Sets the TTL and rescales the safety margin to a fifth of it.
@@ -329,7 +339,7 @@ impl EtcdControl {
     /// a crashed predecessor's lease, see [`register_node`]).
     pub async fn join(settings: EtcdSettings) -> Result<(Arc<EtcdControl>, ConfigOutcome)> {
         settings.validate()?;
-        let mut client = Client::connect(&settings.endpoints, None).await?;
+        let mut client = super::access::connect(&settings.endpoints, &settings.access).await?;
         let keys = Keys::new(&settings.cluster);
         let outcome = ensure_config(&mut client, &keys, &settings).await?;
 

@@ -24,6 +24,7 @@
 //! is meant to be persisted in the shard's own metadata and re-checked in every write session,
 //! so storage rejects a deposed owner. That wiring belongs to the shard, not to this module.
 
+pub mod access;
 pub mod deadline;
 pub mod etcd;
 #[cfg(test)]
@@ -43,6 +44,10 @@ pub enum ControlError {
     /// etcd could not be reached or refused the call (retryable).
     #[error("etcd: {0}")]
     Etcd(#[from] etcd_client::Error),
+    /// Joining found etcd unusable with this node's access settings (TLS files, certificate,
+    /// credentials, endpoints): one line naming the cause, never the password.
+    #[error(transparent)]
+    Access(#[from] access::AccessError),
     /// This node's settings disagree with the cluster record created by the first node.
     #[error(
         "cluster {cluster:?} was created with {field} = {recorded}, this node has {ours}; \
