@@ -684,7 +684,7 @@ fn after_a_20_s_etcd_outage_every_node_revokes_its_own_earlier_lease_instead_of_
 
     let stop = AtomicBool::new(false);
     let (acks, acked_rx) = mpsc::channel::<Acked>();
-    let (etcd_back, refusals) = thread::scope(|s| {
+    let (outcome, refusals) = thread::scope(|s| {
         let looper = s.spawn(|| {
             let mut refusals = 0u64;
             let mut k = 0usize;
@@ -719,31 +719,59 @@ fn after_a_20_s_etcd_outage_every_node_revokes_its_own_earlier_lease_instead_of_
             }
             refusals
         });
-        let ack = |what: &str| {
-            acked_rx
-                .recv_timeout(LOOP_PROGRESS_DEADLINE)
-                .unwrap_or_else(|e| panic!("no acknowledged write {what}: {e}"))
-        };
-        for _ in 0..3 * names.len() {
-            ack("before the outage");
-        }
-        c.etcd().kill();
-        // The outage itself: a span of time, not a wait for an event.
-        thread::sleep(ETCD_OUTAGE);
-        c.etcd().restart();
-        let etcd_back = Instant::now();
-        // Writes resume on every node: each workspace is acknowledged again after etcd's
-        // return (acknowledgements from before it are drained and kept by the loop's record).
-        let mut again = std::collections::BTreeSet::new();
-        while again.len() < names.len() {
-            let a = ack("after etcd came back");
-            if a.at >= etcd_back {
-                again.insert(a.ws.clone());
+        // Every failure below is returned, not panicked: the loop must be stopped before the
+        // scope can end.
+        let outage = || -> Result<Instant, String> {
+            for _ in 0..3 * names.len() {
+                acked_rx
+                    .recv_timeout(LOOP_PROGRESS_DEADLINE)
+                    .map_err(|e| format!("no acknowledged write before the outage: {e}"))?;
             }
-        }
+            c.etcd().kill();
+            // The outage itself: a span of time, not a wait for an event.
+            thread::sleep(ETCD_OUTAGE);
+            c.etcd().restart();
+            let etcd_back = Instant::now();
+            // Writes resume on every node: each workspace is acknowledged again after etcd's
+            // return (earlier acknowledgements stay in the channel for the final check).
+            let deadline = etcd_back + LOOP_PROGRESS_DEADLINE;
+            let mut again = std::collections::BTreeSet::new();
+            let mut seen = Vec::new();
+            while again.len() < names.len() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let a = acked_rx.recv_timeout(left).map_err(|_| {
+                    format!(
+                        "writes did not resume on every node within {LOOP_PROGRESS_DEADLINE:?} \
+                         of etcd's return: acknowledged again only {again:?} of {names:?}"
+                    )
+                })?;
+                if a.at >= etcd_back {
+                    again.insert(a.ws.clone());
+                }
+                seen.push(a);
+            }
+            // Back into the channel, in order, for the final check.
+            for a in seen {
+                let _ = acks.send(a);
+            }
+            Ok(etcd_back)
+        };
+        let outcome = outage();
         stop.store(true, Ordering::SeqCst);
         let refusals = looper.join().expect("write loop");
-        (etcd_back, refusals)
+        (outcome, refusals)
+    });
+    let etcd_back = outcome.unwrap_or_else(|e| {
+        let logs: Vec<String> = nodes
+            .iter()
+            .map(|n| {
+                let log = n.daemon().stderr();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                format!("--- last lines of {} ---\n{tail}", n.id())
+            })
+            .collect();
+        panic!("{e}\n{}", logs.join("\n"))
     });
     let acked: Vec<Acked> = acked_rx.try_iter().collect();
     let first = acked
