@@ -805,7 +805,12 @@ fn after_a_20_s_etcd_outage_every_node_revokes_its_own_earlier_lease_instead_of_
     // Every acknowledged write reads back, byte for byte.
     for a in &acked {
         let read = runtime
-            .block_on(client.clone().with_retry(Default::default()).read(&a.ws, &a.path))
+            .block_on(
+                client
+                    .clone()
+                    .with_retry(Default::default())
+                    .read(&a.ws, &a.path),
+            )
             .unwrap_or_else(|e| panic!("read {}:{}: {e:?}", a.ws, a.path));
         assert!(read.data == a.body, "{}:{} differs", a.ws, a.path);
     }

@@ -411,8 +411,7 @@ impl EtcdControl {
             settings.safety_margin,
             deadline.clone(),
         ));
-        if let Err(error) = register_node(&mut client, &keys, &settings, lease_id, &lineage).await
-        {
+        if let Err(error) = register_node(&mut client, &keys, &settings, lease_id, &lineage).await {
             keep_alive.abort();
             // Free our fresh lease rather than leave it to expire.
             if revoke_lease(&mut client, lease_id, settings.node_ttl / 3).await {
