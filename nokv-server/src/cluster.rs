@@ -18,8 +18,11 @@
 //! for this node to take it back (its data is on this disk only).
 //!
 //! **Lease loss**: when the acknowledge deadline passes, every shard is dropped at once (the
-//! fence already refuses their sessions) and the node rejoins with a new lease; shards come
-//! back through the balance step like any other.
+//! fence already refuses their sessions) and the node rejoins with a new lease
+//! ([`EtcdControl::rejoin`]: the old membership is abandoned first — no more acknowledgements
+//! under it, no more keep-alives, its lease revoked — so an etcd outage ends with the node
+//! taking its id over from its own old lease rather than waiting for it); shards come back
+//! through the balance step like any other.
 //!
 //! Nothing here is on the per-request path: requests read the node's slots and routes only.
 
@@ -450,7 +453,9 @@ impl Cluster {
     }
 
     /// The lease lapsed: drop every shard at once (their sessions are already fenced), then
-    /// rejoin with a fresh lease.
+    /// rejoin with a fresh lease. Each attempt abandons the old membership first (see
+    /// [`EtcdControl::rejoin`]): its keep-alive must not renew the old lease once etcd is
+    /// back, or the old lease would hold this node's id and shards against the new one.
     async fn lease_lost(&self) {
         let dropped: Vec<u32> = self.node.held();
         for shard in &dropped {
@@ -460,8 +465,9 @@ impl Cluster {
             ?dropped,
             "lease lapsed: serving nothing; rejoining the cluster"
         );
+        let old = self.control();
         loop {
-            match EtcdControl::join(self.settings.clone()).await {
+            match old.rejoin().await {
                 Ok((control, _)) => {
                     *self.control.write() = control;
                     tracing::info!("rejoined the cluster with a new lease");

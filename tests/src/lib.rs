@@ -16,6 +16,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -853,11 +854,21 @@ impl Drop for ServiceProcess {
 }
 
 /// A single-member etcd on loopback with its own data dir; killed on drop.
+///
+/// [`Etcd::kill`] and [`Etcd::restart`] stage an etcd outage: the same data dir and the same
+/// client and peer ports, so every lease and key the cluster had is still there afterwards
+/// (etcd refreshes the remaining life of every lease when it comes back).
 pub struct Etcd {
     // Field order matters: the process is dropped (killed) before its data dir is removed.
-    _process: ServiceProcess,
-    _dir: tempfile::TempDir,
+    process: Mutex<Option<ServiceProcess>>,
+    dir: tempfile::TempDir,
     endpoint: String,
+    peer: String,
+    /// Plain-http `/health` for a TLS etcd (its client port demands a certificate).
+    metrics: String,
+    tls: Option<EtcdServerTls>,
+    /// Starts so far (the log of each goes to its own file).
+    starts: AtomicUsize,
 }
 
 /// The TLS files of an etcd that demands client certificates ([`Etcd::start_tls`]).
@@ -886,18 +897,38 @@ impl Etcd {
     }
 
     fn start_with(tls: Option<&EtcdServerTls>) -> Etcd {
-        let program = require_program("etcd");
         let dir = tempfile::tempdir().expect("create etcd temp dir");
         let ports = free_ports(3);
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let client = format!("{scheme}://127.0.0.1:{}", ports[0]);
-        let peer = format!("http://127.0.0.1:{}", ports[1]);
+        let etcd = Etcd {
+            process: Mutex::new(None),
+            dir,
+            endpoint: format!("{scheme}://127.0.0.1:{}", ports[0]),
+            peer: format!("http://127.0.0.1:{}", ports[1]),
+            metrics: format!("http://127.0.0.1:{}", ports[2]),
+            tls: tls.cloned(),
+            starts: AtomicUsize::new(0),
+        };
+        etcd.restart();
+        etcd
+    }
+
+    /// SIGKILL and reap: etcd is down until [`Etcd::restart`].
+    pub fn kill(&self) {
+        drop(self.process.lock().unwrap().take());
+    }
+
+    /// Starts etcd (again) on its data dir and ports and waits until `/health` reports true.
+    pub fn restart(&self) {
+        let mut process = self.process.lock().unwrap();
+        assert!(process.is_none(), "etcd is already running");
+        let program = require_program("etcd");
         let name = "nokv-test";
         let mut cmd = Command::new(program);
-        let health = match tls {
-            None => format!("{client}/health"),
+        let health = match &self.tls {
+            None => format!("{}/health", self.endpoint),
             Some(tls) => {
-                let metrics = format!("http://127.0.0.1:{}", ports[2]);
+                let metrics = &self.metrics;
                 cmd.arg("--client-cert-auth")
                     .arg("--trusted-ca-file")
                     .arg(&tls.trusted_ca)
@@ -906,40 +937,41 @@ impl Etcd {
                     .arg("--key-file")
                     .arg(&tls.key)
                     .arg("--listen-metrics-urls")
-                    .arg(&metrics);
+                    .arg(metrics);
                 format!("{metrics}/health")
             }
         };
         cmd.arg("--name")
             .arg(name)
             .arg("--data-dir")
-            .arg(dir.path().join("data"))
+            .arg(self.dir.path().join("data"))
             .arg("--listen-client-urls")
-            .arg(&client)
+            .arg(&self.endpoint)
             .arg("--advertise-client-urls")
-            .arg(&client)
+            .arg(&self.endpoint)
             .arg("--listen-peer-urls")
-            .arg(&peer)
+            .arg(&self.peer)
             .arg("--initial-advertise-peer-urls")
-            .arg(&peer)
+            .arg(&self.peer)
             .arg("--initial-cluster")
-            .arg(format!("{name}={peer}"))
+            .arg(format!("{name}={}", self.peer))
             // Debian's package may ship defaults in the environment; flags must win.
             .env_remove("ETCD_DATA_DIR")
             .env_remove("ETCD_NAME");
-        let mut process = ServiceProcess::spawn("etcd", &mut cmd, dir.path().join("etcd.log"));
-        process.wait_until(|| match try_http("GET", &health, &[], b"") {
+        let n = self.starts.fetch_add(1, Ordering::Relaxed);
+        let log = match n {
+            0 => self.dir.path().join("etcd.log"),
+            n => self.dir.path().join(format!("etcd.{n}.log")),
+        };
+        let mut started = ServiceProcess::spawn("etcd", &mut cmd, log);
+        started.wait_until(|| match try_http("GET", &health, &[], b"") {
             Ok((200, body)) => {
                 let body = String::from_utf8_lossy(&body);
                 body.replace(' ', "").contains("\"health\":\"true\"")
             }
             _ => false,
         });
-        Etcd {
-            _process: process,
-            _dir: dir,
-            endpoint: client,
-        }
+        *process = Some(started);
     }
 
     /// `http://127.0.0.1:PORT` (`https://` with TLS), the client URL.

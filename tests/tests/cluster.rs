@@ -679,3 +679,210 @@ fn a_client_whose_cached_route_names_the_old_owner_is_corrected_by_the_hint_and_
         "the old owner kept none of its shards: {health}"
     );
 }
+
+/// How long etcd stays down in the outage test: the issue's 20 s, several node TTLs (3 s), so
+/// every node's acknowledge deadline lapses and every node goes through losing its lease.
+const ETCD_OUTAGE: Duration = Duration::from_secs(20);
+/// What a node logs when it waits for an earlier lease holding its id to expire.
+const WAITED_FOR_EARLIER_LEASE: &str = "node id held by an earlier lease";
+/// What a node logs once it has a new lease after losing one.
+const REJOINED: &str = "rejoined the cluster with a new lease";
+
+/// One acknowledged write of the outage test's loop.
+struct Acked {
+    at: Instant,
+    ws: String,
+    path: String,
+    body: Vec<u8>,
+}
+
+#[test]
+fn after_a_20_s_etcd_outage_every_node_revokes_its_own_earlier_lease_instead_of_waiting_for_it_and_writes_resume_with_no_acknowledged_write_lost()
+ {
+    let _turn = serial();
+    let c = Cluster::new("outage");
+    let nodes = c.start_nodes(3);
+    let view = c.wait_balanced(&refs(&nodes));
+    // One workspace on a shard of each node: writes must resume on every node.
+    let shards: Vec<u32> = nodes.iter().map(|n| view.served_by(n.id())[0]).collect();
+    let names = c.workspaces_in_shards(&nodes[0], "outage", &shards, 1);
+
+    // An SDK client over every node, one attempt per write: the loop itself is the retry, so
+    // each acknowledgement is timed to within one loop turn.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cfg = nokv_client::config::ResolvedConfig {
+        endpoint: all(&refs(&nodes)).join(","),
+        ca: c.root().join("tls/ca.pem"),
+        token: Some(
+            std::fs::read_to_string(c.root().join("tls/admin.token"))
+                .unwrap()
+                .trim()
+                .to_string(),
+        ),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime
+        .block_on(nokv_client::Client::connect(&cfg))
+        .expect("connect")
+        .with_retry(nokv_client::sdk::RetryPolicy {
+            attempts: 1,
+            first_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(50),
+        });
+
+    let stop = AtomicBool::new(false);
+    let (acks, acked_rx) = mpsc::channel::<Acked>();
+    let (outcome, refusals) = thread::scope(|s| {
+        let looper = s.spawn(|| {
+            let mut refusals = 0u64;
+            let mut k = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let ws = &names[k % names.len()];
+                let path = format!("loop/{k}.txt");
+                let body = format!("outage loop write {k} to {ws}").into_bytes();
+                let written = runtime.block_on(client.write(nokv_proto::v1::WriteRequest {
+                    workspace: ws.clone(),
+                    path: path.clone(),
+                    data: body.clone().into(),
+                    ..Default::default()
+                }));
+                match written {
+                    Ok(_) => {
+                        let acked = Acked {
+                            at: Instant::now(),
+                            ws: ws.clone(),
+                            path,
+                            body,
+                        };
+                        // The receiver lives until the loop is joined.
+                        let _ = acks.send(acked);
+                    }
+                    Err(_) => {
+                        refusals += 1;
+                        // Polling the cluster for its return: it sends no signal.
+                        thread::sleep(Duration::from_millis(20));
+                    }
+                }
+                k += 1;
+            }
+            refusals
+        });
+        // Every failure below is returned, not panicked: the loop must be stopped before the
+        // scope can end.
+        let outage = || -> Result<Instant, String> {
+            for _ in 0..3 * names.len() {
+                acked_rx
+                    .recv_timeout(LOOP_PROGRESS_DEADLINE)
+                    .map_err(|e| format!("no acknowledged write before the outage: {e}"))?;
+            }
+            c.etcd().kill();
+            // The outage itself: a span of time, not a wait for an event.
+            thread::sleep(ETCD_OUTAGE);
+            c.etcd().restart();
+            let etcd_back = Instant::now();
+            // Writes resume on every node: each workspace is acknowledged again after etcd's
+            // return (earlier acknowledgements stay in the channel for the final check).
+            let deadline = etcd_back + LOOP_PROGRESS_DEADLINE;
+            let mut again = std::collections::BTreeSet::new();
+            let mut seen = Vec::new();
+            while again.len() < names.len() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let a = acked_rx.recv_timeout(left).map_err(|_| {
+                    format!(
+                        "writes did not resume on every node within {LOOP_PROGRESS_DEADLINE:?} \
+                         of etcd's return: acknowledged again only {again:?} of {names:?}"
+                    )
+                })?;
+                if a.at >= etcd_back {
+                    again.insert(a.ws.clone());
+                }
+                seen.push(a);
+            }
+            // Back into the channel, in order, for the final check.
+            for a in seen {
+                let _ = acks.send(a);
+            }
+            Ok(etcd_back)
+        };
+        let outcome = outage();
+        stop.store(true, Ordering::SeqCst);
+        let refusals = looper.join().expect("write loop");
+        (outcome, refusals)
+    });
+    let etcd_back = outcome.unwrap_or_else(|e| {
+        let logs: Vec<String> = nodes
+            .iter()
+            .map(|n| {
+                let log = n.daemon().stderr();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                format!("--- last lines of {} ---\n{tail}", n.id())
+            })
+            .collect();
+        panic!("{e}\n{}", logs.join("\n"))
+    });
+    let acked: Vec<Acked> = acked_rx.try_iter().collect();
+    let first = acked
+        .iter()
+        .filter(|a| a.at >= etcd_back)
+        .map(|a| a.at - etcd_back)
+        .min()
+        .expect("a write acknowledged after etcd came back");
+    let every = names
+        .iter()
+        .map(|ws| {
+            acked
+                .iter()
+                .filter(|a| &a.ws == ws && a.at >= etcd_back)
+                .map(|a| a.at - etcd_back)
+                .min()
+                .expect("every workspace acknowledged after etcd came back")
+        })
+        .max()
+        .unwrap_or_default();
+    println!(
+        "etcd outage {} s, node TTL {} s: first acknowledged write {} ms after etcd came back, \
+         a write on every node {} ms after; {} acknowledged, {refusals} refused",
+        ETCD_OUTAGE.as_secs(),
+        nokv_tests::cluster::NODE_TTL,
+        first.as_millis(),
+        every.as_millis(),
+        acked.len(),
+    );
+
+    // Every acknowledged write reads back, byte for byte.
+    for a in &acked {
+        let read = runtime
+            .block_on(
+                client
+                    .clone()
+                    .with_retry(Default::default())
+                    .read(&a.ws, &a.path),
+            )
+            .unwrap_or_else(|e| panic!("read {}:{}: {e:?}", a.ws, a.path));
+        assert!(read.data == a.body, "{}:{} differs", a.ws, a.path);
+    }
+    // The nodes rejoined by taking their ids over from their own earlier leases, never by
+    // waiting for those leases to expire (each of them would be kept alive meanwhile).
+    for n in &nodes {
+        let log = n.daemon().stderr();
+        let waited: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(WAITED_FOR_EARLIER_LEASE))
+            .collect();
+        assert!(
+            waited.is_empty(),
+            "{} waited for an earlier lease holding its id:\n{}",
+            n.id(),
+            waited.join("\n")
+        );
+        assert!(
+            log.contains(REJOINED),
+            "{} never lost its lease and rejoined in the outage:\n{log}",
+            n.id()
+        );
+    }
+}

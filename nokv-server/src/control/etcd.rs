@@ -20,8 +20,16 @@
 //! The lease is kept alive by one background task on one keep-alive stream every TTL/3. Each
 //! confirmed keep-alive extends the node's [`AckDeadline`]; [`EtcdControl::acknowledge_epoch`]
 //! reads only memory (owned table + deadline), never etcd.
+//!
+//! A node whose lease lapsed (its deadline passed: etcd unreachable, or the lease gone)
+//! rejoins with a new lease ([`EtcdControl::rejoin`]): it abandons the old membership first —
+//! nothing more acknowledged under it, its keep-alive stopped, its lease revoked if etcd
+//! answers. When etcd was down, the revocation cannot reach it, and a restarted etcd refreshes
+//! every lease it had: the old lease still holds `nodes/<id>` and the owner keys. Registration
+//! then revokes it and takes the id over instead of waiting for it to expire, because it is
+//! provably this process's own ([`Lineage`]); a lease it cannot prove its own is waited out.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -310,6 +318,36 @@ struct Owned {
     acknowledging: bool,
 }
 
+/// The leases one node runtime granted for its id in this process: the current one and every
+/// earlier one that may still exist (abandoned after a lapse, or granted by a join attempt
+/// that failed; a lease is forgotten once etcd confirmed it revoked). Shared by the
+/// memberships of one runtime: [`EtcdControl::join`] starts a lineage,
+/// [`EtcdControl::rejoin`] continues it.
+///
+/// Membership is the proof a takeover needs: a lease in the lineage other than the joining
+/// one is this process's own, and nothing acknowledges under it any more (a lease joins the
+/// lineage before any key is put under it, and a rejoin abandons the old membership before it
+/// grants the new lease), so revoking it frees nothing a live owner relies on. A lease not in
+/// it may be a second live process started with the same id: that one is waited out, never
+/// revoked. etcd chooses lease ids and nokv never asks for a particular one, so no other
+/// process can hold a lease whose id is in this set.
+#[derive(Clone, Debug, Default)]
+struct Lineage(Arc<Mutex<BTreeSet<i64>>>);
+
+impl Lineage {
+    fn add(&self, lease: i64) {
+        self.0.lock().insert(lease);
+    }
+
+    fn forget(&self, lease: i64) {
+        self.0.lock().remove(&lease);
+    }
+
+    fn contains(&self, lease: i64) -> bool {
+        self.0.lock().contains(&lease)
+    }
+}
+
 /// A node's membership in a cluster: its lease, its acknowledge deadline, its shards.
 ///
 /// Dropping it stops the keep-alive task; the lease then expires after its TTL and etcd frees
@@ -325,6 +363,8 @@ pub struct EtcdControl {
     /// comes from depends on it (see `crate::cluster`).
     previous: Mutex<HashMap<u32, Option<ShardRecord>>>,
     keep_alive: tokio::task::JoinHandle<()>,
+    /// Every lease of this node runtime, this one included (see [`Lineage`]).
+    lineage: Lineage,
 }
 
 impl Drop for EtcdControl {
@@ -338,6 +378,23 @@ impl EtcdControl {
     /// lease and starts its keep-alive task, then registers `nodes/<id>` under it (waiting out
     /// a crashed predecessor's lease, see [`register_node`]).
     pub async fn join(settings: EtcdSettings) -> Result<(Arc<EtcdControl>, ConfigOutcome)> {
+        Self::join_in(settings, Lineage::default()).await
+    }
+
+    /// Rejoins after this membership's lease lapsed: abandons it first
+    /// ([`EtcdControl::abandon`]), then joins with a new lease in the same [`Lineage`], so
+    /// registration takes the id over from any lease of this runtime still holding it instead
+    /// of waiting for it to expire. Call it again on the same (old) membership after a failed
+    /// attempt: abandoning is idempotent and retries the revocation.
+    pub async fn rejoin(&self) -> Result<(Arc<EtcdControl>, ConfigOutcome)> {
+        self.abandon().await;
+        Self::join_in(self.settings.clone(), self.lineage.clone()).await
+    }
+
+    async fn join_in(
+        settings: EtcdSettings,
+        lineage: Lineage,
+    ) -> Result<(Arc<EtcdControl>, ConfigOutcome)> {
         settings.validate()?;
         let mut client = super::access::connect(&settings.endpoints, &settings.access).await?;
         let keys = Keys::new(&settings.cluster);
@@ -348,6 +405,9 @@ impl EtcdControl {
             .lease_grant(settings.node_ttl.as_secs() as i64, None)
             .await?;
         let lease_id = grant.id();
+        // Before any key can be put under it: from here on a lost answer can leave this lease
+        // holding `nodes/<id>`, and a later attempt must recognise it as its own.
+        lineage.add(lease_id);
         let granted = Duration::from_secs(grant.ttl().max(0) as u64);
         let deadline = Arc::new(AckDeadline::new());
         deadline.extend(sent, granted, settings.safety_margin);
@@ -361,10 +421,12 @@ impl EtcdControl {
             settings.safety_margin,
             deadline.clone(),
         ));
-        if let Err(error) = register_node(&mut client, &keys, &settings, lease_id).await {
+        if let Err(error) = register_node(&mut client, &keys, &settings, lease_id, &lineage).await {
             keep_alive.abort();
             // Free our fresh lease rather than leave it to expire.
-            let _ = client.lease_revoke(lease_id).await;
+            if revoke_lease(&mut client, lease_id, settings.node_ttl / 3).await {
+                lineage.forget(lease_id);
+            }
             return Err(error);
         }
 
@@ -385,6 +447,7 @@ impl EtcdControl {
             owned: Mutex::new(HashMap::new()),
             previous: Mutex::new(HashMap::new()),
             keep_alive,
+            lineage,
         };
         Ok((Arc::new(control), outcome))
     }
@@ -884,11 +947,35 @@ impl EtcdControl {
     /// lease (etcd deletes the node key and every owner key of this node). Records keep their
     /// state: shards not released first are left as a crashed owner's.
     pub async fn leave(&self) -> Result<()> {
-        self.deadline.revoke();
-        self.owned.lock().clear();
-        self.keep_alive.abort();
+        self.stop();
         self.client.clone().lease_revoke(self.lease_id).await?;
         Ok(())
+    }
+
+    /// Ends this membership for good after its lease lapsed: stops acknowledging, forgets
+    /// every shard, stops the keep-alives (a restarted etcd would otherwise see the abandoned
+    /// lease renewed for ever), then revokes the lease if etcd answers within a third of the
+    /// TTL, which deletes its node key and owner keys at once. Idempotent. The revocation is
+    /// best effort: a lease etcd did not confirm revoked stays in the [`Lineage`], for the next
+    /// registration to revoke, and otherwise expires by itself.
+    ///
+    /// Acknowledging ends before anything is sent: the shards are released in etcd only after
+    /// this node stopped acting as their owner (fail closed).
+    pub async fn abandon(&self) {
+        self.stop();
+        let mut client = self.client.clone();
+        if revoke_lease(&mut client, self.lease_id, self.settings.node_ttl / 3).await {
+            self.lineage.forget(self.lease_id);
+        }
+    }
+
+    /// The memory side of ending a membership: the deadline is revoked (for good: no late
+    /// keep-alive confirmation revives it), no shard is held, no keep-alive goes out.
+    fn stop(&self) {
+        self.deadline.revoke();
+        self.owned.lock().clear();
+        self.previous.lock().clear();
+        self.keep_alive.abort();
     }
 }
 
@@ -982,17 +1069,43 @@ async fn ensure_config(
 /// every 500 ms and reports whole seconds).
 const LEASE_EXPIRY_SLACK: Duration = Duration::from_secs(2);
 
+/// Revokes `lease`, bounded by `bound`: true when etcd confirmed it gone (revoked now, or
+/// already unknown to it), false when etcd did not answer or refused (logged).
+async fn revoke_lease(client: &mut Client, lease: i64, bound: Duration) -> bool {
+    match tokio::time::timeout(bound, client.lease_revoke(lease)).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(error)) if lease_not_found(&error) => true,
+        Ok(Err(error)) => {
+            tracing::warn!(lease, %error, "could not revoke a lease; it expires by itself");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(lease, "revoking a lease timed out; it expires by itself");
+            false
+        }
+    }
+}
+
+/// etcd's answer to an operation on a lease it does not know (expired or revoked).
+fn lease_not_found(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::NotFound)
+}
+
 /// Registers `nodes/<id>` under `lease_id` with a create-if-absent transaction.
 ///
-/// If the key exists under another lease, that lease is either a crashed predecessor of this
-/// node (kill -9, then restart within a TTL) or a live second process with the same id. The
-/// two are told apart by waiting, bounded by the old lease's remaining TTL, for etcd to delete
-/// the key: a dead lease expires, a live one is renewed and the join fails with `NodeIdInUse`.
+/// If the key exists under another lease of this runtime's [`Lineage`] (an abandoned lease
+/// that etcd kept alive through an outage, or a failed attempt's), that lease is revoked and
+/// the id taken over at once: it is provably this process's own and nothing acknowledges
+/// under it. Any other lease is either a crashed predecessor of this node (kill -9, then
+/// restart within a TTL) or a live second process with the same id. The two are told apart by
+/// waiting, bounded by the old lease's remaining TTL, for etcd to delete the key: a dead lease
+/// expires, a live one is renewed and the join fails with `NodeIdInUse`.
 async fn register_node(
     client: &mut Client,
     keys: &Keys,
     settings: &EtcdSettings,
     lease_id: i64,
+    lineage: &Lineage,
 ) -> Result<()> {
     let key = keys.node(&settings.node_id);
     let value = encode(&NodeRecord {
@@ -1028,6 +1141,21 @@ async fn register_node(
                 _ => None,
             })
             .unwrap_or(0);
+        if old_lease != 0 && old_lease != lease_id && lineage.contains(old_lease) {
+            match client.lease_revoke(old_lease).await {
+                Ok(_) => {}
+                Err(error) if lease_not_found(&error) => {}
+                Err(error) => return Err(error.into()),
+            }
+            lineage.forget(old_lease);
+            tracing::info!(
+                node = %settings.node_id,
+                old_lease,
+                "took the node id over from this process's own earlier lease (revoked it)"
+            );
+            // The key went with the lease: the next transaction creates it under ours.
+            continue;
+        }
         if waited || old_lease == 0 {
             return Err(in_use());
         }
