@@ -1,8 +1,8 @@
 //! The second stage of the committer: makes batches durable and answers them, in order.
 //!
 //! The committer commits each batch with no fsync and hands its redo record (see
-//! [`crate::meta`]'s `redo`), the snapshot that shows it, and its answers to this thread; then
-//! it runs the next batch at once. This thread takes every stage queued at that moment,
+//! [`crate::meta`]'s `durability`), the snapshot that shows it, and its answers to this thread;
+//! then it runs the next batch at once. This thread takes every stage queued at that moment,
 //! appends their records with one write and one fsync, and only then shows readers the newest
 //! snapshot and answers the callers — so one fsync serves every batch that queued behind it,
 //! and the committer never waits for the disk while others wait for it. The one exception is a

@@ -17,8 +17,8 @@
 //! 1 MiB of rows) and committed once, readers seeing the held batches through the memtable
 //! (see [`crate::meta`]'s `overlay`) — and the rows the batch's sessions wrote (captured by
 //! the same wrapper that records the undo steps) go to the store's redo log as one record (see
-//! [`crate::meta`]'s `redo` for the format and the crash rule). The [`acknowledger`] thread
-//! appends the records of every batch queued at that moment with one write and one fsync, and
+//! [`crate::meta`]'s `durability` for the format and the crash rule). The [`acknowledger`]
+//! thread appends the records of every batch queued at that moment with one write and one fsync, and
 //! only then answers their callers and shows their state to readers — while the committer
 //! already runs the next batch. Every second (or sooner, once the log holds an eighth of the free disk space, 2-64
 //! MiB) the committer makes the file itself durable with a durable commit that begins a new
@@ -62,7 +62,7 @@
 //! to ~11,000–14,000 writes/s at 64 writers and from ~4,500 to ~10,000–12,000 at 8. The price
 //! is a second durability mechanism, kept small: the log holds only row effects of batches
 //! (every other write is a durable redb commit), and the rule of what a crash leaves is one
-//! sentence (see `redo`).
+//! sentence (see [`crate::meta`]'s `durability`).
 //!
 //! **Stats and reads**: the gate counts batches, sessions and acknowledgements ([`GateStats`]);
 //! reads use the state right after the last batch known durable and never wait for write
