@@ -38,7 +38,7 @@ const ARGS: &[&str] = &["--inventory-interval", "off"];
 /// Writes made right before the kill -9, each its own append (one client, one at a time).
 const BURST: usize = 20;
 const MIB: u64 = 1 << 20;
-/// The on-disk framing of `meta/redo.rs`: magic u32, payload length u32, sequence u64, first
+/// The on-disk framing of `meta/durability/format.rs`: magic u32, payload length u32, sequence u64, first
 /// sequence of the append u64, checksum u64 (little-endian), then the payload.
 const HEADER: u64 = 32;
 const RECORD: u32 = 0x6e6b_7632;

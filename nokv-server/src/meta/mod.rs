@@ -7,29 +7,29 @@
 //! its closure returns `Ok`, and aborts — changing nothing — when it returns `Err`. A
 //! [`Batch`] of sessions is the exception: it commits without fsync — or stays in a
 //! transaction held open for the next batches, shown to readers through the memtable
-//! ([`overlay`]) — and is made durable by its record in the store's redo log ([`redo`]), which
-//! opening the store replays. Sessions
+//! ([`overlay`]) — and is made durable by its record in the store's redo log
+//! ([`durability`]), which opening the store replays. Sessions
 //! are plain synchronous closures: the [`crate::shard::gate`] runs them, and a synchronous
 //! closure cannot await provider I/O while the gate is held.
 //!
-//! One concept a file: `store` opens the file and runs one-off sessions, `batch` runs the
-//! committer's sessions in one transaction, `read` and `write` are the two views' typed reads
-//! and writes (`ledger`, `usage` and `inventory` the parts that keep their own counters and
-//! indexes), `undo` and `redo` roll a failed session back and make a batch durable, `overlay`
-//! shows readers the batches a held transaction has not committed yet,
-//! `snapshot` copies a shard out and in, `tables` names a shard's tables, `open` keeps redb's
-//! panics on a damaged file at the boundary, `fault` injects storage faults in tests, `disk`
-//! is where the two files live (and `powercut` the simulated disk tests cut power on), `fatal`
-//! ends the process after a failed fsync, `salvage` starts again from a damaged log when the
-//! operator accepts the loss, and `records` are the stored types.
-//! panics on a damaged file at the boundary, `quick_repair` keeps the restart after a crash
-//! from walking the whole file, `fault` injects storage faults in tests, and
+//! One concept a file: `store` opens the file and runs one-off sessions, [`durability`] is
+//! everything that orders the redo log against the file (a store's `Journal` — sequence,
+//! append, checkpoint — the replay at open, the failure latch, the committer's `Batch`, the
+//! log's format, and `salvage`, which starts again from a damaged log when the operator accepts
+//! the loss), `read` and `write` are the two views' typed reads and writes (`ledger`, `usage`
+//! and `inventory` the parts that keep their own counters and indexes), `read_snapshot` the
+//! snapshot readers share, `undo` rolls a failed session back, `overlay` shows readers the
+//! batches a held transaction has not committed yet, `snapshot` copies a shard out and in,
+//! `tables` names a shard's tables, `open` keeps redb's panics on a damaged file at the
+//! boundary, `quick_repair` keeps the restart after a crash from walking the whole file,
+//! `fault` injects storage faults in tests, `disk` is where the two files live (and `powercut`
+//! the simulated disk tests cut power on), `fatal` ends the process after a failed fsync, and
 //! `records` are the stored types.
 
-mod batch;
 #[cfg(test)]
 mod dice;
 mod disk;
+mod durability;
 pub mod fatal;
 pub mod fault;
 /// The inventory's scan record and quarantine observations.
@@ -41,9 +41,8 @@ mod overlay;
 mod powercut;
 pub mod quick_repair;
 mod read;
+mod read_snapshot;
 pub mod records;
-mod redo;
-mod salvage;
 mod snapshot;
 mod store;
 mod tables;
@@ -55,13 +54,12 @@ use std::path::PathBuf;
 
 use prost::Message;
 
-pub use batch::{Batch, Logged, Snapshot};
 pub use disk::Synced;
+pub use durability::{Batch, Logged, Redo, Salvage};
 pub use fault::StoreFaults;
 pub use read::ReadView;
+pub use read_snapshot::Snapshot;
 pub use records::*;
-pub use redo::Redo;
-pub use salvage::Salvage;
 pub use store::{MetaStore, Reopen};
 pub use tables::{Namespace, Tables};
 pub use usage::{UsageDelta, UsageRecount, UsageTotals};
@@ -90,7 +88,7 @@ pub enum MetaError {
     Empty(PathBuf),
     #[error("metadata file {path} cannot be opened ({detail}); restore it from a backup")]
     Damaged { path: PathBuf, detail: String },
-    /// The redo log does not fit the node file (see `redo`'s `scan`): starting would serve
+    /// The redo log does not fit the node file (see `durability`'s `scan`): starting would serve
     /// fewer acknowledged writes than were made.
     #[error(
         "{detail}. Refusing to start: {path} holds acknowledged writes that {store} does not. \

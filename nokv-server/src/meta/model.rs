@@ -1,5 +1,5 @@
 //! A model-based test of the memtable ([`super::overlay`]) and of the capture it is built from
-//! ([`super::undo`], [`super::redo`]).
+//! ([`super::undo`], [`super::durability`]).
 //!
 //! Random sessions over every kind of [`WriteView`] writer (entries and generations, inline
 //! bodies, request outcomes and their pruning, uploads with their receipts, blocks and

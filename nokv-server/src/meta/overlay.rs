@@ -434,7 +434,7 @@ mod tests {
         let mut generation = 100;
         let mut commits = 0;
         // Enough rounds for the held transaction to fill and commit twice.
-        for round in 0..2 * super::super::batch::HOLD_BATCHES + 8 {
+        for round in 0..2 * super::super::durability::HOLD_BATCHES + 8 {
             for _ in 0..3 {
                 let (ws, p) = (WS[dice.roll(3)], PATHS[dice.roll(5)]);
                 let (remove, fail) = (dice.roll(3) == 0, dice.roll(5) == 0);

@@ -17,7 +17,7 @@
 //! Invariant: the daemon never turns it off. Only the measuring instruments do
 //! ([`set_for_measurement`]), to show both sides in one process.
 //!
-//! The open-time replay commit (`store`'s `replay`) begins its transaction on the database
+//! The open-time replay commit (`durability`'s `replay`) begins its transaction on the database
 //! directly and does not set it; every open path makes a shard's `prepare` commit right after,
 //! which does, so only a crash between those two commits leaves a file that is walked.
 //!

@@ -240,7 +240,7 @@ fn leak(prefix: &str, name: &str) -> &'static str {
     Box::leak(format!("{prefix}{name}").into_boxed_str())
 }
 
-/// Puts one row as a redo record describes it (see [`super::redo`]).
+/// Puts one row as a redo record describes it (see [`super::durability`]).
 fn apply<K: redb::Key + 'static, V: redb::Value + 'static>(
     txn: &WriteTransaction,
     def: TableDefinition<K, V>,

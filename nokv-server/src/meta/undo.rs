@@ -8,7 +8,7 @@
 //! reverse before the next session runs.
 //!
 //! The same wrapper records each row's new value (or its removal) as the batch's redo effects
-//! ([`super::redo`]): that record, not redb's fsync, is what makes the batch durable.
+//! ([`super::durability`]): that record, not redb's fsync, is what makes the batch durable.
 //!
 //! Invariant: inside a write session, every mutation goes through an [`UndoTable`]. A mutation
 //! made around it would be neither undone on failure nor replayed after a crash — nor shown to
@@ -29,7 +29,7 @@ use std::ops::{Deref, RangeBounds};
 use redb::{Key, ReadableTable, TableDefinition, Value, WriteTransaction};
 
 use super::MetaResult;
-use super::redo::Effects;
+use super::durability::Effects;
 
 /// Puts one row back as it was before the session touched it.
 pub(super) type UndoStep = Box<dyn FnOnce(&WriteTransaction) -> MetaResult<()>>;

@@ -4,11 +4,12 @@
 use prost::Message;
 use redb::ReadableTable;
 
+use super::durability::Effects;
 use super::ledger::Tracked;
 use super::records::*;
+use super::undo;
 use super::{EPOCH_KEY, UPLOAD_INDEX_MARKER};
 use super::{MetaError, MetaResult, Namespace, decode, ended_at, self_dated};
-use super::{redo, undo};
 
 pub struct WriteView<'a> {
     /// The session's reads: tables open read-only (see [`undo::SessionTxn`]).
@@ -31,7 +32,7 @@ impl<'a> WriteView<'a> {
     pub(super) fn in_batch(
         txn: &'a redb::WriteTransaction,
         t: Namespace,
-        redo: &'a std::cell::RefCell<redo::Effects>,
+        redo: &'a std::cell::RefCell<Effects>,
     ) -> Self {
         let (txn, capture) = undo::Capture::begin(txn, Some(redo));
         WriteView { txn, t, capture }

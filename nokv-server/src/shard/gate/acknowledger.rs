@@ -1,14 +1,14 @@
 //! The second stage of the committer: makes batches durable and answers them, in order.
 //!
 //! The committer commits each batch with no fsync and hands its redo record (see
-//! [`crate::meta`]'s `redo`), the snapshot that shows it, and its answers to this thread; then
-//! it runs the next batch at once. This thread takes every stage queued at that moment,
+//! [`crate::meta`]'s `durability`), the snapshot that shows it, and its answers to this thread;
+//! then it runs the next batch at once. This thread takes every stage queued at that moment,
 //! appends their records with one write and one fsync, and only then shows readers the newest
 //! snapshot and answers the callers — so one fsync serves every batch that queued behind it,
 //! and the committer never waits for the disk while others wait for it. The one exception is a
 //! lone batch (nothing queued behind it, nothing left here): the committer runs [`handle`] for
 //! it itself, which saves a thread wake-up per put when writes come one at a time
-//! (`gate::hand_over`). The invariants below hold for both, because the committer does so only
+//! (`handoff::hand_over`). The invariants below hold for both, because the committer does so only
 //! when this thread has finished every stage it was handed.
 //!
 //! Invariants:
@@ -35,7 +35,8 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::mpsc;
 
-use super::{Answer, Job, Slot};
+use super::jobs::{Answer, ExclusiveJob, Job};
+use super::visibility::Slot;
 use crate::meta::{MetaStore, Redo, Snapshot};
 
 /// What the committer hands over, in its order.
@@ -74,14 +75,14 @@ pub(super) fn run(
         round.extend(stages.try_iter());
         let handled = round.len();
         handle(slot, name, round, &wake);
-        // Only now may the committer answer a lone batch itself (see `gate::hand_over`).
+        // Only now may the committer answer a lone batch itself (see `handoff::hand_over`).
         slot.handed_over.fetch_sub(handled, Ordering::AcqRel);
     }
 }
 
 /// Handles one round of stages, in order: appends their records with one fsync, then shows the
 /// newest snapshot and answers. Run by this thread, or by the committer for a lone batch when
-/// this thread has nothing left (see `gate::hand_over`).
+/// this thread has nothing left (see `handoff::hand_over`).
 pub(super) fn handle(
     slot: &Slot,
     name: &str,
@@ -159,7 +160,7 @@ fn out_of_service(slot: &Slot, name: &str, reason: &str, wake: &mpsc::WeakUnboun
     slot.set(None);
     slot.serving.send_replace(false);
     if let Some(queue) = wake.upgrade() {
-        let nudge: super::ExclusiveJob = Box::new(|_| Box::new(|_| {}));
+        let nudge: ExclusiveJob = Box::new(|_| Box::new(|_| {}));
         let _ = queue.send(Job::Exclusive(nudge));
     }
 }

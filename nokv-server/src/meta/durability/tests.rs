@@ -3,8 +3,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::*;
-use crate::meta::{Batch, Logged, MetaError, MetaStore, StoreFaults, Tables};
+use super::format::{HEADER, Header, MARKER, RECORD};
+use super::round::budget;
+use crate::meta::{Batch, Logged, MetaError, MetaStore, Redo, StoreFaults, Tables};
 
 // Catches: a round sized without regard to free space (a reopen after a full disk would
 // need more room than an operator freed), and an unbounded round (replay at start-up).
@@ -639,7 +640,7 @@ fn every_open_makes_one_durable_commit_that_names_the_round_before_the_log_is_wr
     let s = MetaStore::open(&store).unwrap();
     let bytes = std::fs::read(&log).unwrap();
     let marker = Header::decode(bytes[..HEADER].try_into().unwrap());
-    let round = s.log.lock().as_ref().unwrap().round();
+    let round = s.journal.log.lock().as_ref().unwrap().round();
     assert_eq!(marker.magic, MARKER);
     assert!(
         marker.valid(round.id, &[]),

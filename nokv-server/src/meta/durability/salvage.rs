@@ -1,5 +1,5 @@
 //! Starting again from a damaged redo log, when the operator accepts the loss: never the
-//! default (start-up refuses such a log, see `redo`'s `scan`), always explicit
+//! default (start-up refuses such a log, see [`super::scan`]), always explicit
 //! (`nokv-server recover --data-dir D --accept-loss`).
 //!
 //! It keeps exactly what an honest reading keeps — the node file's last durable commit and
@@ -12,8 +12,11 @@
 
 use std::path::{Path, PathBuf};
 
-use super::redo::{self, Fault, Log, Round};
-use super::{MetaError, MetaResult, MetaStore, StoreFaults};
+use super::super::{MetaError, MetaResult, MetaStore, StoreFaults};
+use super::log::Log;
+use super::record::apply;
+use super::round::{self, Round};
+use super::scan::{Fault, scan};
 
 /// What [`MetaStore::salvage`] found and did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -44,11 +47,11 @@ impl MetaStore {
     /// valid (see the module doc). The daemon must not be running (redb's lock refuses).
     pub fn salvage(path: &Path, accept: bool) -> MetaResult<Salvage> {
         let faults = StoreFaults::default();
-        super::open::require_existing(path, faults.disk.file_len(path))?;
+        super::super::open::require_existing(path, faults.disk.file_len(path))?;
         let db = Self::database(path, false, &faults)?;
         let txn = db.begin_write()?;
-        let applied = redo::applied(&txn)?;
-        let log_path = redo::path_for(path);
+        let applied = round::applied(&txn)?;
+        let log_path = round::path_for(path);
         let mut report = Salvage {
             log: log_path.clone(),
             problem: None,
@@ -60,13 +63,13 @@ impl MetaStore {
             moved_to: None,
             applied_changes: false,
         };
-        let Some(round) = redo::round(&txn)? else {
+        let Some(round) = round::round(&txn)? else {
             // Written before rounds: its log is read leniently at open, never refused.
             txn.abort()?;
             return Ok(report);
         };
-        let scanned = redo::scan(&faults.disk, &log_path, &round, applied, |seq, p| {
-            redo::apply(&txn, p).map_err(|e| MetaError::Damaged {
+        let scanned = scan(&faults.disk, &log_path, &round, applied, |seq, p| {
+            apply(&txn, p).map_err(|e| MetaError::Damaged {
                 path: log_path.clone(),
                 detail: format!("record {seq}: {e}"),
             })
@@ -96,7 +99,7 @@ impl MetaStore {
             return Ok(report);
         }
         if report.replayed > 0 {
-            redo::set_applied(&txn, report.kept_through)?;
+            round::set_applied(&txn, report.kept_through)?;
         }
         if faults.disk.file_len(&log_path).ok().flatten().is_some() {
             let secs = std::time::SystemTime::now()
@@ -112,7 +115,7 @@ impl MetaStore {
         let fresh = Round::fresh(report.kept_through, 0);
         Log::create(&faults.disk, &log_path, fresh, &faults)
             .map_err(|e| MetaError::Failed(format!("creating {}: {e:?}", log_path.display())))?;
-        redo::set_round(&txn, &fresh)?;
+        round::set_round(&txn, &fresh)?;
         txn.commit()?;
         report.applied_changes = true;
         tracing::warn!(

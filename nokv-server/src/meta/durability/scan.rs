@@ -35,7 +35,8 @@ use std::path::Path;
 
 use super::super::disk::{Disk, LogFile};
 use super::super::{MetaError, MetaResult};
-use super::{ANNOUNCE, GROW, HEADER, Header, LOG_MAX, MARKER, RECORD, Round, legacy_checksum};
+use super::format::{ANNOUNCE, GROW, HEADER, Header, LOG_MAX, MARKER, RECORD, legacy_checksum};
+use super::round::Round;
 
 /// What an honest log held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 
 use super::super::StoreFaults;
 use super::super::disk::{Disk, LogFile, Synced};
-use super::{ANNOUNCE, GROW, LOG_MAX, MARKER, RECORD, Redo, Round, frame};
+use super::format::{ANNOUNCE, GROW, LOG_MAX, MARKER, RECORD, frame};
+use super::record::Redo;
+use super::round::Round;
 
 /// Why an append failed. A write can fail before anything reached the disk (a full disk):
 /// the store recovers in-process. A failed fsync is another matter (see `meta::fatal`).

@@ -1,31 +1,41 @@
-//! A batch: the sessions the committer runs together in one redb transaction, and the
-//! snapshot readers are shown once the batch is durable.
+//! A batch: the sessions the committer runs together in one redb transaction, each batch
+//! taking the next sequence number of the store's [`super::Journal`] and ending as one redo
+//! record.
+//!
+//! Invariants: a batch's sequence number is written as `applied` in the transaction it runs
+//! in, held across batches or not ([`Batch::end`]); nobody is answered and no reader shown a
+//! batch before its record is durable; a transaction holding logged batches is never dropped
+//! silently — committed ([`Batch::commit`]) or given up with the store failed
+//! ([`Batch::abandon`]), so a reopen replays them; a session that fails is undone before the
+//! next runs, and a failed undo poisons the batch (nothing of it is acknowledged).
 
 use std::sync::Arc;
 
-use super::overlay::{self, OverlaidTable, Overlay};
-use super::redo;
-use super::{MetaError, MetaResult, MetaStore, Namespace, ReadView, Redo, WriteView};
+use super::super::overlay::Overlay;
+use super::super::{MetaError, MetaResult, MetaStore, Namespace, Snapshot, WriteView};
+use super::record::{Effects, Redo};
+use super::round;
 
 /// Batches one transaction is held open across before it is committed: each batch after the
-/// first updates in place the pages the earlier ones already copied (see [`super::overlay`]).
+/// first updates in place the pages the earlier ones already copied (see
+/// [`super::super::overlay`]).
 /// 64 rather than 16: the commit was 5.7 % of the daemon's CPU at 8 writers, and committing a
 /// quarter as often took 1-6 % (median 3 %) off the server's CPU per put, measured against the
 /// bench client's own, in 8 of 8 pairs at 8 clients, while readers, who look a row up through every
 /// held layer, showed no cost in the probe (issue 12, machine E; git history); [`HOLD_BYTES`]
 /// still bounds what they keep.
-pub(super) const HOLD_BATCHES: usize = 64;
+pub(in crate::meta) const HOLD_BATCHES: usize = 64;
 /// Row bytes the layers of a held transaction may reach before it is committed (bounds the
 /// memory readers' views keep).
-pub(super) const HOLD_BYTES: usize = 1 << 20;
+pub(in crate::meta) const HOLD_BYTES: usize = 1 << 20;
 
 /// The sessions of one batch, run in the committer's transaction and made durable by the
 /// batch's redo record. The transaction is committed (without fsync) at the end of the batch
 /// ([`Batch::commit_logged`]) or held open for the next batches ([`Batch::log`]); readers see
-/// held batches through the memtable ([`super::overlay`]).
+/// held batches through the memtable ([`super::super::overlay`]).
 ///
 /// Each session runs as if alone: one that fails has its writes undone before the next runs
-/// (see [`super::undo`]), so it changes nothing. If an undo itself fails the batch is
+/// (see [`super::super::undo`]), so it changes nothing. If an undo itself fails the batch is
 /// poisoned: later sessions are refused and the commit fails, so nothing of the batch is
 /// acknowledged.
 pub struct Batch {
@@ -33,7 +43,7 @@ pub struct Batch {
     txn: redb::WriteTransaction,
     poisoned: Option<String>,
     /// What the sessions of the current batch that succeeded wrote, for the redo log.
-    effects: std::cell::RefCell<redo::Effects>,
+    effects: std::cell::RefCell<Effects>,
     /// The last commit, which readers see through `overlay` (taken when the first batch is
     /// held: a batch that commits at once needs none).
     base: Option<Arc<redb::ReadTransaction>>,
@@ -49,46 +59,10 @@ pub struct Logged {
     pub snapshot: Snapshot,
 }
 
-/// A read snapshot that many readers share (see [`MetaStore::snapshot`]): a redb snapshot,
-/// and the batches after it that readers see through the memtable.
-#[derive(Clone)]
-pub struct Snapshot {
-    pub(super) txn: Arc<redb::ReadTransaction>,
-    pub(super) overlay: Overlay,
-}
-
-impl Snapshot {
-    pub(super) fn new(txn: Arc<redb::ReadTransaction>) -> Snapshot {
-        Snapshot {
-            txn,
-            overlay: Overlay::default(),
-        }
-    }
-
-    /// True if `ns` has tables in this snapshot (see [`MetaStore::holds`]). Namespaces are
-    /// created by durable commits, never in a batch, so the redb snapshot alone answers.
-    pub fn holds(&self, ns: Namespace) -> MetaResult<bool> {
-        ns.exists_in(&self.txn)
-    }
-
-    /// Runs `f` on namespace `ns` of this snapshot.
-    pub fn read_in<T, E: From<MetaError>>(
-        &self,
-        ns: Namespace,
-        f: impl FnOnce(&ReadView) -> Result<T, E>,
-    ) -> Result<T, E> {
-        f(&ReadView {
-            txn: self.clone(),
-            t: ns,
-        })
-    }
-
-    /// Opens a table as this snapshot shows it: the redb snapshot through the overlay.
-    pub(super) fn open_table<K: redb::Key + 'static, V: redb::Value + 'static>(
-        &self,
-        def: redb::TableDefinition<'static, K, V>,
-    ) -> Result<OverlaidTable<'_, K, V>, redb::TableError> {
-        overlay::open(&self.txn, &self.overlay, def)
+impl MetaStore {
+    /// Begins a batch: one transaction for many sessions (see [`Batch`]).
+    pub fn batch(self: &std::sync::Arc<Self>) -> MetaResult<Batch> {
+        Batch::begin(self)
     }
 }
 
@@ -225,15 +199,9 @@ impl Batch {
                     reason.clone(),
                 ))));
         }
-        let seq = self
-            .store
-            .last_seq
-            .load(std::sync::atomic::Ordering::Acquire)
-            + 1;
-        redo::set_applied(&self.txn, seq)?;
-        self.store
-            .last_seq
-            .store(seq, std::sync::atomic::Ordering::Release);
+        let seq = self.store.journal.next_seq();
+        round::set_applied(&self.txn, seq)?;
+        self.store.journal.sequenced(seq);
         Ok(Redo::new(
             seq,
             std::mem::take(&mut *self.effects.borrow_mut()),
