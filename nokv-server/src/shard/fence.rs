@@ -60,7 +60,19 @@ impl Fence {
             .ownership
             .acknowledge_epoch(self.shard)
             .map_err(|e| self.lost(e))?;
-        let stored = w.epoch()?;
+        self.same_epoch(w.epoch()?, epoch)
+    }
+
+    /// The read fence ([`crate::shard::gate::Gate::read_fenced`]), after the read: the node
+    /// still holds the shard, its lease confirmed recently enough, at exactly the epoch the
+    /// read's snapshot holds. A shard not yet marked changed may be read (its state is its
+    /// checkpoint's); only a write needs the mark.
+    pub fn check_read(&self, stored: Epoch) -> Result<Epoch> {
+        let epoch = self.holding_epoch()?;
+        self.same_epoch(stored, epoch)
+    }
+
+    fn same_epoch(&self, stored: Epoch, epoch: Epoch) -> Result<Epoch> {
         if stored != epoch {
             return Err(Error::Unavailable(format!(
                 "shard {} holds epoch {stored} but this node owns it at epoch {epoch}; \
@@ -128,6 +140,40 @@ mod tests {
 
     async fn value(gate: &Gate) -> u64 {
         gate.read(|r| Ok(r.last_sequence("n")?)).await.unwrap()
+    }
+
+    /// A client's read that took its snapshot while the node owned the shard, and is answered
+    /// after it lost it (here `f` itself is the pause point between the two), is refused: the
+    /// new owner may have acknowledged a newer write meanwhile. Internal reads are not fenced.
+    #[tokio::test]
+    async fn a_read_whose_snapshot_was_taken_before_the_shard_was_lost_is_not_answered() {
+        let (_dir, fake, gate) = owned_gate(3).await;
+        put(&gate).await.unwrap();
+        let answered = gate
+            .read_fenced(|r| {
+                let seen = r.last_sequence("n")?;
+                fake.lose();
+                Ok(seen)
+            })
+            .await;
+        assert!(
+            matches!(&answered, Err(Error::Unavailable(m)) if m.contains("not acknowledged")),
+            "a stale read was answered: {answered:?}"
+        );
+        // A NotFound from the stale snapshot is just as stale.
+        fake.own(3);
+        let answered: Result<u64> = gate
+            .read_fenced(|_| {
+                fake.own(4);
+                Err(Error::NotFound("x".into()))
+            })
+            .await;
+        assert!(matches!(answered, Err(Error::Unavailable(_))), "{answered:?}");
+        // While the node owns the shard at the snapshot's epoch, the read is answered.
+        fake.own(3);
+        assert_eq!(gate.read_fenced(|r| Ok(r.last_sequence("n")?)).await.unwrap(), 1);
+        fake.lose();
+        assert_eq!(value(&gate).await, 1, "internal reads are not fenced");
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ pub const LIST_MAX: u32 = 1000;
 impl Shard {
     pub async fn stat(&self, ws: &str, path: &str) -> Result<pb::Entry> {
         self.gate
-            .read(|r| match r.entry(ws, path)? {
+            .read_fenced(|r| match r.entry(ws, path)? {
                 Some(e) => Ok(to_entry(ws, path, &e)),
                 None => Err(not_found(ws, path)),
             })
@@ -37,7 +37,7 @@ impl Shard {
         // Fetch one extra entry to learn whether another page exists.
         let mut page = self
             .gate
-            .read(|r| Ok(r.list(ws, prefix, after.as_deref(), limit + 1)?))
+            .read_fenced(|r| Ok(r.list(ws, prefix, after.as_deref(), limit + 1)?))
             .await?;
         let more = page.len() > limit;
         page.truncate(limit);
@@ -56,7 +56,7 @@ impl Shard {
     /// through its manifest, so `data` is empty for artifacts.
     pub async fn read(&self, ws: &str, path: &str) -> Result<pb::ReadResponse> {
         self.gate
-            .read(|r| {
+            .read_fenced(|r| {
                 let e = r.entry(ws, path)?.ok_or_else(|| not_found(ws, path))?;
                 let data = if e.kind == KIND_FILE {
                     let data = r.inline(ws, path)?.unwrap_or_default();

@@ -96,7 +96,7 @@ impl Shard {
         let glob = Glob::new(glob)?;
         let budget = self.cfg.search.find_scan.max(1);
         self.gate
-            .read(|r| {
+            .read_fenced(|r| {
                 let mut entries = Vec::new();
                 let mut scan = Scan::new(r, ws, glob.literal_prefix(), after);
                 let mut visited = 0;
@@ -139,7 +139,7 @@ impl Shard {
         let (mut found, artifacts) = tokio::task::spawn_blocking(move || {
             shard
                 .gate
-                .read_now(|r| small.run(r, shard.id, &req.workspace, started))
+                .read_fenced_now(|r| small.run(r, shard.id, &req.workspace, started))
         })
         .await
         .map_err(|e| Error::Internal(format!("grep task failed: {e}")))??;

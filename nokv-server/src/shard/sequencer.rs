@@ -583,7 +583,7 @@ impl Shard {
 
     pub async fn get_manifest(&self, ws: &str, path: &str) -> Result<pb::GetManifestResponse> {
         self.gate
-            .read(|r| {
+            .read_fenced(|r| {
                 let e = r.entry(ws, path)?.ok_or_else(|| not_found(ws, path))?;
                 if e.kind != KIND_ARTIFACT {
                     return Err(Error::FailedPrecondition(format!(
@@ -625,7 +625,7 @@ impl Shard {
     ) -> Result<Bytes> {
         let (key, length) = self
             .gate
-            .read(|r| {
+            .read_fenced(|r| {
                 let rev = match r.revision(revision)? {
                     Some(rev) if rev.workspace == ws => rev,
                     Some(_) => {

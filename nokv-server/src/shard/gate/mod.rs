@@ -338,6 +338,27 @@ impl Gate {
         self.committer.read(self.ns, f)
     }
 
+    /// A read whose answer goes to a client: answered only if, after its snapshot was taken
+    /// and `f` ran on it, this node may still acknowledge the shard at the epoch that snapshot
+    /// holds — check 3 of the writes (see [`crate::shard::fence`]), now for reads. Without it
+    /// a read that took its snapshot and was then paused (a stall, SIGSTOP past the lease)
+    /// could answer from the old owner's state after another node took the shard and
+    /// acknowledged a newer write: a stale read. An answer of `f` that is an error (NotFound)
+    /// is fenced too: it is as stale as a value. Internal readers (reconciler, inventory,
+    /// health, checkpoints), which answer no client, use [`Gate::read`].
+    pub async fn read_fenced<T>(&self, f: impl FnOnce(&ReadView) -> Result<T>) -> Result<T> {
+        self.read_fenced_now(f)
+    }
+
+    /// [`Gate::read_fenced`] for synchronous callers.
+    pub fn read_fenced_now<T>(&self, f: impl FnOnce(&ReadView) -> Result<T>) -> Result<T> {
+        let (answer, epoch) = self
+            .committer
+            .read(self.ns, |r| Ok((f(r), r.epoch()?)))?;
+        self.fence.check_read(epoch)?;
+        answer
+    }
+
     /// Runs `f` as one exclusive write session and answers once it is durable (or, when `f`
     /// fails, once it was rolled back — a failed session changes nothing). The session runs
     /// to completion even if the caller stops waiting.
