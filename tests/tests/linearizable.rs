@@ -1,22 +1,26 @@
-//! Histories of contended keys under kill -9, checked for linearizability by the independent
+//! Histories of contended keys under faults, checked for linearizability by the independent
 //! checker in `nokv_tests::linearizability` (issue 45).
 //!
 //! Six clients run reads, upserts, conditional writes (`if_generation`) and deletes, conditional
-//! or not, on three keys of one workspace against the embedded daemon. A nemesis kills the
-//! daemon (-9) after a number of operations, restarts it on the same data dir, and the clients
-//! go on against the new process; every operation is recorded with its invocation and response
-//! instants, an operation that got no answer (the kill, a transport error) as unknown. The
-//! whole history is then checked key by key. The test prints what it checked: operations,
-//! keys, kills, unknown outcomes and the largest memo of the search (its memory).
+//! or not, on three keys of one workspace. Every operation is recorded with its invocation and
+//! response instants; one that got no answer (a kill, a transport error, a pause, a timeout) is
+//! unknown. The whole history is then checked key by key, and the test prints what it
+//! checked: operations, keys, faults, unknown outcomes and the largest memo of the search.
+//!
+//! * The embedded daemon: killed (-9) and restarted on its data dir three times.
+//! * A 3-node cluster (local durability): the workspace's shard is moved gracefully, its owner
+//!   is paused (SIGSTOP) past its lease and resumed, then killed (-9) and restarted; the
+//!   clients reach every node and follow the owner hints.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nokv_client::sdk::RetryPolicy;
 use nokv_client::{Client, ClientError};
 use nokv_proto::v1 as pb;
+use nokv_tests::cluster::{Cluster, ClusterView};
 use nokv_tests::linearizability::{self, Call, Op, Outcome, Value};
 use nokv_tests::{Daemon, SplitMix64};
 
@@ -27,6 +31,11 @@ const CLIENTS: usize = 6;
 const OPS_PER_LIFE: usize = 250;
 /// Lifetimes: every one but the last ends with kill -9.
 const LIVES: usize = 4;
+/// An operation not answered within this is unknown: a paused node accepts connections and
+/// answers nothing, and the client must not wait for it for ever.
+const OP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Acknowledged operations between two faults of the cluster run.
+const OPS_BETWEEN_FAULTS: usize = 150;
 
 /// A generator per client, seeded by its number: the plan is reproducible, the interleaving
 /// is whatever the machine makes of it.
@@ -70,8 +79,23 @@ fn value_of(data: &[u8]) -> Value {
         .unwrap_or_else(|| panic!("a value no client wrote: {data:?}"))
 }
 
-/// One operation against `client`, recorded in `shared`; returns a generation it learned.
-async fn one_op(client: &Client, shared: &Shared, rng: &mut Rng, known: &mut [u64]) {
+/// `call`, or a transport error once [`OP_TIMEOUT`] passed (an unknown outcome).
+async fn within<T>(
+    call: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    tokio::time::timeout(OP_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ClientError {
+                reason: nokv_client::Reason::Transport,
+                code: None,
+                message: format!("no answer within {OP_TIMEOUT:?}"),
+            })
+        })
+}
+
+/// One operation against `client`, recorded in `shared`. True if its outcome is known.
+async fn one_op(client: &Client, shared: &Shared, rng: &mut Rng, known: &mut [u64]) -> bool {
     let k = (rng.next_u64() % KEYS as u64) as usize;
     let key = format!("k{k}");
     let dice = rng.next_u64() % 100;
@@ -86,7 +110,7 @@ async fn one_op(client: &Client, shared: &Shared, rng: &mut Rng, known: &mut [u6
     };
     let invoked = shared.now();
     let (call, outcome) = if dice < 35 {
-        let outcome = match client.read(WS, &key).await {
+        let outcome = match within(client.read(WS, &key)).await {
             Ok(r) => {
                 let g = r.entry.as_ref().map_or(0, |e| e.generation);
                 known[k] = g;
@@ -98,7 +122,7 @@ async fn one_op(client: &Client, shared: &Shared, rng: &mut Rng, known: &mut [u6
         (Call::Read, outcome)
     } else if dice < 65 {
         let v = value();
-        let outcome = match client.write(write(v, pb::WriteMode::Upsert, 0)).await {
+        let outcome = match within(client.write(write(v, pb::WriteMode::Upsert, 0))).await {
             Ok(e) => {
                 known[k] = e.generation;
                 Outcome::Written(e.generation)
@@ -109,27 +133,24 @@ async fn one_op(client: &Client, shared: &Shared, rng: &mut Rng, known: &mut [u6
     } else if dice < 85 {
         let v = value();
         let expected = known[k].max(1);
-        let outcome = match client
-            .write(write(v, pb::WriteMode::IfGeneration, expected))
-            .await
-        {
-            Ok(e) => {
-                known[k] = e.generation;
-                Outcome::Written(e.generation)
-            }
-            Err(e) => refused(&e),
-        };
+        let outcome =
+            match within(client.write(write(v, pb::WriteMode::IfGeneration, expected))).await {
+                Ok(e) => {
+                    known[k] = e.generation;
+                    Outcome::Written(e.generation)
+                }
+                Err(e) => refused(&e),
+            };
         (Call::WriteIf { expected, value: v }, outcome)
     } else {
         let expected = if rng.chance(50) { 0 } else { known[k] };
-        let outcome = match client
-            .delete(pb::DeleteRequest {
-                workspace: WS.into(),
-                path: key.clone(),
-                if_generation: expected,
-                ..Default::default()
-            })
-            .await
+        let outcome = match within(client.delete(pb::DeleteRequest {
+            workspace: WS.into(),
+            path: key.clone(),
+            if_generation: expected,
+            ..Default::default()
+        }))
+        .await
         {
             Ok(g) => Outcome::Deleted(g),
             Err(e) => refused(&e),
@@ -144,66 +165,86 @@ async fn one_op(client: &Client, shared: &Shared, rng: &mut Rng, known: &mut [u6
         invoked,
         answered,
     });
+    outcome != Outcome::Unknown
 }
 
-#[test]
-fn histories_of_reads_writes_conditional_writes_and_deletes_under_kill_9_are_linearizable() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let shared = Arc::new(Shared {
-        origin: Instant::now(),
-        values: AtomicU64::new(0),
-        history: Mutex::new(Vec::new()),
-    });
-    let mut kills = 0;
-    for life in 0..LIVES {
-        let d = Daemon::start_in(dir.path(), &[]);
-        let client = rt.block_on(d.sdk()).with_retry(RetryPolicy {
-            attempts: 1,
-            ..RetryPolicy::default()
-        });
+/// Six clients running [`one_op`] until stopped; a tick per operation with a known outcome.
+struct Clients {
+    stop: Arc<AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    ticks: std::sync::mpsc::Receiver<()>,
+}
+
+impl Clients {
+    fn start(
+        rt: &tokio::runtime::Runtime,
+        client: &Client,
+        shared: &Arc<Shared>,
+        seed: u64,
+    ) -> Clients {
         let stop = Arc::new(AtomicBool::new(false));
         let (tick, ticks) = std::sync::mpsc::channel::<()>();
-        let workers: Vec<_> = (0..CLIENTS)
+        let workers = (0..CLIENTS)
             .map(|c| {
                 let (client, shared, stop, tick) =
                     (client.clone(), shared.clone(), stop.clone(), tick.clone());
                 rt.spawn(async move {
-                    let mut rng: Rng = SplitMix64((life * CLIENTS + c) as u64 + 1);
+                    let mut rng: Rng = SplitMix64(seed * CLIENTS as u64 + c as u64 + 1);
                     let mut known = [0u64; KEYS];
                     while !stop.load(Ordering::SeqCst) {
-                        one_op(&client, &shared, &mut rng, &mut known).await;
-                        let _ = tick.send(());
+                        if one_op(&client, &shared, &mut rng, &mut known).await {
+                            let _ = tick.send(());
+                        }
                     }
                 })
             })
             .collect();
-        drop(tick);
-        for _ in 0..OPS_PER_LIFE {
-            ticks.recv().expect("the clients run");
-        }
-        stop.store(true, Ordering::SeqCst);
-        let last = life + 1 == LIVES;
-        // Operations in flight at the kill get no answer: unknown outcomes.
-        let survivor = if last {
-            Some(d)
-        } else {
-            d.kill9();
-            kills += 1;
-            None
-        };
-        for w in workers {
-            rt.block_on(w).unwrap();
-        }
-        if let Some(d) = survivor {
-            assert!(d.terminate().success());
+        Clients {
+            stop,
+            workers,
+            ticks,
         }
     }
 
+    /// Blocks until `n` more operations were answered.
+    fn answered(&self, n: usize) {
+        for _ in 0..n {
+            self.ticks.recv().expect("the clients run");
+        }
+    }
+
+    /// Tells the clients to stop (operations in flight finish or time out).
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    fn join(self, rt: &tokio::runtime::Runtime) {
+        self.stop();
+        for w in self.workers {
+            rt.block_on(w).unwrap();
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn new_shared() -> Arc<Shared> {
+    Arc::new(Shared {
+        origin: Instant::now(),
+        values: AtomicU64::new(0),
+        history: Mutex::new(Vec::new()),
+    })
+}
+
+/// Checks the history and prints what was checked; panics with the violation.
+fn check(shared: &Shared, faults: &str) {
     let history = shared.history.lock().unwrap().clone();
     let unknown = history
         .iter()
@@ -217,12 +258,120 @@ fn histories_of_reads_writes_conditional_writes_and_deletes_under_kill_9_are_lin
     let checked = linearizability::check(&history).unwrap_or_else(|v| panic!("{v}"));
     eprintln!(
         "linearizable: {} operations on {} keys ({written} writes acknowledged, {unknown} \
-         unknown outcomes), {kills} kill -9s, largest memo {} states, checked in {:?}",
+         unknown outcomes), faults: {faults}; largest memo {} states, checked in {:?}",
         checked.operations,
         checked.keys,
         checked.largest_memo,
         started.elapsed()
     );
     assert_eq!(checked.keys, KEYS);
-    assert!(written > 0 && kills == LIVES - 1);
+    assert!(written > 0);
+}
+
+#[test]
+fn histories_of_reads_writes_conditional_writes_and_deletes_under_kill_9_are_linearizable() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let shared = new_shared();
+    for life in 0..LIVES {
+        let d = Daemon::start_in(dir.path(), &[]);
+        let client = rt.block_on(d.sdk()).with_retry(RetryPolicy {
+            attempts: 1,
+            ..RetryPolicy::default()
+        });
+        let clients = Clients::start(&rt, &client, &shared, life as u64);
+        clients.answered(OPS_PER_LIFE);
+        clients.stop();
+        // Operations in flight at the kill get no answer: unknown outcomes.
+        let last = life + 1 == LIVES;
+        let survivor = if last {
+            Some(d)
+        } else {
+            d.kill9();
+            None
+        };
+        clients.join(&rt);
+        if let Some(d) = survivor {
+            assert!(d.terminate().success());
+        }
+    }
+    check(
+        &shared,
+        &format!("{} kill -9s of the embedded daemon", LIVES - 1),
+    );
+}
+
+#[test]
+fn histories_on_a_three_node_cluster_through_a_move_a_pause_past_the_lease_and_a_kill_9_are_linearizable()
+ {
+    let rt = runtime();
+    let c = Cluster::new("lin");
+    let mut nodes = c.start_nodes(3);
+    let ids: Vec<String> = nodes.iter().map(|n| n.id().to_string()).collect();
+    c.wait_balanced(&nodes.iter().collect::<Vec<_>>());
+    let shard = c.shards_of(&nodes[0], &[WS.to_string()])[0];
+    let owner_of = |v: &ClusterView| v.shard(shard).owner.clone().unwrap_or_default();
+    let index = |id: &str| ids.iter().position(|i| i == id).expect("a test node");
+    let cfg = nokv_client::config::ResolvedConfig {
+        endpoint: nodes
+            .iter()
+            .map(|n| n.endpoint())
+            .collect::<Vec<_>>()
+            .join(","),
+        ca: c.root().join("tls/ca.pem"),
+        token: Some(
+            std::fs::read_to_string(c.root().join("tls/admin.token"))
+                .unwrap()
+                .trim()
+                .to_string(),
+        ),
+    };
+    let client = rt
+        .block_on(Client::connect(&cfg))
+        .unwrap()
+        .with_retry(RetryPolicy {
+            attempts: 1,
+            ..RetryPolicy::default()
+        });
+    let shared = new_shared();
+    let clients = Clients::start(&rt, &client, &shared, 100);
+    clients.answered(OPS_BETWEEN_FAULTS);
+
+    // 1. A graceful move of the workspace's shard to another node.
+    let view = c.view().unwrap();
+    let from = index(&owner_of(&view));
+    let to = (from + 1) % 3;
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.endpoint()).collect();
+    c.cli(
+        &endpoints,
+        &["admin", "shard", "move", &shard.to_string(), &ids[to]],
+    )
+    .assert_ok();
+    clients.answered(OPS_BETWEEN_FAULTS);
+
+    // 2. Its owner paused past its lease, then resumed.
+    let owner = index(&owner_of(&c.view().unwrap()));
+    c.pause(&nodes[owner]);
+    c.wait_until("the paused owner's lease has lapsed", |v| {
+        !v.shard(shard).owner_alive || owner_of(v) != ids[owner]
+    });
+    c.resume(&nodes[owner]);
+    c.wait_until("the shard is served again", |v| {
+        v.shard(shard).owner_alive && v.shard(shard).state == "serving"
+    });
+    clients.answered(OPS_BETWEEN_FAULTS);
+
+    // 3. Its owner killed (-9) and restarted on its data dir.
+    let owner = index(&owner_of(&c.view().unwrap()));
+    let spec = c.kill9(nodes.remove(owner));
+    nodes.insert(owner, c.start(spec));
+    c.wait_until("the shard is served again after the kill", |v| {
+        v.shard(shard).owner_alive && v.shard(shard).state == "serving"
+    });
+    clients.answered(OPS_BETWEEN_FAULTS);
+    clients.join(&rt);
+    check(
+        &shared,
+        "a shard move, its owner paused past the lease and resumed, its owner killed -9 and restarted",
+    );
 }

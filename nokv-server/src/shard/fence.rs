@@ -168,10 +168,18 @@ mod tests {
                 Err(Error::NotFound("x".into()))
             })
             .await;
-        assert!(matches!(answered, Err(Error::Unavailable(_))), "{answered:?}");
+        assert!(
+            matches!(answered, Err(Error::Unavailable(_))),
+            "{answered:?}"
+        );
         // While the node owns the shard at the snapshot's epoch, the read is answered.
         fake.own(3);
-        assert_eq!(gate.read_fenced(|r| Ok(r.last_sequence("n")?)).await.unwrap(), 1);
+        assert_eq!(
+            gate.read_fenced(|r| Ok(r.last_sequence("n")?))
+                .await
+                .unwrap(),
+            1
+        );
         fake.lose();
         assert_eq!(value(&gate).await, 1, "internal reads are not fenced");
     }

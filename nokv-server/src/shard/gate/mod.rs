@@ -352,9 +352,7 @@ impl Gate {
 
     /// [`Gate::read_fenced`] for synchronous callers.
     pub fn read_fenced_now<T>(&self, f: impl FnOnce(&ReadView) -> Result<T>) -> Result<T> {
-        let (answer, epoch) = self
-            .committer
-            .read(self.ns, |r| Ok((f(r), r.epoch()?)))?;
+        let (answer, epoch) = self.committer.read(self.ns, |r| Ok((f(r), r.epoch()?)))?;
         self.fence.check_read(epoch)?;
         answer
     }
