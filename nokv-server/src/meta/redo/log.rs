@@ -14,7 +14,8 @@
 use std::path::{Path, PathBuf};
 
 use super::super::StoreFaults;
-use super::super::disk::{Disk, LogFile, Synced};
+use super::super::disk::{Disk, Synced};
+use super::super::log_file::LogFile;
 use super::{ANNOUNCE, GROW, LOG_MAX, MARKER, RECORD, Redo, Round, frame};
 
 /// Why an append failed. A write can fail before anything reached the disk (a full disk):

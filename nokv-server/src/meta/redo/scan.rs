@@ -33,7 +33,8 @@
 
 use std::path::Path;
 
-use super::super::disk::{Disk, LogFile};
+use super::super::disk::Disk;
+use super::super::log_file::LogFile;
 use super::super::{MetaError, MetaResult};
 use super::{ANNOUNCE, GROW, HEADER, Header, LOG_MAX, MARKER, RECORD, Round, legacy_checksum};
 
