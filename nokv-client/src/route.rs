@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use nokv_proto::MAX_MESSAGE;
 use nokv_proto::v1 as pb;
 use pb::admin_client::AdminClient;
 use pb::workspace_client::WorkspaceClient;
@@ -124,8 +125,8 @@ impl Conn {
     pub fn new(channel: Channel, bearer: Bearer) -> Conn {
         Conn {
             ws: WorkspaceClient::with_interceptor(channel.clone(), bearer.clone())
-                .max_decoding_message_size(crate::sdk::MAX_MESSAGE)
-                .max_encoding_message_size(crate::sdk::MAX_MESSAGE),
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
             admin: AdminClient::with_interceptor(channel, bearer),
         }
     }

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use nokv_proto::MAX_MESSAGE;
 use nokv_proto::v1 as pb;
 use pb::workspace_client::WorkspaceClient;
 use ring::rand::{SecureRandom, SystemRandom};
@@ -74,9 +75,6 @@ routed!(with StatRequest, ListRequest, ReadRequest, WriteRequest, DeleteRequest,
 /// `--inline-max`. Larger bodies are published as artifacts. A server configured with a
 /// smaller limit refuses a body between the two with `InvalidArgument`, naming its limit.
 pub const INLINE_MAX: usize = 256 * 1024;
-
-/// gRPC message limit, matching the server's: one 4 MiB block plus framing.
-pub const MAX_MESSAGE: usize = 4 * 1024 * 1024 + 64 * 1024;
 
 /// Adds the bearer token to every call. The token is held only here and never printed.
 #[derive(Clone)]
