@@ -19,8 +19,8 @@ use pb::workspace_client::WorkspaceClient;
 use tonic::Status;
 use tonic::transport::{Certificate, Channel};
 
+use crate::channel::{Bearer, Svc, tls_channel};
 use crate::error::ClientError;
-use crate::sdk::{Bearer, Svc};
 
 /// Metadata keys of a `NotOwner` status (the server's `error.rs` writes them).
 const OWNER_HINT_KEY: &str = "nokv-owner-hint";
@@ -213,7 +213,7 @@ impl Router {
             return Ok(c.clone());
         }
         let channel = match &self.ca {
-            Some(ca) => crate::sdk::tls_channel(endpoint, ca.clone())?,
+            Some(ca) => tls_channel(endpoint, ca.clone())?,
             None => tonic::transport::Endpoint::from_shared(endpoint.to_string())
                 .map_err(|e| ClientError::local(format!("endpoint {endpoint:?}: {e}")))?
                 .connect_lazy(),
