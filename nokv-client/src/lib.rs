@@ -3,6 +3,7 @@
 //!
 //! Depends on `nokv-proto` only — never on the server.
 
+pub mod channel;
 pub mod config;
 pub mod dir;
 pub mod error;

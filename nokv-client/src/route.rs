@@ -12,14 +12,15 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use nokv_proto::MAX_MESSAGE;
 use nokv_proto::v1 as pb;
 use pb::admin_client::AdminClient;
 use pb::workspace_client::WorkspaceClient;
 use tonic::Status;
 use tonic::transport::{Certificate, Channel};
 
+use crate::channel::{Bearer, Svc, tls_channel};
 use crate::error::ClientError;
-use crate::sdk::{Bearer, Svc};
 
 /// Metadata keys of a `NotOwner` status (the server's `error.rs` writes them).
 const OWNER_HINT_KEY: &str = "nokv-owner-hint";
@@ -124,8 +125,8 @@ impl Conn {
     pub fn new(channel: Channel, bearer: Bearer) -> Conn {
         Conn {
             ws: WorkspaceClient::with_interceptor(channel.clone(), bearer.clone())
-                .max_decoding_message_size(crate::sdk::MAX_MESSAGE)
-                .max_encoding_message_size(crate::sdk::MAX_MESSAGE),
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
             admin: AdminClient::with_interceptor(channel, bearer),
         }
     }
@@ -212,7 +213,7 @@ impl Router {
             return Ok(c.clone());
         }
         let channel = match &self.ca {
-            Some(ca) => crate::sdk::tls_channel(endpoint, ca.clone())?,
+            Some(ca) => tls_channel(endpoint, ca.clone())?,
             None => tonic::transport::Endpoint::from_shared(endpoint.to_string())
                 .map_err(|e| ClientError::local(format!("endpoint {endpoint:?}: {e}")))?
                 .connect_lazy(),

@@ -12,12 +12,14 @@ use std::time::Duration;
 use nokv_proto::v1 as pb;
 use pb::workspace_client::WorkspaceClient;
 use ring::rand::{SecureRandom, SystemRandom};
+use tonic::Status;
 use tonic::metadata::MetadataValue;
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
-use tonic::{Request, Status};
+use tonic::transport::Channel;
 
+/// The connection pieces live in [`crate::channel`]; re-exported here, where SDK users
+/// have always found them.
+pub use crate::channel::{Bearer, Svc, channel, require_https, tls_channel};
+use crate::channel::{bearer, read_ca};
 use crate::config::ResolvedConfig;
 use crate::error::{ClientError, Reason};
 use crate::route::{Conn, Hint, MAX_HOPS, Router};
@@ -74,24 +76,6 @@ routed!(with StatRequest, ListRequest, ReadRequest, WriteRequest, DeleteRequest,
 /// `--inline-max`. Larger bodies are published as artifacts. A server configured with a
 /// smaller limit refuses a body between the two with `InvalidArgument`, naming its limit.
 pub const INLINE_MAX: usize = 256 * 1024;
-
-/// gRPC message limit, matching the server's: one 4 MiB block plus framing.
-pub const MAX_MESSAGE: usize = 4 * 1024 * 1024 + 64 * 1024;
-
-/// Adds the bearer token to every call. The token is held only here and never printed.
-#[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
-
-pub type Svc = InterceptedService<Channel, Bearer>;
 
 /// How many times and how patiently a retryable call is repeated.
 #[derive(Debug, Clone, Copy)]
@@ -652,54 +636,6 @@ impl Client {
             })
             .await?;
         Ok(r.into_inner())
-    }
-}
-
-fn bearer(token: Option<&str>) -> Bearer {
-    Bearer(token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok()))
-}
-
-fn read_ca(cfg: &ResolvedConfig) -> Result<Certificate> {
-    let ca = std::fs::read(&cfg.ca)
-        .map_err(|e| ClientError::local(format!("{}: {e}", cfg.ca.display())))?;
-    Ok(Certificate::from_pem(ca))
-}
-
-/// A TLS channel to the (first) configured endpoint, trusting only the configured CA. The
-/// connection is made lazily, so a server that is briefly down is covered by the retry policy.
-pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
-    tls_channel(&cfg.endpoints()[0], read_ca(cfg)?)
-}
-
-/// A lazily connected TLS channel to `endpoint`, trusting only `ca`.
-pub fn tls_channel(endpoint: &str, ca: Certificate) -> Result<Channel> {
-    require_https(endpoint)?;
-    let endpoint = Endpoint::from_shared(endpoint.to_string())
-        .map_err(|e| ClientError::local(format!("endpoint {endpoint:?}: {e}")))?
-        .tls_config(ClientTlsConfig::new().ca_certificate(ca))?;
-    let channel = endpoint
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        // Room for whole blocks in flight instead of HTTP/2's 64 KiB default window.
-        .initial_stream_window_size(MAX_MESSAGE as u32)
-        .initial_connection_window_size(4 * MAX_MESSAGE as u32)
-        .connect_lazy();
-    Ok(channel)
-}
-
-/// nokv speaks only gRPC over TLS: an endpoint without a scheme, or with any scheme but
-/// `https://`, is refused here with a message that says so, instead of failing later with an
-/// HTTP/2 protocol error from a plaintext or non-HTTP peer.
-pub fn require_https(endpoint: &str) -> Result<()> {
-    match endpoint.split_once("://") {
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => Ok(()),
-        Some((scheme, rest)) => Err(ClientError::usage(format!(
-            "endpoint {endpoint:?} uses {scheme}://: `https://` required (nokv serves only TLS), \
-             e.g. https://{rest}"
-        ))),
-        None => Err(ClientError::usage(format!(
-            "endpoint {endpoint:?} has no scheme: `https://` required, e.g. https://{endpoint}"
-        ))),
     }
 }
 

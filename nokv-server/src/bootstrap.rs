@@ -9,23 +9,13 @@ use std::path::{Path, PathBuf};
 
 use rcgen::KeyPair;
 
+/// The error of key material lives in [`crate::pki`], below this module, because the
+/// helpers that raise it are there; re-exported so callers keep naming it from here.
+pub use crate::pki::BootstrapError;
 use crate::pki::{
     self, ADMIN_TOKEN_FILE, SECRET_FILE, canonical, mkdir, read_opt, write_file, write_secret,
 };
 use crate::token::Signer;
-
-#[derive(Debug, thiserror::Error)]
-pub enum BootstrapError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("certificate generation: {0}")]
-    Cert(#[from] rcgen::Error),
-    #[error("{0}")]
-    Invalid(String),
-}
 
 type Result<T> = std::result::Result<T, BootstrapError>;
 

@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use nokv_proto::MAX_MESSAGE;
 use serde::Deserialize;
 
 use crate::control::access::EtcdAccessFiles;
 use crate::memory::{DEFAULT_BLOCK_MEMORY, DEFAULT_WAIT, parse_size};
 use crate::object::ProviderConfig;
-use crate::server::MAX_MESSAGE;
 use crate::shard::ShardConfig;
 use crate::token::parse_duration;
 
@@ -395,7 +395,7 @@ pub struct ConfigError(pub String);
 
 /// The largest `inline_max` a `Write` can carry: the transport's message limit less the room
 /// it keeps for framing and the request's other fields (path, workspace, request id).
-pub const MAX_INLINE_MAX: usize = crate::server::MAX_MESSAGE - 64 * 1024;
+pub const MAX_INLINE_MAX: usize = MAX_MESSAGE - 64 * 1024;
 
 /// Default time between reconciler passes.
 pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(20);
@@ -574,8 +574,7 @@ impl ServeArgs {
                 "inline_max {} is larger than one request can carry: the transport takes at most \
                  {} bytes per message, so inline_max must be at most {MAX_INLINE_MAX} (4 MiB); \
                  larger files are published as artifacts",
-                shard.inline_max,
-                crate::server::MAX_MESSAGE
+                shard.inline_max, MAX_MESSAGE
             )));
         }
         if shard.admission.max_unresolved_uploads == 0

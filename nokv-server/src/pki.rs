@@ -16,9 +16,24 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::bootstrap::BootstrapError;
 use crate::ids::random_bytes;
 use crate::token::{Claims, Role, Signer, unix_now};
+
+/// Why key material could not be created, loaded or written. Defined here, at the bottom of
+/// the key-material modules, so [`crate::bootstrap`] and [`crate::cluster_tls`] both take it
+/// from below (it keeps its historical name; `bootstrap` re-exports it).
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("certificate generation: {0}")]
+    Cert(#[from] rcgen::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
 
 type Result<T> = std::result::Result<T, BootstrapError>;
 

@@ -29,6 +29,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use nokv_proto::MAX_MESSAGE;
 use nokv_proto::v1 as pb;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -40,7 +41,7 @@ use tonic::{Request, Response, Status};
 use crate::bootstrap;
 use crate::error::{Error, Result};
 use crate::names;
-use crate::server::{MAX_MESSAGE, ServeError};
+use crate::server::ServeError;
 use crate::token::{Role, Signer};
 
 /// Why `rpc-floor` could not serve.

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nokv_proto::MAX_MESSAGE;
 use nokv_proto::v1 as pb;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -62,9 +63,6 @@ pub enum ServeError {
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
 }
-
-/// gRPC message limit: one 4 MiB block plus generous framing overhead.
-pub const MAX_MESSAGE: usize = 4 * 1024 * 1024 + 64 * 1024;
 
 /// HTTP/2 streams (concurrent calls) one connection may have open; a client that opens more
 /// waits for a slot on its side. Together with the windows below this bounds the transport

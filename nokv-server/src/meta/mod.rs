@@ -35,6 +35,7 @@ pub mod fault;
 /// The inventory's scan record and quarantine observations.
 mod inventory;
 mod ledger;
+mod log_file;
 mod open;
 mod overlay;
 #[cfg(test)]

@@ -220,7 +220,7 @@ impl SimHandle {
     }
 }
 
-impl super::disk::LogFile for SimHandle {
+impl super::log_file::LogFile for SimHandle {
     fn len(&self) -> io::Result<u64> {
         Ok(self.0.state.lock().cached.len() as u64)
     }

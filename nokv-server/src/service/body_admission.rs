@@ -4,7 +4,7 @@
 //! budget taken in the handler would come too late: 128 concurrent PutBlocks would already be
 //! 128 decoded blocks. This wrapper sits between the transport and the generated
 //! `WorkspaceServer`: for a PutBlock it authenticates the caller from the headers, then
-//! reserves one message's worth of the budget ([`crate::server::MAX_MESSAGE`]) and only then
+//! reserves one message's worth of the budget ([`MAX_MESSAGE`]) and only then
 //! lets tonic read the body. Until then the body stays in HTTP/2 flow control, where the
 //! connection window bounds what a connection can make the server buffer. The reservation
 //! travels to the handler in the request's extensions ([`BodyReservation`]), which attaches it
@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
+use nokv_proto::MAX_MESSAGE;
 use tonic::body::Body;
 use tonic::codegen::Service;
 use tonic::codegen::http;
@@ -26,7 +27,6 @@ use tonic::server::NamedService;
 
 use crate::auth::authenticate;
 use crate::memory::{BlockMemory, Reservation};
-use crate::server::MAX_MESSAGE;
 use crate::token::Signer;
 
 /// The gRPC path whose bodies are block bytes.

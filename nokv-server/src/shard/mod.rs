@@ -9,6 +9,7 @@ pub mod admission;
 pub mod checkpoint;
 pub mod claims;
 pub mod clock;
+pub mod deletion_fence;
 pub mod edit;
 pub mod fence;
 pub mod files;

@@ -45,9 +45,10 @@ use std::time::Duration;
 
 use super::Shard;
 use super::quota::Accounts;
-use super::reconciler::resolve_if_reclaimed;
 use crate::error::{Error, Result};
-use crate::meta::{DeleteKind, DeleteState, LedgerRow, OpState, WriteView, WriterState};
+use crate::meta::{
+    DeleteKind, DeleteState, LedgerRow, OpState, UploadState, WriteView, WriterState,
+};
 use crate::object::ObjectError;
 
 /// Largest page of `ListOperations`, and the page when none is asked for.
@@ -184,6 +185,37 @@ pub(crate) fn settle_guard(
         }
         _ => Ok(false),
     }
+}
+
+/// True while some attempt of `upload_id` still awaits its cleanup: a finished writer's
+/// guard not yet settled, or an unknown writer's guard whose key was never deleted yet
+/// (guards are few: a scan). Unknown writers' guards that deleted their key once stay — late
+/// bytes must keep being deleted — but they no longer hold the upload unresolved: seed 000
+/// keeps such guards as small persistent metadata, not as an open upload.
+pub(crate) fn guards_name(w: &WriteView, upload_id: &str) -> Result<bool> {
+    Ok(w.guards()?.iter().any(|(_, g)| {
+        g.upload_id == upload_id && (g.writer == WriterState::Finished as i32 || g.deleted_ms == 0)
+    }))
+}
+
+/// A claimed upload whose last pending cleanup just completed is resolved: `Deleting` →
+/// `Reclaimed` (an upload transition of the ledger, so it lives here, below the reconciler
+/// that claims uploads and settles guards), so `unresolved_uploads` in health reaches 0 once reconciliation has settled;
+/// its byte reservation is released in the same session.
+pub(crate) fn resolve_if_reclaimed(
+    w: &mut WriteView,
+    accounts: &Accounts,
+    upload_id: &str,
+) -> Result<()> {
+    if let Some(mut u) = w.upload(upload_id)?
+        && u.state == UploadState::Deleting as i32
+        && !guards_name(w, upload_id)?
+    {
+        accounts.release(w, &mut u)?;
+        u.state = UploadState::Reclaimed as i32;
+        w.put_upload(upload_id, &u)?;
+    }
+    Ok(())
 }
 
 /// Retries in flight on one shard: a second `RetryCleanup` of the same operation answers

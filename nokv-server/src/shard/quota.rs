@@ -172,7 +172,7 @@ impl Shard {
         let ws = ws.to_string();
         self.gate
             .write(move |w| {
-                super::workspaces::require_not_deleting(w, &ws)?;
+                super::deletion_fence::require_not_deleting(w, &ws)?;
                 Ok(w.set_quota(&ws, quota)?)
             })
             .await

@@ -56,7 +56,7 @@ impl Shard {
                 if let Some(done) = key.recorded(w)? {
                     return done;
                 }
-                super::workspaces::require_not_deleting(w, &req.workspace)?;
+                super::deletion_fence::require_not_deleting(w, &req.workspace)?;
                 let now = clock.now_ms();
                 let answer = |upload_id: String, lease_expires_ms: i64| pb::BeginUploadResponse {
                     upload_token: signer.upload_capability(&upload_id),

@@ -27,10 +27,9 @@
 use std::time::{Duration, Instant};
 
 use super::Shard;
-use super::operations::{Attempt, record_attempt, secret_free};
-use super::quota::Accounts;
+use super::operations::{Attempt, guards_name, record_attempt, secret_free};
 use crate::error::Result;
-use crate::meta::{GuardRecord, OpState, ReadView, UploadState, WriteView, WriterState};
+use crate::meta::{GuardRecord, OpState, ReadView, UploadState, WriterState};
 
 /// Records handled per page and kind.
 const PAGE: usize = 100;
@@ -297,36 +296,6 @@ impl Shard {
         }
         Ok(())
     }
-}
-
-/// True while some attempt of `upload_id` still awaits its cleanup: a finished writer's
-/// guard not yet settled, or an unknown writer's guard whose key was never deleted yet
-/// (guards are few: a scan). Unknown writers' guards that deleted their key once stay — late
-/// bytes must keep being deleted — but they no longer hold the upload unresolved: seed 000
-/// keeps such guards as small persistent metadata, not as an open upload.
-fn guards_name(w: &WriteView, upload_id: &str) -> Result<bool> {
-    Ok(w.guards()?.iter().any(|(_, g)| {
-        g.upload_id == upload_id && (g.writer == WriterState::Finished as i32 || g.deleted_ms == 0)
-    }))
-}
-
-/// A claimed upload whose last pending cleanup just completed is resolved: `Deleting` →
-/// `Reclaimed`, so `unresolved_uploads` in health reaches 0 once reconciliation has settled;
-/// its byte reservation is released in the same session.
-pub(crate) fn resolve_if_reclaimed(
-    w: &mut WriteView,
-    accounts: &Accounts,
-    upload_id: &str,
-) -> Result<()> {
-    if let Some(mut u) = w.upload(upload_id)?
-        && u.state == UploadState::Deleting as i32
-        && !guards_name(w, upload_id)?
-    {
-        accounts.release(w, &mut u)?;
-        u.state = UploadState::Reclaimed as i32;
-        w.put_upload(upload_id, &u)?;
-    }
-    Ok(())
 }
 
 /// First wait before an unknown writer's guard deletes its key again; doubles per attempt.

@@ -36,9 +36,9 @@ use bytes::Bytes;
 use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
+use super::deletion_fence::require_not_deleting;
 use super::files::{not_found, retire};
 use super::replay::RequestKey;
-use super::workspaces::require_not_deleting;
 use super::{Shard, to_entry};
 use crate::error::{Error, Result};
 use crate::ids::random_hex;

@@ -6,7 +6,7 @@
 //!
 //! `DeleteWorkspace` runs as write sessions on the gate, none of them doing provider I/O:
 //! 1. **Fence** (one session, with request-id replay): the record is set to `Deleting`. From
-//!    that commit on, [`require_not_deleting`] — called by the sessions of Write, Delete,
+//!    that commit on, [`require_not_deleting`](super::deletion_fence::require_not_deleting) — called by the sessions of Write, Delete,
 //!    BeginUpload, PutBlock admission, RenewUpload and CommitUpload — refuses every mutation
 //!    of the workspace with `FailedPrecondition`, by state read inside that session, so no
 //!    mutation admitted after the fence can leave anything behind. The same session already
@@ -50,20 +50,6 @@ use crate::meta::{
 
 /// Items (uploads, entries, retired revisions examined) handled per write session.
 pub(crate) const PAGE: usize = 256;
-
-/// The deletion fence: refuses a mutation of a workspace being deleted. Called inside the
-/// mutation's own write session, after authorization and replay, so a mutation either
-/// committed before the fence (and is released by the deletion) or is refused.
-pub(crate) fn require_not_deleting(w: &WriteView, ws: &str) -> Result<()> {
-    match w.workspace(ws)? {
-        Some(rec) if rec.state == WorkspaceState::Deleting as i32 => {
-            Err(Error::FailedPrecondition(format!(
-                "workspace {ws:?} is being deleted; its name can be used again once the deletion completes"
-            )))
-        }
-        _ => Ok(()),
-    }
-}
 
 /// Sets the deletion fence of `ws` for the call with `request_id` (a no-op while a deletion
 /// of it is already under way).

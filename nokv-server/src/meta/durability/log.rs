@@ -14,7 +14,8 @@
 use std::path::{Path, PathBuf};
 
 use super::super::StoreFaults;
-use super::super::disk::{Disk, LogFile, Synced};
+use super::super::disk::{Disk, Synced};
+use super::super::log_file::LogFile;
 use super::format::{ANNOUNCE, GROW, LOG_MAX, MARKER, RECORD, frame};
 use super::record::Redo;
 use super::round::Round;

@@ -33,7 +33,8 @@
 
 use std::path::Path;
 
-use super::super::disk::{Disk, LogFile};
+use super::super::disk::Disk;
+use super::super::log_file::LogFile;
 use super::super::{MetaError, MetaResult};
 use super::format::{ANNOUNCE, GROW, HEADER, Header, LOG_MAX, MARKER, RECORD, legacy_checksum};
 use super::round::Round;

@@ -1,0 +1,82 @@
+//! The connection pieces of the client: the bearer-token interceptor, the service type it
+//! wraps a channel in, and TLS channels to `https://` endpoints trusting only the configured
+//! CA. Below both [`crate::route`] (which opens a channel per endpoint it learns of) and
+//! [`crate::sdk`] (which builds the first one and retries over the router), so neither needs
+//! the other to connect.
+
+use std::time::Duration;
+
+use nokv_proto::MAX_MESSAGE;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{Request, Status};
+
+use crate::config::ResolvedConfig;
+use crate::error::ClientError;
+
+type Result<T> = std::result::Result<T, ClientError>;
+
+/// Adds the bearer token to every call. The token is held only here and never printed.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type Svc = InterceptedService<Channel, Bearer>;
+
+pub(crate) fn bearer(token: Option<&str>) -> Bearer {
+    Bearer(token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok()))
+}
+
+pub(crate) fn read_ca(cfg: &ResolvedConfig) -> Result<Certificate> {
+    let ca = std::fs::read(&cfg.ca)
+        .map_err(|e| ClientError::local(format!("{}: {e}", cfg.ca.display())))?;
+    Ok(Certificate::from_pem(ca))
+}
+
+/// A TLS channel to the (first) configured endpoint, trusting only the configured CA. The
+/// connection is made lazily, so a server that is briefly down is covered by the retry policy.
+pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
+    tls_channel(&cfg.endpoints()[0], read_ca(cfg)?)
+}
+
+/// A lazily connected TLS channel to `endpoint`, trusting only `ca`.
+pub fn tls_channel(endpoint: &str, ca: Certificate) -> Result<Channel> {
+    require_https(endpoint)?;
+    let endpoint = Endpoint::from_shared(endpoint.to_string())
+        .map_err(|e| ClientError::local(format!("endpoint {endpoint:?}: {e}")))?
+        .tls_config(ClientTlsConfig::new().ca_certificate(ca))?;
+    let channel = endpoint
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        // Room for whole blocks in flight instead of HTTP/2's 64 KiB default window.
+        .initial_stream_window_size(MAX_MESSAGE as u32)
+        .initial_connection_window_size(4 * MAX_MESSAGE as u32)
+        .connect_lazy();
+    Ok(channel)
+}
+
+/// nokv speaks only gRPC over TLS: an endpoint without a scheme, or with any scheme but
+/// `https://`, is refused here with a message that says so, instead of failing later with an
+/// HTTP/2 protocol error from a plaintext or non-HTTP peer.
+pub fn require_https(endpoint: &str) -> Result<()> {
+    match endpoint.split_once("://") {
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => Ok(()),
+        Some((scheme, rest)) => Err(ClientError::usage(format!(
+            "endpoint {endpoint:?} uses {scheme}://: `https://` required (nokv serves only TLS), \
+             e.g. https://{rest}"
+        ))),
+        None => Err(ClientError::usage(format!(
+            "endpoint {endpoint:?} has no scheme: `https://` required, e.g. https://{endpoint}"
+        ))),
+    }
+}
