@@ -129,7 +129,7 @@ impl Cluster {
             pinned: Default::default(),
         });
         let coordinator: Arc<dyn Coordinator> = cluster.clone();
-        cluster.node.attach_coordinator(Arc::downgrade(&coordinator));
+        cluster.node.attach_coordinator(&coordinator);
         cluster
     }
 

@@ -165,8 +165,8 @@ impl Node {
     }
 
     /// Attaches the cluster runtime (cluster mode only, once).
-    pub fn attach_coordinator(&self, coordinator: Weak<dyn Coordinator>) {
-        let _ = self.coordinator.set(coordinator);
+    pub fn attach_coordinator(&self, coordinator: &Arc<dyn Coordinator>) {
+        let _ = self.coordinator.set(Arc::downgrade(coordinator));
     }
 
     /// True for the embedded default (no cluster runtime attached).
