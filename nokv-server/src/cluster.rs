@@ -25,6 +25,11 @@
 //! through the balance step like any other.
 //!
 //! Nothing here is on the per-request path: requests read the node's slots and routes only.
+//!
+//! **Layering**: the runtime owns the node ([`Node`]) and drives it; the node never names this
+//! type. What the node asks of the runtime (the cluster view and shard moves, for the admin
+//! service) goes through the narrow [`Coordinator`] trait implemented here, so the imports
+//! point one way: cluster → node.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
