@@ -25,6 +25,11 @@
 //! through the balance step like any other.
 //!
 //! Nothing here is on the per-request path: requests read the node's slots and routes only.
+//!
+//! **Layering**: the runtime owns the node ([`Node`]) and drives it; the node never names this
+//! type. What the node asks of the runtime (the cluster view and shard moves, for the admin
+//! service) goes through the narrow [`Coordinator`] trait implemented here, so the imports
+//! point one way: cluster → node.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,7 +43,7 @@ use crate::control::etcd::{
 use crate::control::{ControlError, Epoch, Ownership};
 use crate::error::{Error, Result};
 use crate::meta::{MetaStore, Tables};
-use crate::node::Node;
+use crate::node::{Coordinator, Node};
 use crate::route::{Route, Routes};
 use crate::shard::Shard;
 use crate::shard::checkpoint::{self, Checkpoint};
@@ -97,6 +102,19 @@ impl Source {
     }
 }
 
+/// What the node asks of its runtime (the admin service's cluster view and shard moves): the
+/// node knows only this trait, never [`Cluster`], so the imports point one way (cluster → node).
+#[async_trait::async_trait]
+impl Coordinator for Cluster {
+    async fn view(&self) -> Result<ClusterView> {
+        Cluster::view(self).await
+    }
+
+    async fn move_shard(&self, shard: u32, to: &str) -> Result<u64> {
+        Cluster::move_shard(self, shard, to).await
+    }
+}
+
 impl Cluster {
     /// Joins etcd (creating or checking the cluster record) and builds the runtime around
     /// `node`; nothing is served until [`Cluster::run`] takes shards.
@@ -115,7 +133,8 @@ impl Cluster {
             moving: tokio::sync::Mutex::new(()),
             pinned: Default::default(),
         });
-        cluster.node.attach_cluster(&cluster);
+        let coordinator: Arc<dyn Coordinator> = cluster.clone();
+        cluster.node.attach_coordinator(&coordinator);
         cluster
     }
 

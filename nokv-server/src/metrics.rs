@@ -35,6 +35,13 @@
 //!
 //! **Hot path**: counters and histograms are atomics; a request costs a label lookup (a hash
 //! of two `&str`s, no allocation once the pair has been seen) and one `Instant::now()`.
+//!
+//! **Layering**: this is a low-level registry that imports nothing of the crate above it — the
+//! bulk runtime, the block-memory budget and the RPC layer count into it, so it must not know
+//! them, the shards or the node. The per-shard health gauges are filled at each scrape from a
+//! [`HealthCollector`] registered from above ([`serve`] takes it; the node implements it in
+//! `crate::node`), which hands over each shard's id and health as the wire type
+//! (`nokv_proto::v1::ShardHealth`) — the same numbers `nokv admin health` shows.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -43,6 +50,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use nokv_proto::v1 as pb;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGaugeVec, Opts, Registry, TextEncoder, exponential_buckets,
@@ -50,7 +58,15 @@ use prometheus::{
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::node::Node;
+/// The source of the per-shard health gauges, asked at every scrape. Implemented above this
+/// module (by the node), so that metrics imports nothing of the shards or the node (see the
+/// module doc).
+#[async_trait::async_trait]
+pub trait HealthCollector: Send + Sync {
+    /// Every shard held and served right now, in shard order: its id and its health (a shard
+    /// whose health read failed: not serving, zero counts).
+    async fn shard_health(&self) -> Vec<(u32, pb::ShardHealth)>;
+}
 
 /// Every instrument of the process (see the module doc).
 pub struct Metrics {
@@ -260,8 +276,15 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Refreshes the health gauges from `node`'s shards (cheap MVCC reads, no write session).
-    pub async fn refresh_health(&self, node: &Node) {
+    /// Refreshes the health gauges from `collector`'s shards (cheap MVCC reads, no write
+    /// session).
+    pub async fn refresh_health(&self, collector: &dyn HealthCollector) {
+        self.set_health(&collector.shard_health().await);
+    }
+
+    /// Sets the health gauges to `shards` (id and health of every shard held); a shard not
+    /// among them disappears from the scrape.
+    fn set_health(&self, shards: &[(u32, pb::ShardHealth)]) {
         let gauges = [
             &self.shard_entries,
             &self.shard_unresolved_uploads,
@@ -281,11 +304,9 @@ impl Metrics {
             g.reset();
         }
         self.shard_oldest_unresolved_age.reset();
-        for shard in node.shards() {
-            let id = shard.id.to_string();
+        for (shard, h) in shards {
+            let id = shard.to_string();
             let label = [id.as_str()];
-            // A failed read shows the shard as not serving, with zero counts.
-            let h = shard.health().await.unwrap_or_default();
             let set = |g: &IntGaugeVec, v: u64| {
                 g.with_label_values(&label)
                     .set(i64::try_from(v).unwrap_or(i64::MAX))
@@ -325,8 +346,13 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` (plain HTTP/1.1) until `stop` flips.
-pub async fn serve(listener: TcpListener, node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+/// Serves `GET /metrics` on `listener` (plain HTTP/1.1) until `stop` flips; `collector`
+/// fills the per-shard health gauges at each scrape.
+pub async fn serve(
+    listener: TcpListener,
+    collector: Arc<dyn HealthCollector>,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         let stream = tokio::select! {
             _ = stop.changed() => return,
@@ -340,11 +366,11 @@ pub async fn serve(listener: TcpListener, node: Arc<Node>, mut stop: watch::Rece
                 }
             },
         };
-        let node = node.clone();
+        let collector = collector.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                let node = node.clone();
-                async move { Ok::<_, Infallible>(respond(&node, req).await) }
+                let collector = collector.clone();
+                async move { Ok::<_, Infallible>(respond(&*collector, req).await) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -357,7 +383,7 @@ pub async fn serve(listener: TcpListener, node: Arc<Node>, mut stop: watch::Rece
 }
 
 async fn respond<B>(
-    node: &Node,
+    collector: &dyn HealthCollector,
     req: http::Request<B>,
 ) -> http::Response<http_body_util::Full<Bytes>> {
     let reply = |status: u16, content_type: &str, body: String| {
@@ -374,7 +400,7 @@ async fn respond<B>(
         return reply(405, "text/plain", "only GET /metrics\n".into());
     }
     let m = metrics();
-    m.refresh_health(node).await;
+    m.refresh_health(collector).await;
     reply(200, "text/plain; version=0.0.4", m.render())
 }
 

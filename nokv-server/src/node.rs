@@ -4,6 +4,16 @@
 //! shard's tables in the node file (`DATA_DIR/shards/node.redb`, one namespace per shard, see
 //! [`crate::meta::Tables`]) always hold the same workspaces. One committer writes that file
 //! for every shard the node holds (see [`crate::shard::gate`]).
+//!
+//! **Layering**: the node sits below the cluster runtime and above the metrics registry.
+//! * The cluster runtime ([`crate::cluster`]) owns the node and drives it (installs, drains and
+//!   removes shards, replaces its routes). The node never names the cluster type: the little it
+//!   asks of the runtime — the cluster view and a graceful shard move, for the admin service —
+//!   goes through the narrow [`Coordinator`] trait, which the runtime implements and attaches
+//!   ([`Node::attach_coordinator`]). So the arrow points one way, cluster → node.
+//! * The metrics registry ([`crate::metrics`]) imports nothing above it; the node registers
+//!   itself as the [`HealthCollector`] of the per-shard health gauges. So the arrow points one
+//!   way, node → metrics.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, Weak};
@@ -12,12 +22,12 @@ use parking_lot::RwLock;
 use std::time::Instant;
 
 use crate::bulk::Bulk;
-use crate::cluster::Cluster;
 use crate::control::etcd::{ClusterView, NodeRecord, OwnerKey, ShardRecord, ShardState, ShardView};
 use crate::error::{Error, Result};
 use crate::events::EventLog;
 use crate::memory::BlockMemory;
 use crate::meta::{MetaStore, Tables};
+use crate::metrics::HealthCollector;
 use crate::object::ObjectProvider;
 use crate::placement::shard_of;
 use crate::route::{LocalRoutes, Route, Routes};
@@ -44,11 +54,23 @@ pub struct Node {
     /// The single writer of the node file, shared by every shard the node holds.
     committer: Arc<Committer>,
     /// The cluster runtime, in cluster mode (weak: the runtime holds the node).
-    cluster: OnceLock<Weak<Cluster>>,
+    coordinator: OnceLock<Weak<dyn Coordinator>>,
     /// The node's audit events (`DATA_DIR/events.jsonl`, see [`crate::events`]).
     pub events: EventLog,
     /// Wakes the inventory driver when `admin inventory start` started scans.
     pub inventory_wake: tokio::sync::Notify,
+}
+
+/// What the node asks of the cluster runtime that drives it (cluster mode only): implemented
+/// by [`crate::cluster::Cluster`], which owns the node, so the node never names the cluster
+/// type (see the module doc).
+#[async_trait::async_trait]
+pub trait Coordinator: Send + Sync {
+    /// The cluster as its control plane holds it now.
+    async fn view(&self) -> Result<ClusterView>;
+
+    /// Hands `shard` to node `to` gracefully; answers once `to` serves it, with its epoch.
+    async fn move_shard(&self, shard: u32, to: &str) -> Result<u64>;
 }
 
 /// A shard id as this node holds it.
@@ -124,7 +146,7 @@ impl Node {
             cfg: parts.cfg,
             bulk,
             committer: Committer::start(store, "nokv-committer".into()),
-            cluster: OnceLock::new(),
+            coordinator: OnceLock::new(),
             events: EventLog::open(data_dir).map_err(|e| {
                 Error::Internal(format!(
                     "{}: {e}",
@@ -143,17 +165,17 @@ impl Node {
     }
 
     /// Attaches the cluster runtime (cluster mode only, once).
-    pub fn attach_cluster(&self, cluster: &Arc<Cluster>) {
-        let _ = self.cluster.set(Arc::downgrade(cluster));
+    pub fn attach_coordinator(&self, coordinator: &Arc<dyn Coordinator>) {
+        let _ = self.coordinator.set(Arc::downgrade(coordinator));
     }
 
     /// True for the embedded default (no cluster runtime attached).
     pub fn is_embedded(&self) -> bool {
-        self.cluster.get().is_none()
+        self.coordinator.get().is_none()
     }
 
-    fn cluster(&self) -> Option<Arc<Cluster>> {
-        self.cluster.get().and_then(Weak::upgrade)
+    fn coordinator(&self) -> Option<Arc<dyn Coordinator>> {
+        self.coordinator.get().and_then(Weak::upgrade)
     }
 
     /// The route of `workspace` (validated by the caller): its shard, owner and epoch.
@@ -273,8 +295,8 @@ impl Node {
     /// The cluster as this node sees it: config, live nodes, and every shard's ownership.
     /// The embedded default reports itself as the only node, owning every shard at epoch 0.
     pub async fn cluster_view(&self) -> Result<ClusterView> {
-        if let Some(cluster) = self.cluster() {
-            return cluster.view().await;
+        if let Some(coordinator) = self.coordinator() {
+            return coordinator.view().await;
         }
         let endpoint = self.routes.own_endpoint();
         Ok(ClusterView {
@@ -310,13 +332,26 @@ impl Node {
     /// Hands `shard` to node `to` gracefully (cluster mode only): drain, checkpoint, release
     /// to `to`. Answers once `to` serves the shard, with its epoch.
     pub async fn move_shard(&self, shard: u32, to: &str) -> Result<u64> {
-        match self.cluster() {
-            Some(cluster) => cluster.move_shard(shard, to).await,
+        match self.coordinator() {
+            Some(coordinator) => coordinator.move_shard(shard, to).await,
             None => Err(Error::InvalidArgument(
                 "shard moves need cluster mode (--etcd); this node serves every shard itself"
                     .into(),
             )),
         }
+    }
+}
+
+/// The per-shard health gauges of the metrics endpoint: every shard served, in shard order.
+#[async_trait::async_trait]
+impl HealthCollector for Node {
+    async fn shard_health(&self) -> Vec<(u32, nokv_proto::v1::ShardHealth)> {
+        let mut out = Vec::new();
+        for shard in self.shards() {
+            // A failed read shows the shard as not serving, with zero counts.
+            out.push((shard.id, shard.health().await.unwrap_or_default()));
+        }
+        out
     }
 }
 
