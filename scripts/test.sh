@@ -91,6 +91,11 @@ install_moto
 install_mcp
 install_prometheus_client
 
+# Arrows point one way: no import cycle between the files of a crate (the check first proves
+# it can see one, on a planted cycle).
+python3 scripts/check_cycles.py --self-test
+python3 scripts/check_cycles.py
+
 cargo build --workspace --bins
 cargo test --workspace
 
