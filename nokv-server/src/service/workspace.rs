@@ -8,10 +8,12 @@
 //! routed by the id, and the shard checks the workspace scope against the upload's record.
 //! Either way the typed error becomes a status in one place, [`reply`].
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::Stream;
 use nokv_proto::v1 as pb;
 use pb::workspace_server::Workspace;
@@ -72,18 +74,28 @@ fields!(Mutation::request_id -> &str = request_id: WriteRequest, DeleteRequest,
 fields!(OnUpload::upload_id -> &str = upload_id: PutBlockRequest, RenewUploadRequest,
     CommitUploadRequest, AbortUploadRequest);
 
-/// The shard only ever sees a file's normalised path.
-fn on_path<R: OnPath>(mut r: R) -> Result<R> {
-    let path = names::path(r.path_mut())?.into_owned();
-    *r.path_mut() = path;
-    Ok(r)
+/// Checks a name field with `norm` (one of [`crate::names`]) and keeps its normal form: the
+/// shard only ever sees normalised names.
+fn normalise(field: &mut String, norm: impl Fn(&str) -> Result<Cow<'_, str>>) -> Result<()> {
+    let normal = norm(field)?.into_owned();
+    *field = normal;
+    Ok(())
 }
 
-/// A mutation's path is normalised, and its request id checked, before it is routed.
-fn mutation<R: Mutation>(r: R) -> Result<R> {
-    let r = on_path(r)?;
+/// For a call that names nothing but its workspace (checked on admission).
+fn workspace_only<R>(_: &mut R) -> Result<()> {
+    Ok(())
+}
+
+fn on_path<R: OnPath>(r: &mut R) -> Result<()> {
+    normalise(r.path_mut(), names::path)
+}
+
+/// A mutation's path is normalised, then its request id checked.
+fn mutation<R: Mutation>(r: &mut R) -> Result<()> {
+    on_path(r)?;
     names::request_id(r.request_id())?;
-    Ok(r)
+    Ok(())
 }
 
 impl WorkspaceService {
@@ -109,7 +121,7 @@ impl WorkspaceService {
         &self,
         req: Request<R>,
         role: Role,
-        validate: impl FnOnce(R) -> Result<R>,
+        validate: impl FnOnce(&mut R) -> Result<()>,
         call: impl FnOnce(Arc<Shard>, R) -> F,
     ) -> Result<Response<T>, Status>
     where
@@ -119,7 +131,8 @@ impl WorkspaceService {
         reply(
             async {
                 self.admit(&req, role)?;
-                let r = validate(req.into_inner())?;
+                let mut r = req.into_inner();
+                validate(&mut r)?;
                 let shard = self.node.shard_for(r.workspace())?;
                 call(shard, r).await
             }
@@ -191,10 +204,7 @@ impl Workspace for WorkspaceService {
         &self,
         req: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
-        let validate = |r: pb::ListRequest| {
-            let prefix = names::prefix(&r.prefix)?.into_owned();
-            Ok(pb::ListRequest { prefix, ..r })
-        };
+        let validate = |r: &mut pb::ListRequest| normalise(&mut r.prefix, names::prefix);
         self.on_shard(req, Role::Read, validate, |s, r| async move {
             s.list(&r.workspace, &r.prefix, r.limit, &r.cursor).await
         })
@@ -235,12 +245,12 @@ impl Workspace for WorkspaceService {
         &self,
         req: Request<pb::BeginUploadRequest>,
     ) -> Result<Response<pb::BeginUploadResponse>, Status> {
-        let validate = |r: pb::BeginUploadRequest| {
-            let r = mutation(r)?;
+        let validate = |r: &mut pb::BeginUploadRequest| {
+            mutation(r)?;
             if !r.receipt.is_empty() {
                 names::receipt(&r.receipt)?;
             }
-            Ok(r)
+            Ok(())
         };
         self.on_shard(req, Role::Write, validate, |s, r| async move {
             s.begin_upload(r).await
@@ -319,22 +329,9 @@ impl Workspace for WorkspaceService {
         &self,
         req: Request<pb::ReadBlockRequest>,
     ) -> Result<Response<Self::ReadBlockStream>, Status> {
-        self.on_shard(req, Role::Read, Ok, |s, r| async move {
-            let data = s
-                .read_block(&r.workspace, r.revision, r.index, &self.node.memory)
-                .await?;
-            // Chunks are slices of one shared buffer: no copies, at most one block per call.
-            // The buffer holds its block-memory reservation until the last chunk has been
-            // encoded and dropped (or the stream is dropped unsent).
-            let chunks: Vec<Result<pb::ReadBlockChunk, Status>> = (0..data.len().div_ceil(CHUNK))
-                .map(|i| {
-                    let end = ((i + 1) * CHUNK).min(data.len());
-                    Ok(pb::ReadBlockChunk {
-                        data: data.slice(i * CHUNK..end),
-                    })
-                })
-                .collect();
-            Ok(Box::pin(futures::stream::iter(chunks)) as ChunkStream)
+        self.on_shard(req, Role::Read, workspace_only, |s, r| async move {
+            let data = s.read_block(&r.workspace, r.revision, r.index, &self.node.memory);
+            Ok(block_chunks(data.await?))
         })
         .await
     }
@@ -350,7 +347,7 @@ impl Workspace for WorkspaceService {
         // Fails only where `on_shard`'s own authentication fails first.
         let who = authenticate_with_id(&self.node.signer, &req)
             .map(|(claims, token_id)| Who::caller(&claims, token_id));
-        self.on_shard(req, Role::Write, Ok, |s, r| async move {
+        self.on_shard(req, Role::Write, workspace_only, |s, r| async move {
             let target = format!("workspace {}", r.workspace);
             events::audited(
                 &self.node.events,
@@ -394,10 +391,7 @@ impl Workspace for WorkspaceService {
         &self,
         req: Request<pb::FindRequest>,
     ) -> Result<Response<pb::FindResponse>, Status> {
-        let validate = |r: pb::FindRequest| {
-            let glob = names::glob(&r.glob)?.into_owned();
-            Ok(pb::FindRequest { glob, ..r })
-        };
+        let validate = |r: &mut pb::FindRequest| normalise(&mut r.glob, names::glob);
         self.on_shard(req, Role::Read, validate, |s, r| async move {
             s.find(&r.workspace, &r.glob, r.limit, &r.cursor).await
         })
@@ -412,12 +406,9 @@ impl Workspace for WorkspaceService {
         &self,
         req: Request<pb::GrepRequest>,
     ) -> Result<Response<Self::GrepStream>, Status> {
-        let validate = |r: pb::GrepRequest| {
-            let path_glob = match r.path_glob.as_str() {
-                "" => String::new(),
-                g => names::glob(g)?.into_owned(),
-            };
-            Ok(pb::GrepRequest { path_glob, ..r })
+        let validate = |r: &mut pb::GrepRequest| match r.path_glob.as_str() {
+            "" => Ok(()),
+            _ => normalise(&mut r.path_glob, names::glob),
         };
         self.on_shard(req, Role::Read, validate, |s, r| async move {
             let (matches, summary) = s.grep(r, &self.node.memory).await?;
@@ -426,6 +417,21 @@ impl Workspace for WorkspaceService {
         })
         .await
     }
+}
+
+/// The stream of a ReadBlock. Chunks are slices of one shared buffer: no copies, at most one
+/// block per call. The buffer holds its block-memory reservation until the last chunk has been
+/// encoded and dropped (or the stream is dropped unsent).
+fn block_chunks(data: Bytes) -> ChunkStream {
+    let chunks: Vec<Result<pb::ReadBlockChunk, Status>> = (0..data.len().div_ceil(CHUNK))
+        .map(|i| {
+            let end = ((i + 1) * CHUNK).min(data.len());
+            Ok(pb::ReadBlockChunk {
+                data: data.slice(i * CHUNK..end),
+            })
+        })
+        .collect();
+    Box::pin(futures::stream::iter(chunks))
 }
 
 /// Matches per GrepChunk at most, and bytes of lines per chunk at most (a line is at most
