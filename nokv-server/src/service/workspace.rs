@@ -82,7 +82,7 @@ fn normalise(field: &mut String, norm: impl Fn(&str) -> Result<Cow<'_, str>>) ->
     Ok(())
 }
 
-/// For a call that names nothing but its workspace (checked on admission).
+/// For a call with no name to check before routing but its workspace (checked on admission).
 fn workspace_only<R>(_: &mut R) -> Result<()> {
     Ok(())
 }
