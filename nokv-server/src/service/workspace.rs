@@ -1,8 +1,19 @@
 //! `nokv.v1.Workspace`: the agent-facing API.
+//!
+//! Every RPC takes one of two paths. A workspace call ([`WorkspaceService::on_shard`]) is
+//! authorised on its workspace, then validated, then routed to the workspace's shard: a
+//! caller learns nothing of a workspace (not even where it lives) before it may use it, and
+//! a malformed call is refused alike on every node. An upload call
+//! ([`WorkspaceService::on_upload_shard`]) names only an upload id: it is authenticated and
+//! routed by the id, and the shard checks the workspace scope against the upload's record.
+//! Either way the typed error becomes a status in one place, [`reply`].
 
+use std::borrow::Cow;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::Stream;
 use nokv_proto::v1 as pb;
 use pb::workspace_server::Workspace;
@@ -22,28 +33,136 @@ pub struct WorkspaceService {
     node: Arc<Node>,
 }
 
+/// A request scoped to one workspace.
+trait Scoped {
+    fn workspace(&self) -> &str;
+}
+
+/// A request that names one file of its workspace.
+trait OnPath {
+    fn path_mut(&mut self) -> &mut String;
+}
+
+/// A request that changes its workspace; the request id makes its retries idempotent.
+trait Mutation: OnPath {
+    fn request_id(&self) -> &str;
+}
+
+/// A request that names an upload session (and no workspace).
+trait OnUpload {
+    fn upload_id(&self) -> &str;
+}
+
+/// `fields!(Trait::accessor -> &str = field: Request, ...)` implements a one-field trait.
+macro_rules! fields {
+    ($tr:ident::$get:ident -> &str = $f:ident: $($t:ident),+) => {
+        $(impl $tr for pb::$t { fn $get(&self) -> &str { &self.$f } })+
+    };
+    ($tr:ident::$get:ident -> &mut String = $f:ident: $($t:ident),+) => {
+        $(impl $tr for pb::$t { fn $get(&mut self) -> &mut String { &mut self.$f } })+
+    };
+}
+
+fields!(Scoped::workspace -> &str = workspace: RouteRequest, StatRequest, ListRequest,
+    ReadRequest, WriteRequest, DeleteRequest, BeginUploadRequest, GetManifestRequest,
+    ReadBlockRequest, DeleteWorkspaceRequest, EditRequest, AppendRequest, FindRequest,
+    GrepRequest);
+fields!(OnPath::path_mut -> &mut String = path: StatRequest, ReadRequest, GetManifestRequest,
+    WriteRequest, DeleteRequest, BeginUploadRequest, EditRequest, AppendRequest);
+fields!(Mutation::request_id -> &str = request_id: WriteRequest, DeleteRequest,
+    BeginUploadRequest, EditRequest, AppendRequest);
+fields!(OnUpload::upload_id -> &str = upload_id: PutBlockRequest, RenewUploadRequest,
+    CommitUploadRequest, AbortUploadRequest);
+
+/// Checks a name field with `norm` (one of [`crate::names`]) and keeps its normal form: the
+/// shard only ever sees normalised names.
+fn normalise(field: &mut String, norm: impl Fn(&str) -> Result<Cow<'_, str>>) -> Result<()> {
+    let normal = norm(field)?.into_owned();
+    *field = normal;
+    Ok(())
+}
+
+/// For a call with no name to check before routing but its workspace (checked on admission).
+fn workspace_only<R>(_: &mut R) -> Result<()> {
+    Ok(())
+}
+
+fn on_path<R: OnPath>(r: &mut R) -> Result<()> {
+    normalise(r.path_mut(), names::path)
+}
+
+/// A mutation's path is normalised, then its request id checked.
+fn mutation<R: Mutation>(r: &mut R) -> Result<()> {
+    on_path(r)?;
+    names::request_id(r.request_id())?;
+    Ok(())
+}
+
 impl WorkspaceService {
     pub fn new(node: Arc<Node>) -> Self {
         WorkspaceService { node }
     }
 
-    /// Authenticates, then authorises `role` on the request's workspace after validating it.
-    fn admit<T>(&self, req: &Request<T>, ws: &str, role: Role) -> Result<Claims> {
+    /// Authenticates, then authorises `role` on the request's workspace after validating its
+    /// name.
+    fn admit<R: Scoped>(&self, req: &Request<R>, role: Role) -> Result<Claims> {
         let claims = authenticate(&self.node.signer, req)?;
+        let ws = req.get_ref().workspace();
         names::workspace(ws)?;
         claims.require(ws, role)?;
         Ok(claims)
     }
 
-    /// Authenticates a call that names only an upload id; the workspace scope is checked by
-    /// the shard against the upload's record, inside its session.
-    fn upload_call<T>(&self, req: &Request<T>, upload_id: &str) -> Result<(Claims, Arc<Shard>)> {
-        let claims = authenticate(&self.node.signer, req)?;
-        let shard = self.node.shard(upload_shard(upload_id)?)?;
-        Ok((claims, shard))
+    /// The path of a workspace call: admitted with `role`, then `validate`d (which may
+    /// normalise the request), then routed to the workspace's shard (`NotOwner` when another
+    /// node holds it) and handed to `call`. Nothing of the body is looked at before the
+    /// caller is authorised, and nothing is routed before it is valid.
+    async fn on_shard<R, T, F>(
+        &self,
+        req: Request<R>,
+        role: Role,
+        validate: impl FnOnce(&mut R) -> Result<()>,
+        call: impl FnOnce(Arc<Shard>, R) -> F,
+    ) -> Result<Response<T>, Status>
+    where
+        R: Scoped,
+        F: Future<Output = Result<T>>,
+    {
+        reply(
+            async {
+                self.admit(&req, role)?;
+                let mut r = req.into_inner();
+                validate(&mut r)?;
+                let shard = self.node.shard_for(r.workspace())?;
+                call(shard, r).await
+            }
+            .await,
+        )
+    }
+
+    /// The path of an upload call: authenticated, then routed by its upload id; `call` gets
+    /// the claims, which the shard checks against the upload's record inside its session.
+    async fn on_upload_shard<R, T, F>(
+        &self,
+        req: Request<R>,
+        call: impl FnOnce(Claims, Arc<Shard>, R) -> F,
+    ) -> Result<Response<T>, Status>
+    where
+        R: OnUpload,
+        F: Future<Output = Result<T>>,
+    {
+        reply(
+            async {
+                let claims = authenticate(&self.node.signer, &req)?;
+                let shard = self.node.shard(upload_shard(req.get_ref().upload_id())?)?;
+                call(claims, shard, req.into_inner()).await
+            }
+            .await,
+        )
     }
 }
 
+/// The one place a call's typed error becomes a gRPC status.
 fn reply<T>(r: Result<T>) -> Result<Response<T>, Status> {
     r.map(Response::new).map_err(Status::from)
 }
@@ -60,227 +179,148 @@ impl Workspace for WorkspaceService {
         &self,
         req: Request<pb::RouteRequest>,
     ) -> Result<Response<pb::RouteResponse>, Status> {
-        reply((|| {
-            let r = req.get_ref();
-            self.admit(&req, &r.workspace, Role::Read)?;
-            let route = self.node.route(&r.workspace);
-            Ok(pb::RouteResponse {
+        reply(self.admit(&req, Role::Read).map(|_| {
+            let route = self.node.route(&req.get_ref().workspace);
+            pb::RouteResponse {
                 shard: route.shard,
                 endpoint: route.endpoint,
                 epoch: route.epoch,
-            })
-        })())
+            }
+        }))
     }
 
     async fn stat(
         &self,
         req: Request<pb::StatRequest>,
     ) -> Result<Response<pb::StatResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Read)?;
-                let path = names::path(&r.path)?;
-                let entry = self
-                    .node
-                    .shard_for(&r.workspace)?
-                    .stat(&r.workspace, &path)
-                    .await?;
-                Ok(pb::StatResponse { entry: Some(entry) })
-            }
-            .await,
-        )
+        self.on_shard(req, Role::Read, on_path, |s, r| async move {
+            let entry = s.stat(&r.workspace, &r.path).await?;
+            Ok(pb::StatResponse { entry: Some(entry) })
+        })
+        .await
     }
 
     async fn list(
         &self,
         req: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Read)?;
-                let prefix = names::prefix(&r.prefix)?;
-                self.node
-                    .shard_for(&r.workspace)?
-                    .list(&r.workspace, &prefix, r.limit, &r.cursor)
-                    .await
-            }
-            .await,
-        )
+        let validate = |r: &mut pb::ListRequest| normalise(&mut r.prefix, names::prefix);
+        self.on_shard(req, Role::Read, validate, |s, r| async move {
+            s.list(&r.workspace, &r.prefix, r.limit, &r.cursor).await
+        })
+        .await
     }
 
     async fn read(
         &self,
         req: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Read)?;
-                let path = names::path(&r.path)?;
-                self.node
-                    .shard_for(&r.workspace)?
-                    .read(&r.workspace, &path)
-                    .await
-            }
-            .await,
-        )
+        self.on_shard(req, Role::Read, on_path, |s, r| async move {
+            s.read(&r.workspace, &r.path).await
+        })
+        .await
     }
 
     async fn write(
         &self,
         req: Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Write)?;
-                let path = names::path(&r.path)?.into_owned();
-                names::request_id(&r.request_id)?;
-                let shard = self.node.shard_for(&r.workspace)?;
-                shard
-                    .write(pb::WriteRequest {
-                        path,
-                        ..req.into_inner()
-                    })
-                    .await
-            }
-            .await,
-        )
+        self.on_shard(req, Role::Write, mutation, |s, r| async move {
+            s.write(r).await
+        })
+        .await
     }
 
     async fn delete(
         &self,
         req: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Write)?;
-                let path = names::path(&r.path)?.into_owned();
-                names::request_id(&r.request_id)?;
-                let shard = self.node.shard_for(&r.workspace)?;
-                shard
-                    .delete(pb::DeleteRequest {
-                        path,
-                        ..req.into_inner()
-                    })
-                    .await
-            }
-            .await,
-        )
+        self.on_shard(req, Role::Write, mutation, |s, r| async move {
+            s.delete(r).await
+        })
+        .await
     }
 
     async fn begin_upload(
         &self,
         req: Request<pb::BeginUploadRequest>,
     ) -> Result<Response<pb::BeginUploadResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Write)?;
-                let path = names::path(&r.path)?.into_owned();
-                names::request_id(&r.request_id)?;
-                if !r.receipt.is_empty() {
-                    names::receipt(&r.receipt)?;
-                }
-                let shard = self.node.shard_for(&r.workspace)?;
-                shard
-                    .begin_upload(pb::BeginUploadRequest {
-                        path,
-                        ..req.into_inner()
-                    })
-                    .await
+        let validate = |r: &mut pb::BeginUploadRequest| {
+            mutation(r)?;
+            if !r.receipt.is_empty() {
+                names::receipt(&r.receipt)?;
             }
-            .await,
-        )
+            Ok(())
+        };
+        self.on_shard(req, Role::Write, validate, |s, r| async move {
+            s.begin_upload(r).await
+        })
+        .await
     }
 
     async fn put_block(
         &self,
         req: Request<pb::PutBlockRequest>,
     ) -> Result<Response<pb::PutBlockResponse>, Status> {
-        reply(
-            async {
-                // The reservation taken before the body was decoded (see body_admission);
-                // a call that did not pass through it reserves now.
-                let reserved = req
-                    .extensions()
-                    .get::<BodyReservation>()
-                    .and_then(BodyReservation::take);
-                let (claims, shard) = self.upload_call(&req, &req.get_ref().upload_id)?;
-                names::request_id(&req.get_ref().request_id)?;
-                let mut req = req.into_inner();
-                let reserved = match reserved {
-                    Some(r) => r,
-                    None => self.node.memory.reserve(req.data.len() as u64).await?,
-                };
-                // From here the body's bytes carry their share of the budget wherever they go.
-                req.data = reserved.hold(std::mem::take(&mut req.data));
-                shard.put_block(claims, req).await
-            }
-            .await,
-        )
+        // The reservation taken before the body was decoded (see body_admission); a call that
+        // did not pass through it reserves now.
+        let reserved = req
+            .extensions()
+            .get::<BodyReservation>()
+            .and_then(BodyReservation::take);
+        self.on_upload_shard(req, |claims, s, mut r| async move {
+            names::request_id(&r.request_id)?;
+            let reserved = match reserved {
+                Some(r) => r,
+                None => self.node.memory.reserve(r.data.len() as u64).await?,
+            };
+            // From here the body's bytes carry their share of the budget wherever they go.
+            r.data = reserved.hold(std::mem::take(&mut r.data));
+            s.put_block(claims, r).await
+        })
+        .await
     }
 
     async fn renew_upload(
         &self,
         req: Request<pb::RenewUploadRequest>,
     ) -> Result<Response<pb::RenewUploadResponse>, Status> {
-        reply(
-            async {
-                let (claims, shard) = self.upload_call(&req, &req.get_ref().upload_id)?;
-                shard.renew_upload(claims, req.into_inner()).await
-            }
-            .await,
-        )
+        self.on_upload_shard(req, |claims, s, r| async move {
+            s.renew_upload(claims, r).await
+        })
+        .await
     }
 
     async fn commit_upload(
         &self,
         req: Request<pb::CommitUploadRequest>,
     ) -> Result<Response<pb::CommitUploadResponse>, Status> {
-        reply(
-            async {
-                let (claims, shard) = self.upload_call(&req, &req.get_ref().upload_id)?;
-                names::request_id(&req.get_ref().request_id)?;
-                shard.commit_upload(claims, req.into_inner()).await
-            }
-            .await,
-        )
+        self.on_upload_shard(req, |claims, s, r| async move {
+            names::request_id(&r.request_id)?;
+            s.commit_upload(claims, r).await
+        })
+        .await
     }
 
     async fn abort_upload(
         &self,
         req: Request<pb::AbortUploadRequest>,
     ) -> Result<Response<pb::AbortUploadResponse>, Status> {
-        reply(
-            async {
-                let (claims, shard) = self.upload_call(&req, &req.get_ref().upload_id)?;
-                names::request_id(&req.get_ref().request_id)?;
-                shard.abort_upload(claims, req.into_inner()).await
-            }
-            .await,
-        )
+        self.on_upload_shard(req, |claims, s, r| async move {
+            names::request_id(&r.request_id)?;
+            s.abort_upload(claims, r).await
+        })
+        .await
     }
 
     async fn get_manifest(
         &self,
         req: Request<pb::GetManifestRequest>,
     ) -> Result<Response<pb::GetManifestResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Read)?;
-                let path = names::path(&r.path)?;
-                self.node
-                    .shard_for(&r.workspace)?
-                    .get_manifest(&r.workspace, &path)
-                    .await
-            }
-            .await,
-        )
+        self.on_shard(req, Role::Read, on_path, |s, r| async move {
+            s.get_manifest(&r.workspace, &r.path).await
+        })
+        .await
     }
 
     type ReadBlockStream = ChunkStream;
@@ -289,116 +329,73 @@ impl Workspace for WorkspaceService {
         &self,
         req: Request<pb::ReadBlockRequest>,
     ) -> Result<Response<Self::ReadBlockStream>, Status> {
-        let r = req.get_ref();
-        self.admit(&req, &r.workspace, Role::Read)?;
-        let shard = self.node.shard_for(&r.workspace)?;
-        let data = shard
-            .read_block(&r.workspace, r.revision, r.index, &self.node.memory)
-            .await?;
-        // Chunks are slices of one shared buffer: no copies, at most one block per call. The
-        // buffer holds its block-memory reservation until the last chunk has been encoded and
-        // dropped (or the stream is dropped unsent).
-        let chunks: Vec<Result<pb::ReadBlockChunk, Status>> = (0..data.len().div_ceil(CHUNK))
-            .map(|i| {
-                let end = ((i + 1) * CHUNK).min(data.len());
-                Ok(pb::ReadBlockChunk {
-                    data: data.slice(i * CHUNK..end),
-                })
-            })
-            .collect();
-        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+        self.on_shard(req, Role::Read, workspace_only, |s, r| async move {
+            let data = s.read_block(&r.workspace, r.revision, r.index, &self.node.memory);
+            Ok(block_chunks(data.await?))
+        })
+        .await
     }
 
+    /// Admin tokens pass too: roles are ordered, admin above write. A call for a shard held
+    /// elsewhere is redirected, not admitted here: only the owner's attempt is audited (once,
+    /// not once per hop), and from there every outcome is an audit event (see
+    /// crate::events).
     async fn delete_workspace(
         &self,
         req: Request<pb::DeleteWorkspaceRequest>,
     ) -> Result<Response<pb::DeleteWorkspaceResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                // Admin tokens pass too: roles are ordered, admin above write.
-                self.admit(&req, &r.workspace, Role::Write)?;
-                // A call for a shard held elsewhere is redirected, not admitted here: only the
-                // owner's attempt is audited (once, not once per hop).
-                let shard = self.node.shard_for(&r.workspace)?;
-                // Admitted: from here every outcome is an audit event (see crate::events).
-                let (claims, token_id) = authenticate_with_id(&self.node.signer, &req)?;
-                let target = format!("workspace {}", r.workspace);
-                events::audited(
-                    &self.node.events,
-                    Who::caller(&claims, token_id),
-                    Action::DeleteWorkspace,
-                    target,
-                    async {
-                        names::request_id(&req.get_ref().request_id)?;
-                        shard.delete_workspace(req.into_inner()).await
-                    },
-                )
-                .await
-            }
-            .await,
-        )
+        // Fails only where `on_shard`'s own authentication fails first.
+        let who = authenticate_with_id(&self.node.signer, &req)
+            .map(|(claims, token_id)| Who::caller(&claims, token_id));
+        self.on_shard(req, Role::Write, workspace_only, |s, r| async move {
+            let target = format!("workspace {}", r.workspace);
+            events::audited(
+                &self.node.events,
+                who?,
+                Action::DeleteWorkspace,
+                target,
+                async {
+                    names::request_id(&r.request_id)?;
+                    s.delete_workspace(r).await
+                },
+            )
+            .await
+        })
+        .await
     }
+
     async fn edit(
         &self,
         req: Request<pb::EditRequest>,
     ) -> Result<Response<pb::EditResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Write)?;
-                let path = names::path(&r.path)?.into_owned();
-                names::request_id(&r.request_id)?;
-                let shard = self.node.shard_for(&r.workspace)?;
-                shard
-                    .edit(pb::EditRequest {
-                        path,
-                        ..req.into_inner()
-                    })
-                    .await
-            }
-            .await,
+        self.on_shard(
+            req,
+            Role::Write,
+            mutation,
+            |s, r| async move { s.edit(r).await },
         )
+        .await
     }
 
     async fn append(
         &self,
         req: Request<pb::AppendRequest>,
     ) -> Result<Response<pb::AppendResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Write)?;
-                let path = names::path(&r.path)?.into_owned();
-                names::request_id(&r.request_id)?;
-                let shard = self.node.shard_for(&r.workspace)?;
-                shard
-                    .append(pb::AppendRequest {
-                        path,
-                        ..req.into_inner()
-                    })
-                    .await
-            }
-            .await,
-        )
+        self.on_shard(req, Role::Write, mutation, |s, r| async move {
+            s.append(r).await
+        })
+        .await
     }
 
     async fn find(
         &self,
         req: Request<pb::FindRequest>,
     ) -> Result<Response<pb::FindResponse>, Status> {
-        reply(
-            async {
-                let r = req.get_ref();
-                self.admit(&req, &r.workspace, Role::Read)?;
-                let glob = names::glob(&r.glob)?;
-                self.node
-                    .shard_for(&r.workspace)?
-                    .find(&r.workspace, &glob, r.limit, &r.cursor)
-                    .await
-            }
-            .await,
-        )
+        let validate = |r: &mut pb::FindRequest| normalise(&mut r.glob, names::glob);
+        self.on_shard(req, Role::Read, validate, |s, r| async move {
+            s.find(&r.workspace, &r.glob, r.limit, &r.cursor).await
+        })
+        .await
     }
 
     type GrepStream = Pin<Box<dyn Stream<Item = Result<pb::GrepChunk, Status>> + Send>>;
@@ -409,26 +406,32 @@ impl Workspace for WorkspaceService {
         &self,
         req: Request<pb::GrepRequest>,
     ) -> Result<Response<Self::GrepStream>, Status> {
-        let r = req.get_ref();
-        self.admit(&req, &r.workspace, Role::Read)?;
-        let path_glob = match r.path_glob.as_str() {
-            "" => String::new(),
-            g => names::glob(g)?.into_owned(),
+        let validate = |r: &mut pb::GrepRequest| match r.path_glob.as_str() {
+            "" => Ok(()),
+            _ => normalise(&mut r.path_glob, names::glob),
         };
-        let shard = self.node.shard_for(&r.workspace)?;
-        let (matches, summary) = shard
-            .grep(
-                pb::GrepRequest {
-                    path_glob,
-                    ..req.into_inner()
-                },
-                &self.node.memory,
-            )
-            .await?;
-        Ok(Response::new(Box::pin(futures::stream::iter(
-            grep_chunks(matches, summary).into_iter().map(Ok),
-        ))))
+        self.on_shard(req, Role::Read, validate, |s, r| async move {
+            let (matches, summary) = s.grep(r, &self.node.memory).await?;
+            let chunks = grep_chunks(matches, summary).into_iter().map(Ok);
+            Ok(Box::pin(futures::stream::iter(chunks)) as Self::GrepStream)
+        })
+        .await
     }
+}
+
+/// The stream of a ReadBlock. Chunks are slices of one shared buffer: no copies, at most one
+/// block per call. The buffer holds its block-memory reservation until the last chunk has been
+/// encoded and dropped (or the stream is dropped unsent).
+fn block_chunks(data: Bytes) -> ChunkStream {
+    let chunks: Vec<Result<pb::ReadBlockChunk, Status>> = (0..data.len().div_ceil(CHUNK))
+        .map(|i| {
+            let end = ((i + 1) * CHUNK).min(data.len());
+            Ok(pb::ReadBlockChunk {
+                data: data.slice(i * CHUNK..end),
+            })
+        })
+        .collect();
+    Box::pin(futures::stream::iter(chunks))
 }
 
 /// Matches per GrepChunk at most, and bytes of lines per chunk at most (a line is at most
