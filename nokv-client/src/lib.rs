@@ -7,6 +7,7 @@ pub mod channel;
 pub mod config;
 pub mod dir;
 pub mod error;
+pub mod launch;
 pub mod publish;
 mod receipt;
 pub mod restore;

@@ -37,8 +37,6 @@ const LOG_LINE_DEADLINE: Duration = Duration::from_secs(60);
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Bound on a graceful stop, so a daemon that ignores SIGTERM fails the test instead of hanging it.
 const STOP_DEADLINE: Duration = Duration::from_secs(60);
-/// Prefix of the one stdout line that tells the daemon is accepting connections.
-const LISTENING_PREFIX: &str = "nokv-server listening on https://";
 
 /// Path of a workspace binary (`nokv-server`, `nokv`) built in the same cargo target dir and
 /// profile as the running test.
@@ -462,10 +460,10 @@ impl Daemon {
 
     /// The admin token, as written in `client.toml`.
     pub fn admin_token(&self) -> String {
-        let text = std::fs::read_to_string(self.client_config())
+        let files = nokv_client::launch::client_files(&self.data_dir)
             .unwrap_or_else(|e| panic!("read {}: {e}", self.client_config().display()));
-        toml_string_value(&text, "token")
-            .unwrap_or_else(|| panic!("no `token` in client.toml:\n{text}"))
+        assert!(!files.token.is_empty(), "no `token` in client.toml");
+        files.token
     }
 
     /// Everything the daemon printed to stderr so far (its logs).
@@ -773,26 +771,12 @@ fn spawn_drain<R: Read + Send + 'static>(
     })
 }
 
-/// `HOST:PORT` if `line` is the daemon's listening line.
+/// `HOST:PORT` if `line` is the daemon's listening line (the contract lives in
+/// [`nokv_client::launch`], shared with the CLI's benchmarks).
 fn listening_addr(line: &str) -> Option<String> {
-    line.strip_prefix(LISTENING_PREFIX)?
-        .split_whitespace()
-        .next()
+    nokv_client::launch::listening_endpoint(line)?
+        .strip_prefix("https://")
         .map(str::to_string)
-}
-
-/// Value of a top-level `key = "string"` line in a TOML document (enough for client.toml,
-/// whose values are plain basic strings).
-fn toml_string_value(text: &str, key: &str) -> Option<String> {
-    text.lines().find_map(|line| {
-        let (k, v) = line.split_once('=')?;
-        if k.trim() != key {
-            return None;
-        }
-        let v = v.trim();
-        let v = v.strip_prefix('"')?.strip_suffix('"')?;
-        Some(v.replace("\\\\", "\\").replace("\\\"", "\""))
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1243,13 +1227,6 @@ mod tests {
         let line = "nokv-server listening on https://127.0.0.1:43121\n";
         assert_eq!(listening_addr(line).as_deref(), Some("127.0.0.1:43121"));
         assert_eq!(listening_addr("starting\n"), None);
-    }
-
-    #[test]
-    fn client_toml_token_is_read() {
-        let text = "endpoint = \"https://127.0.0.1:1\"\nca = \"/x/ca.pem\"\ntoken = \"abc.def\"\n";
-        assert_eq!(toml_string_value(text, "token").as_deref(), Some("abc.def"));
-        assert_eq!(toml_string_value(text, "missing"), None);
     }
 
     #[test]

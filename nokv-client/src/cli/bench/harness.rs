@@ -105,24 +105,14 @@ impl Daemon {
                 .args(extra),
             server_bin,
         )?;
-        let cfg = std::fs::read_to_string(data_dir.join("client.toml"))
-            .map_err(|e| local(format!("client.toml: {e}")))?;
-        let table: toml::Table = toml::from_str(&cfg).map_err(|e| local(e.to_string()))?;
+        let files = nokv_client::launch::client_files(data_dir)?;
         Ok(Daemon {
             _proc: child,
             server_bin: server_bin.to_path_buf(),
             data_dir: data_dir.to_path_buf(),
             endpoint,
-            ca: table
-                .get("ca")
-                .and_then(|v| v.as_str())
-                .map(PathBuf::from)
-                .unwrap_or_else(|| data_dir.join("tls/ca.pem")),
-            admin_token: table
-                .get("token")
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_string(),
+            ca: files.ca,
+            admin_token: files.token,
             secret_dir: data_dir.to_path_buf(),
         })
     }
@@ -201,8 +191,8 @@ fn spawn_listening(cmd: &mut Command, bin: &Path) -> Result<(Proc, String)> {
     let endpoint = loop {
         match lines.next() {
             Some(Ok(l)) => {
-                if let Some(ep) = l.strip_prefix("nokv-server listening on ") {
-                    break ep.trim().to_string();
+                if let Some(ep) = nokv_client::launch::listening_endpoint(&l) {
+                    break ep.to_string();
                 }
             }
             _ => return Err(local("nokv-server exited before it was ready")),
