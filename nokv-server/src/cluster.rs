@@ -82,7 +82,7 @@ pub enum Source {
 
 impl Source {
     /// Decides from the record the acquisition replaced (see the module doc and
-    /// `control::etcd::takeable`, which admits exactly these cases).
+    /// `control::etcd::balance::takeable`, which admits exactly these cases).
     pub fn of(previous: Option<&ShardRecord>) -> Source {
         let Some(r) = previous else {
             return Source::New;
