@@ -1,11 +1,12 @@
 //! Tests of the configuration module: layering and precedence, defaults, and every refusal.
 
-use clap::Parser;
+use std::path::Path;
 use std::time::Duration;
 
+use clap::{CommandFactory, Parser};
+
 use super::*;
-use clap::CommandFactory;
-use std::path::Path;
+use crate::control::access::EtcdAccessFiles;
 
 #[test]
 fn flags_win_over_the_file_and_the_file_over_defaults() {
