@@ -5,7 +5,7 @@
 //!
 //! Invariants: each of these settings is defaulted and validated here and nowhere else, in
 //! the order [`limits`] checks them (so the first refusal of a bad configuration is always the
-//! same one); a refusal is one line naming the setting.
+//! same one).
 
 use std::time::Duration;
 

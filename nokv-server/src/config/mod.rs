@@ -13,10 +13,11 @@
 //! - `cluster.rs`: cluster mode, the etcd flags and etcd TLS/authentication;
 //! - `error.rs`: [`ConfigError`], the leaf every other file returns.
 //!
-//! Invariants: precedence is flag > environment > TOML file > default, for every setting; a
-//! setting is defaulted and validated in exactly one place, reached from
-//! [`ServeArgs::resolve`] (this file), which is the only way to get [`Settings`]; a refusal is
-//! one line. Arrows point one way: this file imports its children, they never import it.
+//! Invariants: precedence is flag > environment > TOML file > default (the S3 credentials,
+//! which have no flag, come from the file, else `AWS_*`); a setting is defaulted and validated
+//! in exactly one place, reached from [`ServeArgs::resolve`] (this file), which is how the
+//! daemon gets its [`Settings`]. Arrows point one way: this file imports its children, they
+//! never import it.
 
 use std::path::PathBuf;
 use std::time::Duration;
