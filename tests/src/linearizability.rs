@@ -90,17 +90,23 @@ impl Register {
     /// `learned` gives the generation a read observed for a value written with an unknown
     /// outcome.
     fn step(self, call: Call, outcome: Outcome, learned: &HashMap<Value, u64>) -> Option<Self> {
-        let generation = self.current.and_then(|(_, g)| g);
-        let write = |value: Value, g: Option<u64>| {
-            if let Some(g) = g
-                && g <= self.highest
-            {
-                return None;
-            }
-            Some(Register {
-                current: Some((value, g)),
-                highest: g.unwrap_or(self.highest),
-            })
+        // Could the current value's generation be `e`? A value written by an unknown outcome
+        // that no read observed has some generation above every one known before it: an
+        // answer that names one (a delete's, a conditional write's) may reveal it.
+        let could_be = |e: u64| match self.current {
+            None => false,
+            Some((_, Some(g))) => g == e,
+            Some((_, None)) => e > self.highest,
+        };
+        let known_other_than = |e: u64| !matches!(self.current, Some((_, Some(g))) if g == e);
+        // The current value's generation is `e` (possibly learned just now).
+        let revealed = |e: u64| Register {
+            current: self.current.map(|(v, _)| (v, Some(e))),
+            highest: self.highest.max(e),
+        };
+        let gone = |e: u64| Register {
+            current: None,
+            highest: self.highest.max(e),
         };
         match (call, outcome) {
             (Call::Read, Outcome::Read(seen)) => {
@@ -115,39 +121,48 @@ impl Register {
                     _ => None,
                 }
             }
-            (Call::Write { value }, Outcome::Written(g)) => write(value, Some(g)),
-            (Call::Write { value }, Outcome::Unknown) => write(value, learned.get(&value).copied()),
+            (Call::Write { value }, Outcome::Written(g)) => self.write(value, Some(g)),
+            (Call::Write { value }, Outcome::Unknown) => {
+                self.write(value, learned.get(&value).copied())
+            }
             (Call::WriteIf { expected, value }, Outcome::Written(g)) => {
-                (generation == Some(expected)).then_some(())?;
-                write(value, Some(g))
+                could_be(expected).then_some(())?;
+                revealed(expected).write(value, Some(g))
             }
             (Call::WriteIf { expected, value }, Outcome::Unknown) => {
-                (generation == Some(expected)).then_some(())?;
-                write(value, learned.get(&value).copied())
+                could_be(expected).then_some(())?;
+                revealed(expected).write(value, learned.get(&value).copied())
             }
             (Call::WriteIf { expected, .. }, Outcome::Mismatch | Outcome::NotFound) => {
-                (generation != Some(expected)).then_some(self)
+                known_other_than(expected).then_some(self)
             }
             (Call::Delete { expected }, Outcome::Deleted(g)) => {
-                (generation == Some(g) && (expected == 0 || expected == g)).then_some(Register {
-                    current: None,
-                    highest: self.highest,
-                })
+                (could_be(g) && (expected == 0 || expected == g)).then_some(gone(g))
             }
-            (Call::Delete { expected }, Outcome::Unknown) => {
-                let matches =
-                    self.current.is_some() && (expected == 0 || generation == Some(expected));
-                matches.then_some(Register {
-                    current: None,
-                    highest: self.highest,
-                })
-            }
+            (Call::Delete { expected }, Outcome::Unknown) => match expected {
+                0 => self.current.is_some().then_some(gone(0)),
+                e => could_be(e).then_some(gone(e)),
+            },
             (Call::Delete { .. }, Outcome::NotFound) => self.current.is_none().then_some(self),
             (Call::Delete { expected }, Outcome::Mismatch) => {
-                (expected != 0 && generation != Some(expected)).then_some(self)
+                (expected != 0 && known_other_than(expected)).then_some(self)
             }
             _ => None,
         }
+    }
+
+    /// `value` stored at generation `g` (`None`: unknown), which must exceed every
+    /// generation the key had.
+    fn write(self, value: Value, g: Option<u64>) -> Option<Self> {
+        if let Some(g) = g
+            && g <= self.highest
+        {
+            return None;
+        }
+        Some(Register {
+            current: Some((value, g)),
+            highest: g.unwrap_or(self.highest),
+        })
     }
 }
 
@@ -388,6 +403,41 @@ mod tests {
             op(Call::Write { value: 2 }, Outcome::Unknown, 4, 5),
         ];
         check(&early).unwrap_err();
+    }
+
+    #[test]
+    fn a_delete_or_conditional_write_after_an_unknown_write_reveals_its_generation() {
+        // The write's answer was lost (a kill); after the restart a delete removes it at
+        // generation 2 — the only place that generation is ever seen.
+        let deleted = vec![
+            w(1, 1, (0, 1)),
+            op(Call::Write { value: 2 }, Outcome::Unknown, 2, 3),
+            op(Call::Delete { expected: 0 }, Outcome::Deleted(2), 10, 11),
+            w(3, 3, (12, 13)),
+        ];
+        check(&deleted).unwrap();
+        // A revealed generation still cannot be one the key already had.
+        let reused = vec![
+            w(1, 5, (0, 1)),
+            op(Call::Write { value: 2 }, Outcome::Unknown, 2, 3),
+            op(Call::Delete { expected: 0 }, Outcome::Deleted(4), 10, 11),
+        ];
+        check(&reused).unwrap_err();
+        let conditional = vec![
+            w(1, 1, (0, 1)),
+            op(Call::Write { value: 2 }, Outcome::Unknown, 2, 3),
+            op(
+                Call::WriteIf {
+                    expected: 2,
+                    value: 3,
+                },
+                Outcome::Written(3),
+                10,
+                11,
+            ),
+            r(Some((3, 3)), (12, 13)),
+        ];
+        check(&conditional).unwrap();
     }
 
     #[test]

@@ -262,7 +262,13 @@ fn check(shared: &Shared, faults: &str) {
         .filter(|o| matches!(o.outcome, Outcome::Written(_)))
         .count();
     let started = Instant::now();
-    let checked = linearizability::check(&history).unwrap_or_else(|v| panic!("{v}"));
+    let checked = linearizability::check(&history).unwrap_or_else(|v| {
+        if let Some(file) = std::env::var_os("NOKV_LIN_DUMP") {
+            let all: Vec<String> = v.ops.iter().map(|o| format!("{o:?}")).collect();
+            let _ = std::fs::write(file, all.join("\n"));
+        }
+        panic!("{v}")
+    });
     eprintln!(
         "linearizable: {} operations on {} keys ({written} writes acknowledged, {unknown} \
          unknown outcomes), faults: {faults}; largest memo {} states, checked in {:?}",
