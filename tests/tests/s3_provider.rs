@@ -32,6 +32,22 @@ fn moto_with_bucket(bucket: &str) -> Moto {
     moto
 }
 
+/// The object provider on `bucket` in `moto` under [`PREFIX`], as the daemon opens it.
+fn s3_provider(moto: &Moto, bucket: &str) -> ObjectProvider {
+    ObjectProvider::open(
+        &ProviderConfig::S3 {
+            endpoint: Some(moto.endpoint()),
+            bucket: bucket.into(),
+            region: "us-east-1".into(),
+            allow_http: true,
+            access_key_id: Some("test".into()),
+            secret_access_key: Some("test".into()),
+        },
+        PREFIX,
+    )
+    .expect("open the S3 provider")
+}
+
 /// The daemon flags that point it at `bucket` in `moto` under [`PREFIX`], plus `extra`.
 fn s3_args(moto: &Moto, bucket: &str, extra: &[&str]) -> Vec<String> {
     let mut args: Vec<String> = [
@@ -140,18 +156,7 @@ async fn a_create_of_an_existing_key_on_s3_is_refused_and_the_first_bytes_stay()
     let _ = rustls::crypto::ring::default_provider().install_default();
     let bucket = "nokv-create";
     let moto = moto_with_bucket(bucket);
-    let provider = ObjectProvider::open(
-        &ProviderConfig::S3 {
-            endpoint: Some(moto.endpoint()),
-            bucket: bucket.into(),
-            region: "us-east-1".into(),
-            allow_http: true,
-            access_key_id: Some("test".into()),
-            secret_access_key: Some("test".into()),
-        },
-        PREFIX,
-    )
-    .expect("open the S3 provider");
+    let provider = s3_provider(&moto, bucket);
     provider.check().await.expect("the bucket answers");
     let key = provider.block_key(0, "upload", 0, "attempt");
 
@@ -186,18 +191,7 @@ async fn a_fence_in_a_log_stream_on_s3_refuses_the_deposed_writers_next_segment(
     let _ = rustls::crypto::ring::default_provider().install_default();
     let bucket = "nokv-log";
     let moto = moto_with_bucket(bucket);
-    let provider = ObjectProvider::open(
-        &ProviderConfig::S3 {
-            endpoint: Some(moto.endpoint()),
-            bucket: bucket.into(),
-            region: "us-east-1".into(),
-            allow_http: true,
-            access_key_id: Some("test".into()),
-            secret_access_key: Some("test".into()),
-        },
-        PREFIX,
-    )
-    .expect("open the S3 provider");
+    let provider = s3_provider(&moto, bucket);
     let id = StreamId {
         node: "n1".into(),
         incarnation: 9,
