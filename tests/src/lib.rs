@@ -982,9 +982,13 @@ impl Moto {
         let mut process =
             ServiceProcess::spawn("moto_server", &mut cmd, dir.path().join("moto.log"));
         let endpoint = format!("http://127.0.0.1:{port}");
-        let probe = format!("{endpoint}/");
-        // Any HTTP answer means the server is serving requests.
-        process.wait_until(|| try_http("GET", &probe, &[], b"").is_ok());
+        // Ready when an authenticated ListBuckets answers as S3 does: a bare HTTP answer could
+        // come from whatever else took the port between `free_port` and moto's bind.
+        process.wait_until(|| {
+            s3_request(&endpoint, "GET", "/", b"").is_ok_and(|(status, body)| {
+                status == 200 && String::from_utf8_lossy(&body).contains("ListAllMyBucketsResult")
+            })
+        });
         Moto {
             _process: process,
             _dir: dir,
@@ -1042,13 +1046,40 @@ impl Moto {
     /// moto refuses anonymous reads of objects (403) but does not verify signatures, so a
     /// syntactically valid but unsigned SigV4 `Authorization` header is enough. Plain
     /// [`http`] requests are anonymous.
+    ///
+    /// A request whose connection is reset before any answer is sent again (a few times):
+    /// moto's threaded development server drops a connection now and then on a loaded
+    /// machine, and every request the tests send this way is idempotent.
     pub fn s3(&self, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
-        let auth = "AWS4-HMAC-SHA256 \
-            Credential=testing/20260101/us-east-1/s3/aws4_request, \
-            SignedHeaders=host, Signature=0";
-        let url = format!("{}{path}", self.endpoint);
-        http_with_headers(method, &url, &[("Authorization", auth)], body)
+        let mut tries = 0;
+        loop {
+            match s3_request(&self.endpoint, method, path, body) {
+                Ok(answer) => return answer,
+                Err(e) if tries < 4 && e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    tries += 1
+                }
+                Err(e) => panic!("{method} {}{path}: {e}", self.endpoint),
+            }
+        }
     }
+}
+
+/// One authenticated S3 request to moto at `endpoint` (see [`Moto::s3`]).
+fn s3_request(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let auth = "AWS4-HMAC-SHA256 \
+        Credential=testing/20260101/us-east-1/s3/aws4_request, \
+        SignedHeaders=host, Signature=0";
+    try_http(
+        method,
+        &format!("{endpoint}{path}"),
+        &[("Authorization", auth)],
+        body,
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
