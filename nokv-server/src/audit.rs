@@ -129,6 +129,7 @@ mod tests {
                 provider: provider.clone(),
                 signer: Signer::new(b"k"),
                 name: "t".into(),
+                replica: None,
             },
         )
         .unwrap();

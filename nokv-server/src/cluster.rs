@@ -38,12 +38,13 @@ use parking_lot::RwLock;
 use tokio::sync::{Notify, watch};
 
 use crate::control::etcd::{
-    CheckpointRef, ClusterView, EtcdControl, EtcdSettings, ShardRecord, ShardState,
+    CheckpointRef, ClusterView, EtcdControl, EtcdSettings, LogRef, ShardRecord, ShardState,
 };
 use crate::control::{ControlError, Epoch, Ownership};
 use crate::error::{Error, Result};
 use crate::meta::{MetaStore, Tables};
 use crate::node::{Coordinator, Node};
+use crate::provider_log::StreamId;
 use crate::route::{Route, Routes};
 use crate::shard::Shard;
 use crate::shard::checkpoint::{self, Checkpoint};
@@ -78,6 +79,14 @@ pub enum Source {
     Checkpoint(CheckpointRef),
     /// This node's own file, which must hold epoch `epoch` (`exact`) or at most `epoch`.
     Local { epoch: Epoch, exact: bool },
+    /// The provider: the checkpoint (none: empty) plus the previous owner's log for the shard,
+    /// read up to the fence the taker puts on it (see [`crate::takeover`]). The log's
+    /// segments must name the shard at `epoch`, the previous ownership's.
+    Provider {
+        checkpoint: Option<CheckpointRef>,
+        log: LogRef,
+        epoch: Epoch,
+    },
 }
 
 impl Source {
@@ -89,8 +98,13 @@ impl Source {
         };
         match (&r.state, &r.checkpoint) {
             (ShardState::Handoff, Some(c)) => Source::Checkpoint(c.clone()),
+            _ if r.log.is_some() => Source::Provider {
+                checkpoint: r.checkpoint.clone(),
+                log: r.log.clone().expect("checked"),
+                epoch: r.epoch,
+            },
             (ShardState::Serving | ShardState::Draining, Some(c))
-                if !r.changed && c.epoch + 1 == r.epoch =>
+                if !r.changed && (c.epoch + 1 == r.epoch || c.epoch == r.epoch) =>
             {
                 Source::Checkpoint(c.clone())
             }
@@ -135,7 +149,21 @@ impl Cluster {
         });
         let coordinator: Arc<dyn Coordinator> = cluster.clone();
         cluster.node.attach_coordinator(&coordinator);
+        cluster.begin_stream();
         cluster
+    }
+
+    /// Provider durability: the node's log goes to a new stream for each membership (its
+    /// incarnation is the lease id, new at every join), so a stream fenced under an old
+    /// membership is never written again.
+    fn begin_stream(&self) {
+        if let Some(replica) = self.node.committer().replica() {
+            let control = self.control();
+            replica.begin(StreamId {
+                node: control.node_id().to_string(),
+                incarnation: control.lease_id() as u64,
+            });
+        }
     }
 
     fn control(&self) -> Arc<EtcdControl> {
@@ -153,13 +181,30 @@ impl Cluster {
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         tokio::spawn(self.clone().watch_changes(stop.clone()));
         let period = self.settings.node_ttl / 3;
+        let mut fenced = self.node.committer().replica().map(|r| r.fenced());
         loop {
             let control = self.control();
+            let deposed = async {
+                match fenced.as_mut() {
+                    Some(f) => {
+                        let _ = f.changed().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 // A lapsed lease wins over everything: nothing may be served past it.
                 biased;
                 _ = stop.changed() => return,
                 _ = control.deadline().passed() => {
+                    self.lease_lost().await;
+                    continue;
+                }
+                // Another node fenced this node's log stream: it took a shard over, so this
+                // node may have been presumed dead. It acknowledges nothing more on that
+                // stream; it drops everything and rejoins under a new incarnation.
+                () = deposed => {
+                    tracing::error!("the provider log stream was fenced by another node: deposed");
                     self.lease_lost().await;
                     continue;
                 }
@@ -220,6 +265,7 @@ impl Cluster {
             self.pinned.lock().remove(&shard);
         }
         let committer = self.node.committer().clone();
+        let replica = committer.replica();
         let ns = Tables::shard(shard);
         match &source {
             Source::New => {
@@ -238,15 +284,8 @@ impl Cluster {
             Source::Checkpoint(c) => {
                 let scratch = self.node.scratch_path(shard);
                 checkpoint::restore(&self.node.provider, &to_checkpoint(c), &scratch).await?;
-                let stored = MetaStore::open_plain(&scratch)
-                    .and_then(|m| m.read(|r| r.epoch()))
-                    .map_err(Error::from);
-                let imported = match stored {
-                    Ok(stored) if stored != c.epoch => Err(Error::DataCorrupted(format!(
-                        "checkpoint {} of shard {shard} holds epoch {stored}, its record says {}; refusing it",
-                        c.key, c.epoch
-                    ))),
-                    Ok(_) => {
+                let imported = match verify_epoch(&scratch, c, shard) {
+                    Ok(()) => {
                         let from = scratch.clone();
                         committer.exclusive(move |m| Ok(m.import(ns, &from)?)).await
                     }
@@ -273,10 +312,61 @@ impl Cluster {
                     )));
                 }
             }
+            Source::Provider {
+                checkpoint,
+                log,
+                epoch: owner_epoch,
+            } => {
+                let own = replica.and_then(|r| r.stream()).map(|s| s.name());
+                let replay = crate::takeover::read_log(
+                    &self.node.provider,
+                    &log.stream,
+                    log.from_seq,
+                    (control.node_id(), shard, epoch),
+                    *owner_epoch,
+                    own.as_deref() != Some(log.stream.as_str()),
+                )
+                .await?;
+                let scratch = self.node.scratch_path(shard);
+                let restored = async {
+                    let base = match checkpoint {
+                        Some(c) => {
+                            checkpoint::restore(&self.node.provider, &to_checkpoint(c), &scratch)
+                                .await?;
+                            verify_epoch(&scratch, c, shard)?;
+                            Some(scratch.clone())
+                        }
+                        None => None,
+                    };
+                    let records = replay.records;
+                    committer
+                        .exclusive(move |m| {
+                            let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+                            Ok(m.restore(ns, base.as_deref(), &refs)?)
+                        })
+                        .await
+                }
+                .await;
+                let _ = std::fs::remove_file(&scratch);
+                restored?;
+                tracing::info!(
+                    shard,
+                    stream = %log.stream,
+                    from_seq = log.from_seq,
+                    fenced_at = replay.end,
+                    segments = replay.segments,
+                    "replayed the previous owner's provider log"
+                );
+            }
         };
+        if let Some(r) = replica {
+            r.hold(shard, epoch);
+        }
         let fence = Fence::new(shard, Ownership::Etcd(control.clone()));
         let opened = self.node.open_shard(shard, fence);
         opened.adopt_epoch().await?;
+        self.record_state(control, &opened, shard, epoch, &source, previous.as_ref())
+            .await?;
         self.node.install(shard, opened);
         tracing::info!(
             shard,
@@ -285,6 +375,55 @@ impl Cluster {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "serving shard"
         );
+        Ok(())
+    }
+
+    /// Records in etcd what the shard's durable state is before it is served (see
+    /// [`EtcdControl::record_state`]): with provider durability its log from here on, on top
+    /// of a checkpoint the provider holds — the one it was loaded from, or, when it was loaded
+    /// from a log or from the local file, a new one of the state just loaded (see
+    /// [`crate::takeover`] for why). With local durability only a shard restored from a log
+    /// needs that new checkpoint (its record must stop naming the old log).
+    async fn record_state(
+        &self,
+        control: &Arc<EtcdControl>,
+        opened: &Arc<Shard>,
+        shard: u32,
+        epoch: Epoch,
+        source: &Source,
+        previous: Option<&ShardRecord>,
+    ) -> Result<()> {
+        let replica = self.node.committer().replica();
+        let needs_base = match source {
+            Source::Provider { .. } => true,
+            Source::Local { .. } => replica.is_some(),
+            Source::New | Source::Checkpoint(_) => false,
+        };
+        if !needs_base && replica.is_none() {
+            return Ok(());
+        }
+        let base = if needs_base {
+            Some(self.take_checkpoint(opened, shard, epoch).await?)
+        } else {
+            None
+        };
+        let log = match replica {
+            Some(r) => Some(LogRef {
+                stream: r
+                    .stream()
+                    .ok_or_else(|| Error::Unavailable("the provider log has no stream yet".into()))?
+                    .name(),
+                from_seq: self.node.committer().next_seq(),
+            }),
+            None => None,
+        };
+        control.record_state(shard, base.clone(), log).await?;
+        if base.is_some()
+            && let Some(old) = previous.and_then(|r| r.checkpoint.as_ref())
+            && let Err(e) = checkpoint::discard(&self.node.provider, &old.key).await
+        {
+            tracing::warn!(shard, error = %e, "could not delete the superseded checkpoint");
+        }
         Ok(())
     }
 
@@ -323,6 +462,9 @@ impl Cluster {
             None => None,
         };
         self.node.remove(shard);
+        if let Some(r) = self.node.committer().replica() {
+            r.release(shard);
+        }
         drop(held);
         let released = control
             .release(
@@ -489,6 +631,7 @@ impl Cluster {
             match old.rejoin().await {
                 Ok((control, _)) => {
                     *self.control.write() = control;
+                    self.begin_stream();
                     tracing::info!("rejoined the cluster with a new lease");
                     return;
                 }
@@ -548,6 +691,20 @@ async fn wait_for_requests(shard: &Arc<Shard>) {
     while Arc::strong_count(shard) > 2 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// Refuses a restored checkpoint file whose stored epoch is not the one its record names.
+fn verify_epoch(scratch: &std::path::Path, c: &CheckpointRef, shard: u32) -> Result<()> {
+    let stored = MetaStore::open_plain(scratch)
+        .and_then(|m| m.read(|r| r.epoch()))
+        .map_err(Error::from)?;
+    if stored != c.epoch {
+        return Err(Error::DataCorrupted(format!(
+            "checkpoint {} of shard {shard} holds epoch {stored}, its record says {}; refusing it",
+            c.key, c.epoch
+        )));
+    }
+    Ok(())
 }
 
 fn to_checkpoint(c: &CheckpointRef) -> Checkpoint {

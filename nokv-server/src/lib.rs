@@ -40,4 +40,5 @@ pub mod server;
 pub mod service;
 pub mod shard;
 pub mod store_bench;
+pub mod takeover;
 pub mod token;

@@ -97,6 +97,9 @@ pub struct NodeParts {
     pub signer: Signer,
     /// The node's name (its cluster node id in cluster mode).
     pub name: String,
+    /// `--metadata-durability provider`: the node's log stream writer (see
+    /// [`crate::provider_log`]); `None` for local durability.
+    pub replica: Option<Arc<crate::provider_log::LogWriter>>,
 }
 
 impl Node {
@@ -145,7 +148,7 @@ impl Node {
             dir: data_dir.join("shards"),
             cfg: parts.cfg,
             bulk,
-            committer: Committer::start(store, "nokv-committer".into()),
+            committer: Committer::start_with(store, "nokv-committer".into(), parts.replica),
             coordinator: OnceLock::new(),
             events: EventLog::open(data_dir).map_err(|e| {
                 Error::Internal(format!(
@@ -319,6 +322,7 @@ impl Node {
                         checkpoint: None,
                         changed: true,
                         target: None,
+                        log: None,
                     }),
                     owner: Some(OwnerKey {
                         node: self.name.clone(),
@@ -604,6 +608,7 @@ mod tests {
                 provider: ObjectProvider::from_stores("memory", "t".into(), mem.clone(), mem),
                 signer: crate::token::Signer::new(b"k"),
                 name: "n".into(),
+                replica: None,
             },
         )
         .unwrap();

@@ -20,7 +20,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::bootstrap;
 use crate::cluster::{Cluster, ClusterRoutes};
-use crate::config::Settings;
+use crate::config::{DurabilityMode, Settings};
 use crate::control::ControlError;
 use crate::control::access::EtcdAccess;
 use crate::control::etcd::{ClusterConfig, EtcdControl, EtcdSettings};
@@ -28,6 +28,7 @@ use crate::memory::BlockMemory;
 use crate::node::{Node, NodeParts};
 use crate::object::ObjectProvider;
 use crate::object::ProviderConfig;
+use crate::provider_log::LogWriter;
 use crate::route::LocalRoutes;
 use crate::service::admin::AdminService;
 use crate::service::body_admission::BodyAdmission;
@@ -117,6 +118,15 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     let endpoint = advertised_endpoint(settings.advertise.as_deref(), local);
     let client_config = bootstrap::write_client_config(&settings.data_dir, &endpoint, &material)?;
 
+    // Provider durability: the node's log stream writer, shared by the committer (which
+    // sends every batch through it) and the cluster runtime (which names its stream).
+    let replica = (settings.durability.mode == DurabilityMode::Provider).then(|| {
+        Arc::new(LogWriter::new(
+            provider.clone(),
+            tokio::runtime::Handle::current(),
+            settings.durability.log_flush_interval,
+        ))
+    });
     let parts = |name: String| NodeParts {
         shard_count: settings.shards,
         cfg: settings.shard.clone(),
@@ -125,8 +135,17 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         provider: provider.clone(),
         signer: material.signer.clone(),
         name,
+        replica: replica.clone(),
     };
     let (node, cluster) = match &settings.cluster {
+        None if replica.is_some() => {
+            return Err(crate::error::Error::FailedPrecondition(
+                "--metadata-durability provider needs --etcd for now (a single node rebuilt \
+                 from the bucket is not built yet); use local"
+                    .into(),
+            )
+            .into());
+        }
         None => {
             let name = settings.advertise.clone().unwrap_or_else(|| "local".into());
             let node = Node::open(&settings.data_dir, parts(name))?

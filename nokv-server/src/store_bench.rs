@@ -89,6 +89,7 @@ pub(crate) fn open_node(
         // Nothing is authenticated here: a throwaway key.
         signer: Signer::new(&random_bytes(32)),
         name: name.into(),
+        replica: None,
     };
     let node = Arc::new(Node::open(&settings.data_dir, parts).map_err(|e| e.to_string())?);
     Ok((lock, node))

@@ -27,6 +27,7 @@ use crate::shard::ShardConfig;
 
 mod cluster;
 mod command_line;
+mod durability;
 mod error;
 mod limits;
 mod provider;
@@ -36,6 +37,7 @@ mod tests;
 
 pub use cluster::{ClusterSettings, DEFAULT_NODE_TTL, ETCD_NEEDS_TLS_DIR};
 pub use command_line::{Cli, ClusterCommand, Command, RestartChild, TokenCommand};
+pub use durability::{DEFAULT_CHECKPOINT_INTERVAL, Durability, Mode as DurabilityMode};
 pub use error::ConfigError;
 pub use limits::{DEFAULT_INVENTORY_INTERVAL, DEFAULT_RECONCILE_INTERVAL, MAX_INLINE_MAX};
 pub use serving::ServeArgs;
@@ -71,6 +73,8 @@ pub struct Settings {
     pub cluster: Option<ClusterSettings>,
     /// Inventory cadence, page size and observation retention.
     pub inventory: crate::inventory::InventorySettings,
+    /// `--metadata-durability` and its cadences.
+    pub durability: Durability,
 }
 
 impl ServeArgs {
@@ -91,6 +95,7 @@ impl ServeArgs {
         } = limits::limits(&mut self)?;
         let provider = provider::provider(&mut self, &data_dir)?;
         let cluster = cluster::cluster(&mut self)?;
+        let durability = durability::durability(&mut self, cluster.is_some())?;
         Ok(Settings {
             data_dir,
             listen: self.listen.unwrap_or_else(|| "127.0.0.1:7878".into()),
@@ -134,6 +139,7 @@ impl ServeArgs {
             node_id: self.node_id,
             cluster,
             inventory,
+            durability,
         })
     }
 }

@@ -159,6 +159,22 @@ pub struct ServeArgs {
     /// [default: 10s].
     #[arg(long, env = "NOKV_NODE_TTL")]
     pub node_ttl: Option<String>,
+    /// Where a write must be durable before it is acknowledged: local (this node's redo log)
+    /// or provider (also the node's log stream in the object provider, so another node can
+    /// take its shards over after a crash, even with its disk lost)
+    /// [default: local; provider with --etcd].
+    #[arg(long, env = "NOKV_METADATA_DURABILITY")]
+    pub metadata_durability: Option<String>,
+    /// Provider durability: how long batches are gathered into one log segment before it is
+    /// sent; 0 sends as soon as the previous segment is sent. A positive value means fewer
+    /// PUTs (each costs money on S3) for that much latency per write [default: 0].
+    #[arg(long, env = "NOKV_LOG_FLUSH_INTERVAL")]
+    pub log_flush_interval: Option<String>,
+    /// Provider durability: the longest time between two checkpoints of a shard that
+    /// changed (a shard is also checkpointed once its log outgrows its last checkpoint)
+    /// [default: 10m].
+    #[arg(long, env = "NOKV_CHECKPOINT_INTERVAL")]
+    pub checkpoint_interval: Option<String>,
     /// Log filter, e.g. info or nokv_server=debug [default: info].
     #[arg(long, env = "NOKV_LOG")]
     pub log: Option<String>,
@@ -235,6 +251,9 @@ impl ServeArgs {
                 cluster,
                 node_id,
                 node_ttl,
+                metadata_durability,
+                log_flush_interval,
+                checkpoint_interval,
                 log,
                 inventory_interval,
                 inventory_page_size

@@ -71,6 +71,30 @@ impl MetaStore {
         self.prepare(ns)
     }
 
+    /// Replaces namespace `ns` with the checkpoint file `base` (`None`: nothing) followed by
+    /// the rows of `records` — redo payloads ([`super::Redo::payload`]) in sequence order,
+    /// possibly of another node's store — that belong to `ns`, in one durable transaction (a
+    /// crash leaves the old tables or the restored ones, never a mix); then brings it to the
+    /// current layout ([`MetaStore::prepare`]). How a node takes over a shard whose state is
+    /// in the provider: a checkpoint plus its owner's log.
+    ///
+    /// Same caller rule as [`MetaStore::import`].
+    pub fn restore(&self, ns: Namespace, base: Option<&Path>, records: &[&[u8]]) -> MetaResult<()> {
+        let source = base.map(MetaStore::open_plain).transpose()?;
+        let snapshot = source.as_ref().map(|s| s.db.begin_read()).transpose()?;
+        self.write_bare(|txn| {
+            ns.delete_all(txn)?;
+            if let Some(snapshot) = &snapshot {
+                Tables::canonical().copy_all(snapshot, ns, txn)?;
+            }
+            for payload in records {
+                super::durability::apply_in(txn, payload, ns)?;
+            }
+            Ok(())
+        })?;
+        self.prepare(ns)
+    }
+
     /// Runs `f` on a write transaction of its own and commits it durably (on `Err` it is
     /// aborted and nothing changes): the bulk copies above, which write a whole namespace.
     /// They get the bare transaction — no undo step or redo effect per row — because they are

@@ -183,6 +183,12 @@ impl Tables {
             .or_insert_with(|| Box::leak(Box::new(Tables::named(&format!("s{id:04}/")))))
     }
 
+    /// The shard a full table name belongs to (`s0003/entries` -> 3); `None` for a canonical
+    /// name.
+    pub(super) fn shard_of(table: &str) -> Option<u32> {
+        table.split_once('/')?.0.strip_prefix('s')?.parse().ok()
+    }
+
     /// The namespace a full table name belongs to, and the name within it (`s0003/entries`
     /// -> shard 3's, `entries`; an unprefixed name is canonical).
     pub(super) fn by_name(table: &str) -> Option<(Namespace, &str)> {

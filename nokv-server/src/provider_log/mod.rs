@@ -11,9 +11,11 @@
 
 pub mod segment;
 pub mod stream;
+pub mod writer;
 
 pub use segment::{Kind, Segment, SegmentError};
 pub use stream::{LogError, StreamId, Tail};
+pub use writer::{LogWriter, Outgoing, WriteError, WriterStats};
 
 #[cfg(test)]
 mod tests;

@@ -30,9 +30,27 @@ pub struct StreamId {
 }
 
 impl StreamId {
+    /// `<node>.<incarnation, 16 hex digits>`: how a shard's record names the stream
+    /// ([`StreamId::parse`] reads it back).
+    pub fn name(&self) -> String {
+        format!("{}.{:016x}", self.node, self.incarnation)
+    }
+
+    /// The stream a [`StreamId::name`] names; `None` if it is not one.
+    pub fn parse(name: &str) -> Option<StreamId> {
+        let (node, incarnation) = name.rsplit_once('.')?;
+        if node.is_empty() || incarnation.len() != 16 {
+            return None;
+        }
+        Some(StreamId {
+            node: node.to_string(),
+            incarnation: u64::from_str_radix(incarnation, 16).ok()?,
+        })
+    }
+
     /// The stream's folder, relative to the provider prefix.
     fn within(&self) -> String {
-        format!("meta/log/{}.{:016x}", self.node, self.incarnation)
+        format!("meta/log/{}", self.name())
     }
 
     /// The full key of the segment that starts at `first`.
@@ -95,15 +113,31 @@ pub async fn append(
     stream: &StreamId,
     segment: &Segment,
 ) -> Result<(), LogError> {
-    let key = stream.key(provider, segment.first);
-    let bytes = segment.encode();
-    match provider.create(&key, Bytes::from(bytes.clone())).await {
+    append_encoded(
+        provider,
+        stream,
+        segment.first,
+        &Bytes::from(segment.encode()),
+    )
+    .await
+}
+
+/// [`append`] of a segment already encoded (`bytes`, starting at `first`): what the writer
+/// sends again, byte for byte, after an attempt whose outcome is unknown.
+pub async fn append_encoded(
+    provider: &ObjectProvider,
+    stream: &StreamId,
+    first: u64,
+    bytes: &Bytes,
+) -> Result<(), LogError> {
+    let key = stream.key(provider, first);
+    match provider.create(&key, bytes.clone()).await {
         PutOutcome::Written => Ok(()),
         PutOutcome::NotWritten(why) => Err(LogError::NotWritten { key, why }),
         PutOutcome::Unknown(why) => Err(LogError::Unknown { key, why }),
         PutOutcome::Exists => {
             let there = provider.get(&key).await?;
-            if there.as_ref() == bytes.as_slice() {
+            if there.as_ref() == bytes.as_ref() {
                 return Ok(());
             }
             let found = Segment::decode(&there).map_err(|error| LogError::Damaged {

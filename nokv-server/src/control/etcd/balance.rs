@@ -144,9 +144,13 @@ impl EtcdControl {
 ///   another live node; `handoff` without a checkpoint: only by its last owner (the data is on
 ///   its disk);
 /// * `serving`/`draining` (the owner's lease lapsed: a crash or a pause): by the same node
-///   (restarted with its data dir), or by anyone if the owner never marked it changed and the
-///   checkpoint it was taken from is there — then it still equals that checkpoint and nothing
-///   acknowledged can be lost. Otherwise it waits for its owner (crash failover is not built).
+///   (restarted with its data dir); by anyone if its owner logs it to the provider (`log`:
+///   checkpoint plus log hold every acknowledged write, and the taker fences the log before
+///   reading it); or by anyone if the owner never marked it changed and its checkpoint is
+///   the one it was taken from or one it recorded itself — then it still equals that
+///   checkpoint and nothing acknowledged can be lost. Otherwise (local durability) it waits
+///   for its owner;
+/// * a handoff without checkpoint whose log is in the provider, likewise by anyone.
 pub(super) fn takeable(record: Option<&ShardRecord>, me: &str, live: &[String]) -> bool {
     let Some(r) = record else {
         return true;
@@ -154,15 +158,16 @@ pub(super) fn takeable(record: Option<&ShardRecord>, me: &str, live: &[String]) 
     let mine = r.owner.as_deref() == Some(me);
     match r.state {
         ShardState::Handoff => match (&r.checkpoint, &r.target) {
-            (None, _) => mine,
+            (None, _) => mine || r.log.is_some(),
             (Some(_), Some(target)) => target == me || !live.contains(target),
             (Some(_), None) => true,
         },
         ShardState::Serving | ShardState::Draining => {
-            mine || (!r.changed
-                && r.checkpoint
-                    .as_ref()
-                    .is_some_and(|c| c.epoch + 1 == r.epoch))
+            mine || r.log.is_some()
+                || (!r.changed
+                    && r.checkpoint
+                        .as_ref()
+                        .is_some_and(|c| c.epoch + 1 == r.epoch || c.epoch == r.epoch))
         }
     }
 }

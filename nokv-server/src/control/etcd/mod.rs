@@ -59,8 +59,8 @@ use super::deadline::AckDeadline;
 use super::{ControlError, Epoch};
 
 pub use self::records::{
-    CheckpointRef, ClusterConfig, ClusterView, NodeRecord, OwnerKey, ShardRecord, ShardState,
-    ShardView,
+    CheckpointRef, ClusterConfig, ClusterView, LogRef, NodeRecord, OwnerKey, ShardRecord,
+    ShardState, ShardView,
 };
 pub use self::settings::{ConfigOutcome, DEFAULT_NODE_TTL, EtcdSettings};
 

@@ -16,7 +16,7 @@
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
-use super::records::{CheckpointRef, OwnerKey, ShardRecord, ShardState, decode, encode};
+use super::records::{CheckpointRef, LogRef, OwnerKey, ShardRecord, ShardState, decode, encode};
 use super::{Acquisition, EtcdControl, Owned};
 use crate::control::{ControlError, Epoch};
 
@@ -65,6 +65,60 @@ impl EtcdControl {
             && o.owner_revision == owned.owner_revision
         {
             o.changed = true;
+        }
+        Ok(())
+    }
+
+    /// Records, before this node serves `shard`, what its durable state is from now on: the
+    /// checkpoint `base` if given (else the record's own), plus — with provider durability —
+    /// this node's log from `log` (`changed`: the shard may differ from its checkpoint from
+    /// now on; no later [`EtcdControl::mark_changed`] is needed). Without `log` the shard is
+    /// exactly `base` (then required) and unchanged. Replaces any earlier owner's log: the
+    /// caller has made everything it held part of `base`. Guarded by the owner key.
+    pub async fn record_state(
+        &self,
+        shard: u32,
+        base: Option<CheckpointRef>,
+        log: Option<LogRef>,
+    ) -> Result<()> {
+        self.check_shard(shard)?;
+        let owned = self
+            .owned
+            .lock()
+            .get(&shard)
+            .copied()
+            .ok_or(ControlError::NotOwner { shard })?;
+        if let Some(c) = &base
+            && c.epoch != owned.epoch
+        {
+            return Err(ControlError::InvalidArgument(format!(
+                "checkpoint of epoch {} cannot be the base of shard {shard} owned at epoch {}",
+                c.epoch, owned.epoch
+            )));
+        }
+        let changed = log.is_some();
+        let recorded = self
+            .update_guarded(
+                shard,
+                owned,
+                move |r| {
+                    if base.is_some() {
+                        r.checkpoint = base;
+                    }
+                    r.log = log;
+                    r.changed = changed;
+                },
+                false,
+            )
+            .await?;
+        if !recorded {
+            self.owned.lock().remove(&shard);
+            return Err(ControlError::NotOwner { shard });
+        }
+        if let Some(o) = self.owned.lock().get_mut(&shard)
+            && o.owner_revision == owned.owner_revision
+        {
+            o.changed = changed;
         }
         Ok(())
     }
@@ -148,9 +202,12 @@ impl EtcdControl {
             state: ShardState::Serving,
             owner: Some(self.settings.node_id.clone()),
             endpoint: Some(self.settings.advertise.clone()),
-            checkpoint: record.and_then(|r| r.checkpoint),
+            checkpoint: record.as_ref().and_then(|r| r.checkpoint.clone()),
             changed: false,
             target: None,
+            // The state is still the previous owner's: checkpoint plus that log (provider
+            // durability), until this owner replaces both (see `mark_logged`).
+            log: record.and_then(|r| r.log),
         };
         let owner = OwnerKey {
             node: self.settings.node_id.clone(),
@@ -258,9 +315,15 @@ impl EtcdControl {
                 move |r| {
                     r.state = ShardState::Handoff;
                     // Without a new checkpoint the old pointer stays valid only if this
-                    // ownership changed nothing (e.g. a shard released before it was loaded).
-                    if checkpoint.is_some() || owned.changed {
+                    // ownership changed nothing (e.g. a shard released before it was loaded),
+                    // or if its log is in the provider (then checkpoint + log still hold
+                    // every acknowledged write). A new checkpoint holds everything: the log
+                    // is no longer needed.
+                    if checkpoint.is_some() {
                         r.checkpoint = checkpoint;
+                        r.log = None;
+                    } else if owned.changed && r.log.is_none() {
+                        r.checkpoint = None;
                     }
                     r.target = target;
                 },
@@ -289,6 +352,7 @@ impl EtcdControl {
             checkpoint: None,
             changed: false,
             target: None,
+            log: None,
         });
         change(&mut record);
         let owner_key = self.keys.owner(shard);

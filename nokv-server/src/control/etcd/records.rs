@@ -72,6 +72,22 @@ pub struct ShardRecord {
     /// while it is alive.
     #[serde(default)]
     pub target: Option<String>,
+    /// `--metadata-durability provider`: where the owner's log for this shard begins. The
+    /// shard's durable state is then exactly `checkpoint` (none: empty) plus the records of
+    /// `log.stream` that touch this shard, from `log.from_seq` up to the stream's fence — so
+    /// any node can take it over after its owner's lease lapsed, with nothing but the
+    /// provider. Set before the owner serves the shard; cleared when a checkpoint replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<LogRef>,
+}
+
+/// Where a shard's part of a node's provider log begins (see [`ShardRecord::log`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogRef {
+    /// The stream, `<node>.<incarnation>` (`provider_log::StreamId::name`).
+    pub stream: String,
+    /// Every record of this ownership has at least this sequence number.
+    pub from_seq: u64,
 }
 
 /// A consistent snapshot of a shard's metadata uploaded by a releasing owner.

@@ -184,6 +184,12 @@ impl MetaStore {
         round::budget(round::free_space(dir))
     }
 
+    /// The sequence number the next batch will take: every batch committed from now on has
+    /// at least this one (where a shard's part of the provider log begins, issue 45).
+    pub fn next_seq(&self) -> u64 {
+        self.journal.next_seq()
+    }
+
     /// Appends to the redo log (fsyncs that made batches durable) through this handle so far.
     pub fn log_syncs(&self) -> u64 {
         self.journal

@@ -75,8 +75,8 @@ pub(super) use batch::HOLD_BATCHES;
 pub use batch::{Batch, Logged};
 pub(super) use journal::Journal;
 pub(super) use latch::fatal_if_synced_failed;
-pub(super) use record::Effects;
 pub use record::Redo;
+pub(super) use record::{Effects, apply_in};
 pub use salvage::Salvage;
 
 #[cfg(test)]

@@ -82,8 +82,27 @@ impl Redo {
         self.effects.buf.is_empty()
     }
 
-    pub(in crate::meta) fn payload(&self) -> &[u8] {
+    /// The record's row effects as bytes: what the provider log carries (opaque there) and
+    /// [`crate::meta::MetaStore::restore`] applies.
+    pub fn payload(&self) -> &[u8] {
         &self.effects.buf
+    }
+
+    /// The shards whose tables this record's rows touch, ascending (rows of the canonical
+    /// namespace name none).
+    pub fn shards(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        // The payload was built by `Effects::record`: it parses.
+        let _ = rows(&self.effects.buf, |table, _, _| {
+            if let Some(shard) = Tables::shard_of(table)
+                && !out.contains(&shard)
+            {
+                out.push(shard);
+            }
+            Ok(())
+        });
+        out.sort_unstable();
+        out
     }
 }
 
@@ -138,6 +157,26 @@ fn rows(
 pub(in crate::meta) fn apply(txn: &WriteTransaction, payload: &[u8]) -> MetaResult<()> {
     rows(payload, |table, key, value| {
         let (ns, name) = Tables::by_name(table).ok_or_else(malformed)?;
+        if !ns.apply(txn, name, key, value)? {
+            return Err(malformed());
+        }
+        Ok(())
+    })
+}
+
+/// Applies the rows of one record's payload that belong to namespace `ns`, skipping every
+/// other namespace's (a node's record mixes the shards of one batch; a node taking one shard
+/// over replays that shard's rows only).
+pub(in crate::meta) fn apply_in(
+    txn: &WriteTransaction,
+    payload: &[u8],
+    ns: crate::meta::Namespace,
+) -> MetaResult<()> {
+    rows(payload, |table, key, value| {
+        let (of, name) = Tables::by_name(table).ok_or_else(malformed)?;
+        if !std::ptr::eq(of, ns) {
+            return Ok(());
+        }
         if !ns.apply(txn, name, key, value)? {
             return Err(malformed());
         }

@@ -70,8 +70,22 @@ pub(super) fn run(
     stages: std::sync::mpsc::Receiver<Stage>,
     wake: mpsc::WeakUnboundedSender<Job>,
 ) {
+    let gather = slot
+        .replica
+        .as_ref()
+        .map_or(std::time::Duration::ZERO, |r| r.flush_interval());
     while let Ok(first) = stages.recv() {
         let mut round = vec![first];
+        // `--log-flush-interval`: fewer, larger segments (fewer PUTs) for some latency.
+        let until = std::time::Instant::now() + gather;
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now())
+            && !left.is_zero()
+        {
+            match stages.recv_timeout(left) {
+                Ok(stage) => round.push(stage),
+                Err(_) => break,
+            }
+        }
         round.extend(stages.try_iter());
         let handled = round.len();
         handle(slot, name, round, &wake);
@@ -89,7 +103,7 @@ pub(super) fn handle(
     round: Vec<Stage>,
     wake: &mpsc::WeakUnboundedSender<Job>,
 ) {
-    let appended = append(&round);
+    let appended = append(&round).and_then(|()| replicate(slot, &round));
     if let Err(reason) = &appended {
         out_of_service(slot, name, reason, wake);
     }
@@ -151,6 +165,28 @@ fn append(round: &[Stage]) -> Result<(), String> {
         Some(s) => s.log(&pending).map_err(|e| e.to_string()),
         None => Ok(()),
     }
+}
+
+/// `--metadata-durability provider`: makes the records of this round durable in the node's
+/// log stream too — every one, including those a checkpoint already put in the local file —
+/// before anything is shown or answered. Blocks while the provider does not take the segment;
+/// fails only if the stream is fenced (this node was deposed) or the node is shutting down.
+fn replicate(slot: &Slot, round: &[Stage]) -> Result<(), String> {
+    let Some(replica) = &slot.replica else {
+        return Ok(());
+    };
+    let records: Vec<crate::provider_log::Outgoing<'_>> = round
+        .iter()
+        .filter_map(|s| match s {
+            Stage::Logged { redo, .. } if !redo.is_empty() => Some(crate::provider_log::Outgoing {
+                seq: redo.seq(),
+                payload: redo.payload(),
+                shards: redo.shards(),
+            }),
+            _ => None,
+        })
+        .collect();
+    replica.append(&records).map_err(|e| e.to_string())
 }
 
 /// A failed append: readers and health see the store out of service before anyone is

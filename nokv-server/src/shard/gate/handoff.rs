@@ -47,7 +47,8 @@ pub(super) fn hand_over(
     nudge: &mpsc::WeakUnboundedSender<Job>,
 ) -> bool {
     let handed_over = slot.handed_over.load(Ordering::Acquire);
-    if answers_here(&stage, lone, handed_over) {
+    // With the provider log a batch waits for a PUT: the committer never waits for it itself.
+    if slot.replica.is_none() && answers_here(&stage, lone, handed_over) {
         acknowledger::handle(slot, name, vec![stage], nudge);
         true
     } else {

@@ -84,6 +84,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{Error, Result};
 use crate::meta::{MetaStore, Namespace, ReadView, Tables, WriteView};
+use crate::provider_log::LogWriter;
 use crate::shard::fence::Fence;
 
 mod acknowledger;
@@ -157,7 +158,19 @@ pub struct Gate {
 impl Committer {
     /// Starts the committer thread of `meta`; it ends when the last gate on it is dropped.
     pub fn start(meta: MetaStore, name: String) -> Arc<Committer> {
-        let slot = Arc::new(Slot::new());
+        Committer::start_with(meta, name, None)
+    }
+
+    /// [`Committer::start`] with `--metadata-durability provider`: every batch is also made
+    /// durable in the node's log stream through `replica` before it is shown or answered.
+    pub fn start_with(
+        meta: MetaStore,
+        name: String,
+        replica: Option<Arc<LogWriter>>,
+    ) -> Arc<Committer> {
+        let mut slot = Slot::new();
+        slot.replica = replica;
+        let slot = Arc::new(slot);
         let meta = Arc::new(meta);
         slot.set(Some(meta.clone()));
         let (queue, jobs) = mpsc::unbounded_channel();
@@ -231,6 +244,17 @@ impl Committer {
     /// batches while the committer holds its transaction across them.
     pub fn commits(&self) -> u64 {
         self.slot.store.read().as_ref().map_or(0, |s| s.commits())
+    }
+
+    /// The sequence number the next batch will take (see [`MetaStore::next_seq`]); 0 while
+    /// the store is out of service.
+    pub fn next_seq(&self) -> u64 {
+        self.slot.store.read().as_ref().map_or(0, |s| s.next_seq())
+    }
+
+    /// The node's log stream writer, in provider durability.
+    pub fn replica(&self) -> Option<&Arc<LogWriter>> {
+        self.slot.replica.as_ref()
     }
 
     /// Appends to the redo log of the store in service (each one fsync making every batch

@@ -22,6 +22,7 @@
 //!   shows nothing for a store no longer in service, and the committer waits for readers'
 //!   handles to drop before it reopens the file.
 
+use crate::provider_log::LogWriter;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -46,6 +47,10 @@ pub(super) struct Slot {
     /// Stages handed to the acknowledger that it has not finished handling (appended,
     /// shown, answered); see [`hand_over`].
     pub(super) handed_over: std::sync::atomic::AtomicUsize,
+    /// `--metadata-durability provider`: the node's log stream in the provider, where every
+    /// record goes after the local fsync and before its batch is shown or answered (see
+    /// [`super::acknowledger`]). `None`: local durability.
+    pub(super) replica: Option<Arc<LogWriter>>,
 }
 
 /// What the committer has done since the gate started (see [`Gate::stats`]).
@@ -83,6 +88,7 @@ impl Slot {
             serving: watch::Sender::new(true),
             stats: Counters::default(),
             handed_over: Default::default(),
+            replica: None,
         }
     }
 
