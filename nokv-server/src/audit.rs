@@ -33,6 +33,8 @@ pub struct AuditReport {
     pub unaccounted: u64,
     /// Shard checkpoints (handoff copies of shard databases), not block keys.
     pub checkpoints: u64,
+    /// Segments of the nodes' metadata logs (provider durability), not block keys.
+    pub log_segments: u64,
     /// Cluster mode: objects of shards this node does not hold; their owners' audits
     /// account for them.
     pub other_shards: u64,
@@ -56,6 +58,10 @@ impl Node {
             report.objects += 1;
             if self.provider.is_checkpoint_key(&key) {
                 report.checkpoints += 1;
+                continue;
+            }
+            if self.provider.is_log_key(&key) {
+                report.log_segments += 1;
                 continue;
             }
             let class = match self.provider.shard_of_key(&key) {

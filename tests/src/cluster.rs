@@ -96,6 +96,8 @@ pub struct Cluster {
     etcd_access: Vec<String>,
     /// Node id -> endpoint of every node that can answer right now.
     reachable: Mutex<BTreeMap<String, String>>,
+    /// Flags every node of this cluster gets (see [`Cluster::with_node_flags`]).
+    node_flags: Vec<String>,
     root: tempfile::TempDir,
 }
 
@@ -104,6 +106,13 @@ impl Cluster {
     /// 127.0.0.1. No node runs yet.
     pub fn new(name: &str) -> Cluster {
         Cluster::build(name, false)
+    }
+
+    /// Gives every node started from now on `flags` too (before each start's own), e.g.
+    /// `--metadata-durability local` for a test of local durability.
+    pub fn with_node_flags(mut self, flags: &[&str]) -> Cluster {
+        self.node_flags = flags.iter().map(|s| s.to_string()).collect();
+        self
     }
 
     /// Like [`Cluster::new`], but etcd serves clients only over TLS and demands a client
@@ -170,6 +179,7 @@ impl Cluster {
             client_config,
             etcd_access,
             reachable: Mutex::new(BTreeMap::new()),
+            node_flags: Vec::new(),
             root,
         }
     }
@@ -261,6 +271,7 @@ impl Cluster {
             args.extend(["--s3-bucket".to_string(), self.bucket.clone()]);
         }
         args.extend(access.iter().map(|s| s.to_string()));
+        args.extend(self.node_flags.iter().cloned());
         args.extend(extra.iter().map(|s| s.to_string()));
         args
     }

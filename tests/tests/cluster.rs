@@ -426,10 +426,11 @@ fn an_owner_paused_past_its_lease_loses_the_shard_to_a_node_that_takes_it_from_t
 }
 
 #[test]
-fn a_node_killed_with_sigkill_leaves_its_shards_unowned_until_it_restarts_on_its_data_dir_and_takes_them_back_at_higher_epochs_with_every_acknowledged_write()
+fn under_local_durability_a_node_killed_with_sigkill_leaves_its_shards_unowned_until_it_restarts_on_its_data_dir_and_takes_them_back_at_higher_epochs_with_every_acknowledged_write()
  {
     let _turn = serial();
-    let c = Cluster::new("crash");
+    // Local durability: the dead node's disk is the only copy of what it acknowledged.
+    let c = Cluster::new("crash").with_node_flags(&["--metadata-durability", "local"]);
     let mut nodes = c.start_nodes(3);
     let before = c.wait_balanced(&refs(&nodes));
     let victim = nodes.remove(1);

@@ -94,11 +94,12 @@ pub async fn audit(client: &Client, out: Output) -> Result<(), ClientError> {
                "collectable": a.collectable, "unaccounted": a.unaccounted,
                "violations": a.violations, "unaccounted_keys": a.unaccounted_keys,
                "violation_keys": a.violation_keys, "checkpoints": a.checkpoints,
-               "other_shards": a.other_shards}),
+               "other_shards": a.other_shards, "log_segments": a.log_segments}),
         || {
             let mut text = format!(
                 "{} objects: {} referenced · {} guarded · {} collectable · {} unaccounted · \
-                 {} live-but-collectable · {} checkpoints · {} on other nodes' shards",
+                 {} live-but-collectable · {} checkpoints · {} log segments · {} on other \
+                 nodes' shards",
                 a.objects,
                 a.referenced,
                 a.guarded,
@@ -106,6 +107,7 @@ pub async fn audit(client: &Client, out: Output) -> Result<(), ClientError> {
                 a.unaccounted,
                 a.violations,
                 a.checkpoints,
+                a.log_segments,
                 a.other_shards
             );
             for k in &a.unaccounted_keys {

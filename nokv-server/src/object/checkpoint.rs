@@ -32,6 +32,19 @@ impl ObjectProvider {
         }
     }
 
+    /// True for a key of a node's metadata log (`<prefix>/meta/log/...`, see
+    /// [`crate::provider_log`]).
+    pub fn is_log_key(&self, key: &str) -> bool {
+        let rel = if self.prefix.is_empty() {
+            Some(key)
+        } else {
+            key.strip_prefix(self.prefix.as_str())
+                .and_then(|k| k.strip_prefix('/'))
+        };
+        rel.and_then(|r| r.strip_prefix(META)?.strip_prefix("/log/"))
+            .is_some_and(|rest| !rest.is_empty())
+    }
+
     /// True for a key [`ObjectProvider::checkpoint_key`] makes (under this provider's prefix).
     pub fn is_checkpoint_key(&self, key: &str) -> bool {
         let rel = if self.prefix.is_empty() {

@@ -162,6 +162,7 @@ impl Admin for AdminService {
             violation_keys: r.violation_keys,
             checkpoints: r.checkpoints,
             other_shards: r.other_shards,
+            log_segments: r.log_segments,
         }))
     }
 
