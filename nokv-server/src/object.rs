@@ -294,6 +294,21 @@ impl ObjectProvider {
         }
     }
 
+    /// Deletes `keys` in bulk (S3 DeleteObjects, up to 1,000 keys a request): the provider
+    /// log's compaction, which deletes segments as fast as they are written. Absent keys
+    /// count as deleted; the first failure is returned (some keys may be deleted by then).
+    pub async fn delete_many(&self, keys: Vec<String>) -> Result<(), ObjectError> {
+        let paths = futures::stream::iter(keys.into_iter().map(|k| Ok(Path::from(k)))).boxed();
+        let mut results = self.reader.delete_stream(paths);
+        while let Some(r) = results.next().await {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(ObjectError::Provider(flatten(&e))),
+            }
+        }
+        Ok(())
+    }
+
     /// True if `key` exists (a HEAD): the existence check after a retried delete.
     pub async fn exists(&self, key: &str) -> Result<bool, ObjectError> {
         match self.reader.head(&Path::from(key)).await {

@@ -177,7 +177,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
                 Node::open_cluster(&settings.data_dir, parts(c.node_id.clone()))?
                     .with_routes(Box::new(routes.clone())),
             );
-            let cluster = Cluster::new(node.clone(), etcd, control, routes);
+            let cluster = Cluster::new(node.clone(), etcd, control, routes, settings.durability);
             (node, Some(cluster))
         }
     };

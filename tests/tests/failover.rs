@@ -227,17 +227,26 @@ fn kill_owner_while_writing_and_publishing(wipe: bool) {
         // One committed artifact at least before the kill, and one in flight across it.
         let first = Instant::now();
         while c
-            .cli(&all_endpoints, &["--json", "ls", &format!("{artifact_ws}:art/")])
+            .cli(
+                &all_endpoints,
+                &["--json", "ls", &format!("{artifact_ws}:art/")],
+            )
             .stdout_str()
             .matches(".bin")
             .count()
             < 1
         {
-            assert!(first.elapsed() < Duration::from_secs(120), "nothing published");
+            assert!(
+                first.elapsed() < Duration::from_secs(120),
+                "nothing published"
+            );
             thread::sleep(Duration::from_millis(100));
         }
         let listed = c
-            .cli(&all_endpoints, &["--json", "ls", &format!("{artifact_ws}:art/")])
+            .cli(
+                &all_endpoints,
+                &["--json", "ls", &format!("{artifact_ws}:art/")],
+            )
             .stdout_str();
 
         let victim = nodes.remove(1);
@@ -345,4 +354,107 @@ fn a_killed_owners_shards_are_taken_over_with_every_acknowledged_write_and_commi
 #[test]
 fn a_killed_owners_shards_are_taken_over_with_nothing_lost_even_after_its_data_dir_is_deleted() {
     kill_owner_while_writing_and_publishing(true);
+}
+
+/// Live segments per log stream in the bucket (`<prefix>/meta/log/<stream>/<first>`).
+fn segments_per_stream(c: &Cluster) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for key in c.moto().list_keys(c.bucket(), "nokv/meta/log/") {
+        let stream = key.rsplit('/').nth(1).unwrap_or_default().to_string();
+        *out.entry(stream).or_default() += 1;
+    }
+    out
+}
+
+fn health(c: &Cluster, node: &Node) -> Value {
+    let out = c.cli(&[node.endpoint()], &["--json", "admin", "health"]);
+    serde_json::from_slice(&out.assert_ok().stdout).expect("health JSON")
+}
+
+#[test]
+fn checkpoints_keep_each_log_stream_bounded_and_a_takeover_replays_only_the_tail() {
+    let _turn = serial();
+    // Checkpoints every 16 KiB of a shard's log: many compactions in a short run.
+    let c = Cluster::new("compact").with_node_flags(&["--checkpoint-log-bytes", "16KiB"]);
+    let mut nodes = c.start_nodes(3);
+    let view = c.wait_balanced(&nodes.iter().collect::<Vec<_>>());
+    let victim_id = nodes[1].id().to_string();
+    let victim_shards = view.served_by(&victim_id);
+    let names = c.workspaces_in_shards(&nodes[0], "cp", &victim_shards, 1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(Client::connect(&client_config(
+            &c,
+            &nodes.iter().collect::<Vec<_>>(),
+        )))
+        .expect("connect");
+    let writers = Writers::start(&rt, &client, &names);
+    let mut acked = Vec::new();
+    // Live segments per stream, sampled every 250 acknowledged writes: once compaction runs,
+    // the count levels off while the segments created keep growing.
+    let mut samples = Vec::new();
+    for _ in 0..32 {
+        acked.extend(writers.take(250));
+        let live = segments_per_stream(&c);
+        samples.push(live.values().copied().max().unwrap_or(0));
+    }
+    let largest = samples.iter().copied().max().unwrap_or(0);
+    let late = samples[16..].iter().copied().max().unwrap_or(0);
+    let created: u64 = nodes
+        .iter()
+        .map(|n| {
+            health(&c, n)["log_segments"]
+                .as_u64()
+                .expect("log_segments")
+        })
+        .sum();
+    let victim_health = health(&c, &nodes[1]);
+    let victim_stream = victim_health["log_stream"].as_str().unwrap().to_string();
+    let victim_live = segments_per_stream(&c)
+        .get(&victim_stream)
+        .copied()
+        .unwrap_or(0);
+    eprintln!(
+        "compaction: {} writes acknowledged, {created} segments created, largest live count \
+         of one stream {largest} (second half {late}; samples {samples:?}), the victim's \
+         stream {victim_stream} holds {victim_live} of its {} (PUTs {}, {:.1}/s)",
+        acked.len(),
+        victim_health["log_segments"],
+        victim_health["log_puts"],
+        victim_health["log_puts_per_s"].as_f64().unwrap_or(0.0),
+    );
+    // Without compaction every segment created would still be there, and the count would
+    // keep growing through the second half.
+    assert!(
+        (late as u64) * 3 < created,
+        "the log was not compacted: {late} live segments in one stream of {created} created"
+    );
+
+    // A takeover reads the victim's stream from its shards' log starts: the live tail only.
+    let victim = nodes.remove(1);
+    let spec = c.kill9(victim);
+    std::fs::remove_dir_all(&spec.data_dir).unwrap();
+    c.wait_until("every shard is served by a live node", |v| {
+        (0..16).all(|s| {
+            let shard = v.shard(s);
+            shard.owner.as_deref() != Some(victim_id.as_str())
+                && shard.owner_alive
+                && shard.state == "serving"
+        })
+    });
+    acked.extend(writers.finish());
+    let live: Vec<&Node> = nodes.iter().collect();
+    let client = rt
+        .block_on(Client::connect(&client_config(&c, &live)))
+        .expect("connect");
+    for a in &acked {
+        let got = rt
+            .block_on(client.read(&a.ws, &a.path))
+            .unwrap_or_else(|e| panic!("acknowledged {}:{} is gone: {e:?}", a.ws, a.path));
+        assert!(got.data == a.body, "{}:{} differs", a.ws, a.path);
+    }
 }

@@ -33,6 +33,10 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
                "quarantined": h.quarantined,
                "operations": operations_json(&h.operations),
                "oldest_unresolved_age_ms": h.oldest_unresolved_age_ms,
+               "metadata_durability": h.metadata_durability,
+               "log_stream": h.log_stream, "log_segments": h.log_segments,
+               "log_puts": h.log_puts, "log_bytes": h.log_bytes,
+               "log_puts_per_s": h.log_puts_per_s,
                "shards": shards});
     add_reservations(&mut doc, &h);
     out.emit(
@@ -57,6 +61,15 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
                 h.uptime_ms / 1000
             );
             text.push_str(&format!(" · {} quarantined", h.quarantined));
+            if h.metadata_durability == "provider" {
+                text.push_str(&format!(
+                    "\nmetadata durability: provider · log stream {} · {} segments · {} PUTs \
+                     ({:.1}/s since start) · {} bytes",
+                    h.log_stream, h.log_segments, h.log_puts, h.log_puts_per_s, h.log_bytes
+                ));
+            } else if !h.metadata_durability.is_empty() {
+                text.push_str(&format!("\nmetadata durability: {}", h.metadata_durability));
+            }
             let mut states: Vec<_> = h.operations.iter().collect();
             states.sort();
             let states: Vec<_> = states.iter().map(|(k, v)| format!("{k} {v}")).collect();

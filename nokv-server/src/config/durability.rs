@@ -30,7 +30,14 @@ pub struct Durability {
     pub log_flush_interval: Duration,
     /// Longest time between two checkpoints of a shard that changed (provider mode).
     pub checkpoint_interval: Duration,
+    /// Log bytes after which a shard is checkpointed; `None`: its last checkpoint's size, at
+    /// least [`MIN_CHECKPOINT_LOG_BYTES`].
+    pub checkpoint_log_bytes: Option<u64>,
 }
+
+/// Log bytes a shard accumulates before a checkpoint at the least (without the hidden
+/// `--checkpoint-log-bytes`).
+pub const MIN_CHECKPOINT_LOG_BYTES: u64 = 64 * 1024;
 
 /// Default `--checkpoint-interval`.
 pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(600);
@@ -76,9 +83,18 @@ pub(super) fn durability(args: &mut ServeArgs, cluster: bool) -> Result<Durabili
             "--log-flush-interval is at most 1s: every write waits for it".into(),
         ));
     }
+    let checkpoint_log_bytes = args
+        .checkpoint_log_bytes
+        .take()
+        .map(|v| {
+            crate::memory::parse_size(&v)
+                .map_err(|e| ConfigError(format!("--checkpoint-log-bytes: {e}")))
+        })
+        .transpose()?;
     Ok(Durability {
         mode,
         log_flush_interval,
         checkpoint_interval,
+        checkpoint_log_bytes,
     })
 }

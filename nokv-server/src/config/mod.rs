@@ -37,7 +37,9 @@ mod tests;
 
 pub use cluster::{ClusterSettings, DEFAULT_NODE_TTL, ETCD_NEEDS_TLS_DIR};
 pub use command_line::{Cli, ClusterCommand, Command, RestartChild, TokenCommand};
-pub use durability::{DEFAULT_CHECKPOINT_INTERVAL, Durability, Mode as DurabilityMode};
+pub use durability::{
+    DEFAULT_CHECKPOINT_INTERVAL, Durability, MIN_CHECKPOINT_LOG_BYTES, Mode as DurabilityMode,
+};
 pub use error::ConfigError;
 pub use limits::{DEFAULT_INVENTORY_INTERVAL, DEFAULT_RECONCILE_INTERVAL, MAX_INLINE_MAX};
 pub use serving::ServeArgs;

@@ -175,6 +175,10 @@ pub struct ServeArgs {
     /// [default: 10m].
     #[arg(long, env = "NOKV_CHECKPOINT_INTERVAL")]
     pub checkpoint_interval: Option<String>,
+    /// Provider durability: log bytes after which a shard is checkpointed, instead of its
+    /// last checkpoint's size (at least 64KiB); tests set it small.
+    #[arg(long, env = "NOKV_CHECKPOINT_LOG_BYTES", hide = true)]
+    pub checkpoint_log_bytes: Option<String>,
     /// Log filter, e.g. info or nokv_server=debug [default: info].
     #[arg(long, env = "NOKV_LOG")]
     pub log: Option<String>,
@@ -254,6 +258,7 @@ impl ServeArgs {
                 metadata_durability,
                 log_flush_interval,
                 checkpoint_interval,
+                checkpoint_log_bytes,
                 log,
                 inventory_interval,
                 inventory_page_size

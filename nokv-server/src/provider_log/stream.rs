@@ -292,6 +292,59 @@ pub async fn fence(
     }
 }
 
+/// Every stream in the provider, with the first sequences of its segments (ascending): what
+/// the sweep of unneeded streams looks at.
+pub async fn streams(provider: &ObjectProvider) -> Result<Vec<(StreamId, Vec<u64>)>, LogError> {
+    let mut out: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    let mut after: Option<String> = None;
+    loop {
+        let page = provider
+            .list_page("meta/log", after.as_deref(), LIST_PAGE)
+            .await?;
+        for (key, _) in &page.objects {
+            let mut parts = key.rsplit('/');
+            if let (Some(first), Some(stream)) = (parts.next(), parts.next())
+                && let Ok(first) = first.parse()
+            {
+                out.entry(stream.to_string()).or_default().push(first);
+            }
+        }
+        if page.last || page.objects.is_empty() {
+            break;
+        }
+        after = page.objects.last().map(|(k, _)| k.clone());
+    }
+    Ok(out
+        .into_iter()
+        .filter_map(|(name, mut firsts)| {
+            firsts.sort_unstable();
+            Some((StreamId::parse(&name)?, firsts))
+        })
+        .collect())
+}
+
+/// True if the segment at `first` of `stream` is a fence (the stream's last one, for a fenced
+/// stream).
+pub async fn is_fence(
+    provider: &ObjectProvider,
+    stream: &StreamId,
+    first: u64,
+) -> Result<bool, LogError> {
+    Ok(fetch(provider, stream, first).await?.kind == Kind::Fence)
+}
+
+/// Deletes every segment of a stream nothing needs any more (see the sweep in the cluster's
+/// compaction); `firsts` are its segments. Returns how many it deleted.
+pub async fn delete_all(
+    provider: &ObjectProvider,
+    stream: &StreamId,
+    firsts: &[u64],
+) -> Result<usize, LogError> {
+    let keys = firsts.iter().map(|f| stream.key(provider, *f)).collect();
+    provider.delete_many(keys).await?;
+    Ok(firsts.len())
+}
+
 /// Deletes the stream's segments that end below sequence `below` (compaction: every shard
 /// that needed them has a newer checkpoint). The last segment is always kept: it anchors the
 /// stream's end, where the writer's next segment and any fence go. Returns how many it
@@ -302,15 +355,15 @@ pub async fn delete_below(
     below: u64,
 ) -> Result<usize, LogError> {
     let firsts = firsts(provider, stream).await?;
-    let mut deleted = 0;
-    for pair in firsts.windows(2) {
-        // A segment ends right before the next one starts (no gaps below the end).
-        if pair[1] <= below {
-            provider.delete(&stream.key(provider, pair[0])).await?;
-            deleted += 1;
-        } else {
-            break;
-        }
+    // A segment ends right before the next one starts (no gaps below the end).
+    let doomed: Vec<String> = firsts
+        .windows(2)
+        .take_while(|pair| pair[1] <= below)
+        .map(|pair| stream.key(provider, pair[0]))
+        .collect();
+    let deleted = doomed.len();
+    if deleted > 0 {
+        provider.delete_many(doomed).await?;
     }
     Ok(deleted)
 }

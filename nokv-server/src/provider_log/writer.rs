@@ -73,6 +73,9 @@ struct State {
     next: u64,
     /// The epoch this node holds each of its shards at, named in every segment touching it.
     epochs: HashMap<u32, u64>,
+    /// Record bytes sent per shard since its last checkpoint ([`LogWriter::checkpointed`]):
+    /// what decides when a shard is checkpointed and its log compacted.
+    since: HashMap<u32, u64>,
     fenced: bool,
 }
 
@@ -107,6 +110,7 @@ impl LogWriter {
                 stream: None,
                 next: 0,
                 epochs: HashMap::new(),
+                since: HashMap::new(),
                 fenced: false,
             }),
             fenced: watch::channel(0).0,
@@ -126,6 +130,7 @@ impl LogWriter {
         s.stream = Some(stream);
         s.next = 0;
         s.epochs.clear();
+        s.since.clear();
         s.fenced = false;
     }
 
@@ -136,12 +141,43 @@ impl LogWriter {
 
     /// Records that this node now holds `shard` at `epoch`.
     pub fn hold(&self, shard: u32, epoch: u64) {
-        self.state.lock().epochs.insert(shard, epoch);
+        let mut s = self.state.lock();
+        s.epochs.insert(shard, epoch);
+        s.since.insert(shard, 0);
     }
 
     /// Records that this node no longer holds `shard`.
     pub fn release(&self, shard: u32) {
-        self.state.lock().epochs.remove(&shard);
+        let mut s = self.state.lock();
+        s.epochs.remove(&shard);
+        s.since.remove(&shard);
+    }
+
+    /// Record bytes touching `shard` sent since its last checkpoint.
+    pub fn bytes_since(&self, shard: u32) -> u64 {
+        self.state.lock().since.get(&shard).copied().unwrap_or(0)
+    }
+
+    /// A checkpoint of `shard` now covers `bytes` of what [`LogWriter::bytes_since`] counted.
+    pub fn checkpointed(&self, shard: u32, bytes: u64) {
+        if let Some(n) = self.state.lock().since.get_mut(&shard) {
+            *n = n.saturating_sub(bytes);
+        }
+    }
+
+    /// If nothing touching `shard` was sent since its last checkpoint: the `first` of the
+    /// next segment, read at the same moment. Every record of the shard not sent yet has a
+    /// sequence at least that (a segment's records lie inside its range, and ranges follow
+    /// each other), so the shard's log may start there without a new checkpoint.
+    pub fn idle_from(&self, shard: u32) -> Option<u64> {
+        let s = self.state.lock();
+        (s.since.get(&shard).copied() == Some(0)).then_some(s.next)
+    }
+
+    /// The `first` of the next segment of the current stream: every segment below it is
+    /// written.
+    pub fn next(&self) -> u64 {
+        self.state.lock().next
     }
 
     /// Changes each time the stream is found fenced.
@@ -213,6 +249,13 @@ impl LogWriter {
                     let mut s = self.state.lock();
                     if s.stream.as_ref() == Some(&stream) {
                         s.next = segment.last + 1;
+                        for r in records {
+                            for shard in &r.shards {
+                                if let Some(n) = s.since.get_mut(shard) {
+                                    *n += r.payload.len() as u64;
+                                }
+                            }
+                        }
                     }
                     self.segments.fetch_add(1, Ordering::AcqRel);
                     self.bytes.fetch_add(bytes.len() as u64, Ordering::AcqRel);

@@ -118,6 +118,8 @@ impl Admin for AdminService {
             .map(|s| s.oldest_unresolved_age_ms)
             .max()
             .unwrap_or(0);
+        let replica = self.node.committer().replica();
+        let log = replica.map(|r| r.stats()).unwrap_or_default();
         Ok(Response::new(pb::HealthResponse {
             operations,
             oldest_unresolved_age_ms,
@@ -142,6 +144,20 @@ impl Admin for AdminService {
             reservations,
             reservations_match,
             dead_letters,
+            metadata_durability: if replica.is_some() {
+                "provider"
+            } else {
+                "local"
+            }
+            .into(),
+            log_stream: replica
+                .and_then(|r| r.stream())
+                .map(|s| s.name())
+                .unwrap_or_default(),
+            log_segments: log.segments,
+            log_puts: log.puts,
+            log_bytes: log.bytes,
+            log_puts_per_s: log.puts as f64 / self.node.started.elapsed().as_secs_f64().max(1e-3),
         }))
     }
 
@@ -636,6 +652,7 @@ mod tests {
             checkpoint: None,
             changed: true,
             target: None,
+            log: None,
         }
     }
 

@@ -34,6 +34,9 @@ pub struct Checkpoint {
     pub sha256: String,
     /// Size of the uploaded bytes.
     pub size: u64,
+    /// Every batch of the node numbered below this is in the checkpoint (where the shard's
+    /// provider log may begin after it); 0 when not known (a checkpoint read back).
+    pub covers: u64,
 }
 
 /// Snapshots `shard` into `scratch` (e.g. `DATA_DIR/shards/NNNN.ckpt`; replaced if present),
@@ -65,7 +68,7 @@ async fn upload_snapshot(
     epoch: u64,
     scratch: &Path,
 ) -> Result<Checkpoint> {
-    let size = shard.gate.snapshot_to(scratch.to_path_buf()).await?;
+    let (size, covers) = shard.gate.snapshot_covering(scratch.to_path_buf()).await?;
     let path = scratch.to_path_buf();
     let (data, sha256) = tokio::task::spawn_blocking(move || -> Result<(Bytes, String)> {
         let data = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
@@ -89,7 +92,12 @@ async fn upload_snapshot(
         return Err(e.into());
     }
     tracing::info!(shard = shard.id, epoch, key, size, "checkpoint uploaded");
-    Ok(Checkpoint { key, sha256, size })
+    Ok(Checkpoint {
+        key,
+        sha256,
+        size,
+        covers,
+    })
 }
 
 /// Downloads `checkpoint`, verifies it, and installs it as the shard file `dest`: written to

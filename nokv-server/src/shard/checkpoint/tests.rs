@@ -195,6 +195,7 @@ async fn a_verified_checkpoint_that_is_not_a_shard_store_is_refused_and_its_temp
         key,
         sha256: hex::encode(Sha256::digest(&data)),
         size: data.len() as u64,
+        covers: 0,
     };
     let node = tempfile::tempdir().unwrap();
     let (dest, before) = existing_destination(node.path());

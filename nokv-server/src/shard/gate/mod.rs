@@ -472,9 +472,19 @@ impl Gate {
     /// Sessions queued behind it wait for the copy (a handoff takes it while the shard
     /// drains). The job commits nothing; the gate's stats count it as a session.
     pub async fn snapshot_to(&self, dest: std::path::PathBuf) -> Result<u64> {
+        Ok(self.snapshot_covering(dest).await?.0)
+    }
+
+    /// [`Gate::snapshot_to`], also returning the sequence number the next batch takes at the
+    /// moment of the copy: the copy holds every batch numbered below it (what a checkpoint
+    /// covers of the node's provider log).
+    pub async fn snapshot_covering(&self, dest: std::path::PathBuf) -> Result<(u64, u64)> {
         let ns = self.ns;
         self.committer
-            .exclusive(move |meta| Ok(meta.export(ns, &dest)?))
+            .exclusive(move |meta| {
+                let covers = meta.next_seq();
+                Ok((meta.export(ns, &dest)?, covers))
+            })
             .await
     }
 }

@@ -31,12 +31,16 @@
 //! service) goes through the narrow [`Coordinator`] trait implemented here, so the imports
 //! point one way: cluster → node.
 
+mod compaction;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 use tokio::sync::{Notify, watch};
 
+use crate::config::Durability;
 use crate::control::etcd::{
     CheckpointRef, ClusterView, EtcdControl, EtcdSettings, LogRef, ShardRecord, ShardState,
 };
@@ -49,6 +53,7 @@ use crate::route::{Route, Routes};
 use crate::shard::Shard;
 use crate::shard::checkpoint::{self, Checkpoint};
 use crate::shard::fence::Fence;
+use compaction::ShardLog;
 
 /// How long a handoff waits for requests holding the shard before it fences them out.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
@@ -67,6 +72,11 @@ pub struct Cluster {
     /// Shards an operator moved here (`nokv admin shard move`): rebalancing hands off others
     /// first, so a move is not undone by the next balance step.
     pinned: parking_lot::Mutex<std::collections::HashSet<u32>>,
+    /// `--metadata-durability` and its cadences.
+    durability: Durability,
+    /// Provider durability: the shards whose records name this node's current log stream
+    /// (see [`compaction`]).
+    logs: parking_lot::Mutex<HashMap<u32, ShardLog>>,
 }
 
 /// Where a newly acquired shard's data comes from.
@@ -137,6 +147,7 @@ impl Cluster {
         settings: EtcdSettings,
         control: Arc<EtcdControl>,
         routes: Arc<ClusterRoutes>,
+        durability: Durability,
     ) -> Arc<Cluster> {
         let cluster = Arc::new(Cluster {
             node,
@@ -146,6 +157,8 @@ impl Cluster {
             kick: Notify::new(),
             moving: tokio::sync::Mutex::new(()),
             pinned: Default::default(),
+            durability,
+            logs: Default::default(),
         });
         let coordinator: Arc<dyn Coordinator> = cluster.clone();
         cluster.node.attach_coordinator(&coordinator);
@@ -180,6 +193,7 @@ impl Cluster {
     /// lease lapses, then rejoins.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         tokio::spawn(self.clone().watch_changes(stop.clone()));
+        tokio::spawn(self.clone().compact_loop(stop.clone()));
         let period = self.settings.node_ttl / 3;
         let mut fenced = self.node.committer().replica().map(|r| r.fenced());
         loop {
@@ -417,7 +431,28 @@ impl Cluster {
             }),
             None => None,
         };
-        control.record_state(shard, base.clone(), log).await?;
+        control
+            .record_state(shard, base.clone(), log.clone())
+            .await?;
+        if let Some(log) = log {
+            // What was sent for the shard so far (its epoch's adoption, acknowledged before
+            // this) lies below `from_seq`: the log proper starts empty.
+            if let Some(r) = replica {
+                r.checkpointed(shard, u64::MAX);
+            }
+            let base = base
+                .clone()
+                .or_else(|| previous.and_then(|r| r.checkpoint.clone()));
+            self.logs.lock().insert(
+                shard,
+                ShardLog {
+                    from_seq: log.from_seq,
+                    base,
+                    since: Instant::now(),
+                    held: true,
+                },
+            );
+        }
         if base.is_some()
             && let Some(old) = previous.and_then(|r| r.checkpoint.as_ref())
             && let Err(e) = checkpoint::discard(&self.node.provider, &old.key).await
@@ -465,6 +500,13 @@ impl Cluster {
         if let Some(r) = self.node.committer().replica() {
             r.release(shard);
         }
+        // Released with a checkpoint, the record no longer names this node's log; without
+        // one it still does, and the segments stay.
+        if checkpoint.is_some() {
+            self.logs.lock().remove(&shard);
+        } else if let Some(l) = self.logs.lock().get_mut(&shard) {
+            l.held = false;
+        }
         drop(held);
         let released = control
             .release(
@@ -500,17 +542,32 @@ impl Cluster {
         shard: u32,
         epoch: Epoch,
     ) -> Result<CheckpointRef> {
+        Ok(self.take_checkpoint_covering(held, shard, epoch).await?.0)
+    }
+
+    /// [`Cluster::take_checkpoint`] and the sequence number it covers the node's log below
+    /// (see [`crate::shard::gate::Gate::snapshot_covering`]).
+    async fn take_checkpoint_covering(
+        &self,
+        held: &Arc<Shard>,
+        shard: u32,
+        epoch: Epoch,
+    ) -> Result<(CheckpointRef, u64)> {
         let scratch = self.node.scratch_path(shard);
         let c = checkpoint::take(held, &self.node.provider, epoch, &scratch).await?;
-        Ok(CheckpointRef {
-            key: c.key,
-            sha256: c.sha256,
-            size: c.size,
-            epoch,
-            created_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-        })
+        let covers = c.covers;
+        Ok((
+            CheckpointRef {
+                key: c.key,
+                sha256: c.sha256,
+                size: c.size,
+                epoch,
+                created_unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+            },
+            covers,
+        ))
     }
 
     /// `nokv admin shard move S NODE`: hands `shard` to node `to` and answers once the routes
@@ -622,6 +679,8 @@ impl Cluster {
         for shard in &dropped {
             self.node.remove(*shard);
         }
+        // The next membership writes a new stream; the old one is the sweep's.
+        self.logs.lock().clear();
         tracing::error!(
             ?dropped,
             "lease lapsed: serving nothing; rejoining the cluster"
@@ -712,6 +771,7 @@ fn to_checkpoint(c: &CheckpointRef) -> Checkpoint {
         key: c.key.clone(),
         sha256: c.sha256.clone(),
         size: c.size,
+        covers: 0,
     }
 }
 
@@ -845,7 +905,38 @@ mod tests {
             }),
             changed,
             target: None,
+            log: None,
         }
+    }
+
+    #[test]
+    fn a_lapsed_owner_whose_log_is_in_the_provider_is_loaded_from_checkpoint_and_log() {
+        let mut r = record(ShardState::Serving, 5, true, Some(4));
+        r.log = Some(LogRef {
+            stream: "a.0000000000000007".into(),
+            from_seq: 90,
+        });
+        assert!(matches!(
+            Source::of(Some(&r)),
+            Source::Provider { checkpoint: Some(c), log, epoch: 5 } if c.epoch == 4 && log.from_seq == 90
+        ));
+        // Also when it released without a checkpoint: the log still holds what it wrote.
+        r.state = ShardState::Handoff;
+        r.checkpoint = None;
+        assert!(matches!(
+            Source::of(Some(&r)),
+            Source::Provider {
+                checkpoint: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_lapsed_owner_that_recorded_a_checkpoint_of_its_own_epoch_and_changed_nothing_is_loaded_from_it()
+     {
+        let clean = record(ShardState::Serving, 5, false, Some(5));
+        assert!(matches!(Source::of(Some(&clean)), Source::Checkpoint(c) if c.epoch == 5));
     }
 
     #[test]
