@@ -490,4 +490,6 @@ impl Gate {
 }
 
 #[cfg(test)]
+mod replica_tests;
+#[cfg(test)]
 mod tests;

@@ -1,0 +1,152 @@
+//! The gate with provider durability (issue 45): a batch is shown and answered only after its
+//! segment was created in the node's log stream; a segment whose answer was lost is sent
+//! again byte for byte; a deposed writer (its stream fenced) acknowledges nothing more. The
+//! provider is an in-memory store behind the fault-injecting fake (`object::fault`), which
+//! holds, refuses or loses creates on command — ordered interleavings, no timing.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::object::ObjectProvider;
+use crate::object::fault::{Faults, FaultyStore};
+use crate::provider_log::{LogWriter, StreamId, stream};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    faults: Faults,
+    /// The same bucket without faults: what another node sees.
+    clean: ObjectProvider,
+    writer: Arc<LogWriter>,
+    gate: Arc<Gate>,
+}
+
+fn stream_id(incarnation: u64) -> StreamId {
+    StreamId {
+        node: "n1".into(),
+        incarnation,
+    }
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let faults = Faults::default();
+    let faulty: Arc<dyn object_store::ObjectStore> =
+        Arc::new(FaultyStore::new(mem.clone(), faults.clone()));
+    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
+    let clean = ObjectProvider::from_stores("memory", "t".into(), mem.clone(), mem);
+    let writer = Arc::new(LogWriter::new(
+        provider,
+        tokio::runtime::Handle::current(),
+        std::time::Duration::ZERO,
+    ));
+    writer.begin(stream_id(1));
+    writer.hold(0, 1);
+    let meta = MetaStore::create(&dir.path().join("g.redb")).unwrap();
+    let committer = Committer::start_with(meta, "t".into(), Some(writer.clone()));
+    let gate = Arc::new(Gate::on(committer, Tables::canonical(), Fence::local(0)));
+    Fixture {
+        _dir: dir,
+        faults,
+        clean,
+        writer,
+        gate,
+    }
+}
+
+fn put(gate: &Arc<Gate>, name: &str) -> tokio::task::JoinHandle<Result<()>> {
+    let (gate, name) = (gate.clone(), name.to_string());
+    tokio::spawn(async move {
+        gate.write(move |w| Ok(w.put_inline("ws", &name, b"x")?))
+            .await
+    })
+}
+
+/// Waits until one segment create is held at the fake provider (bounded: a regression that
+/// sends none fails here instead of hanging).
+async fn one_held(faults: &Faults) {
+    tokio::time::timeout(std::time::Duration::from_secs(30), faults.wait_held(1))
+        .await
+        .expect("no segment create reached the provider");
+}
+
+async fn visible(gate: &Gate, name: &str) -> bool {
+    let name = name.to_string();
+    gate.read(move |r| Ok(r.inline("ws", &name)?.is_some()))
+        .await
+        .unwrap()
+}
+
+// Catches: answering or showing a batch after the local fsync alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_shown_and_answered_only_after_its_segment_was_created() {
+    let f = fixture();
+    f.faults.hold_creates();
+    let pending = put(&f.gate, "a");
+    one_held(&f.faults).await;
+    assert!(
+        !pending.is_finished(),
+        "answered before its segment was created"
+    );
+    assert!(
+        !visible(&f.gate, "a").await,
+        "shown before its segment was created"
+    );
+    f.faults.release(1);
+    pending.await.unwrap().unwrap();
+    assert!(visible(&f.gate, "a").await);
+    let tail = stream::read(&f.clean, &stream_id(1), 0).await.unwrap();
+    assert_eq!(tail.segments.len(), 1);
+    assert_eq!(f.writer.stats().segments, 1);
+}
+
+// Catches: skipping a segment whose outcome is unknown (a gap would end the stream there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_whose_answer_was_lost_is_sent_again_and_lands_once() {
+    let f = fixture();
+    f.faults.lose_next_response();
+    put(&f.gate, "a").await.unwrap().unwrap();
+    f.faults.refuse_next();
+    put(&f.gate, "b").await.unwrap().unwrap();
+    let stats = f.writer.stats();
+    assert_eq!((stats.segments, stats.puts), (2, 4));
+    let tail = stream::read(&f.clean, &stream_id(1), 0).await.unwrap();
+    assert_eq!(tail.segments.len(), 2, "{tail:?}");
+    assert_eq!(tail.segments[1].first, tail.segments[0].last + 1);
+}
+
+// Catches: a writer that goes on acknowledging after its stream was fenced (the deposed
+// owner of issue 45), or one that writes into the fenced stream again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_writer_acknowledges_nothing_once_its_stream_is_fenced() {
+    let f = fixture();
+    put(&f.gate, "a").await.unwrap().unwrap();
+    let mut fenced = f.writer.fenced();
+    // The next segment is in flight when another node fences the stream at its end.
+    f.faults.hold_creates();
+    let pending = put(&f.gate, "b");
+    one_held(&f.faults).await;
+    let at = stream::fence(&f.clean, &stream_id(1), 0, "n2", 0, 2)
+        .await
+        .unwrap();
+    f.faults.release(1);
+    let refused = pending.await.unwrap();
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains("deposed")),
+        "{refused:?}"
+    );
+    fenced.changed().await.unwrap();
+    // Nothing more is sent into the fenced stream, and nothing is acknowledged (the store is
+    // out of service until a batch succeeds again, which takes a new stream).
+    let creates = f.faults.creates();
+    assert!(put(&f.gate, "c").await.unwrap().is_err());
+    assert_eq!(f.faults.creates(), creates, "wrote into a fenced stream");
+    let tail = stream::read(&f.clean, &stream_id(1), 0).await.unwrap();
+    assert_eq!((tail.next, tail.segments.len()), (at, 1));
+    // A new incarnation writes a new stream.
+    f.writer.begin(stream_id(2));
+    f.writer.hold(0, 3);
+    put(&f.gate, "d").await.unwrap().unwrap();
+    let fresh = stream::read(&f.clean, &stream_id(2), 0).await.unwrap();
+    assert_eq!(fresh.segments.len(), 1);
+}
