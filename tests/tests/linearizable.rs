@@ -8,9 +8,10 @@
 //! checked: operations, keys, faults, unknown outcomes and the largest memo of the search.
 //!
 //! * The embedded daemon: killed (-9) and restarted on its data dir three times.
-//! * A 3-node cluster (local durability): the workspace's shard is moved gracefully, its owner
-//!   is paused (SIGSTOP) past its lease and resumed, then killed (-9) and restarted; the
-//!   clients reach every node and follow the owner hints.
+//! * A 3-node cluster with provider durability (the cluster default): the workspace's shard
+//!   is moved gracefully, its owner is paused (SIGSTOP) past its lease and resumed (another
+//!   node fences its log and takes the shard over), then killed (-9), its data dir deleted, and
+//!   restarted empty; the clients reach every node and follow the owner hints.
 //!
 //! `NOKV_LIN_DEBUG=1` prints every error taken as an unknown outcome (why a run stalls).
 
@@ -315,7 +316,7 @@ fn histories_of_reads_writes_conditional_writes_and_deletes_under_kill_9_are_lin
 }
 
 #[test]
-fn histories_on_a_three_node_cluster_through_a_move_a_pause_past_the_lease_and_a_kill_9_are_linearizable()
+fn histories_on_a_three_node_provider_durability_cluster_through_a_move_a_pause_past_the_lease_and_a_kill_9_with_its_disk_deleted_are_linearizable()
  {
     let rt = runtime();
     let c = Cluster::new("lin");
@@ -383,9 +384,12 @@ fn histories_on_a_three_node_cluster_through_a_move_a_pause_past_the_lease_and_a
         "linearizable: {:?} killing the owner",
         shared.origin.elapsed()
     );
-    // 3. Its owner killed (-9) and restarted on its data dir.
+    // 3. Its owner killed (-9), its data dir deleted, and restarted empty: the shard's state
+    // comes back from the provider alone.
     let owner = index(&owner_of(&c.view().unwrap()));
     let spec = c.kill9(nodes.remove(owner));
+    std::fs::remove_dir_all(&spec.data_dir).expect("wipe the killed owner's data dir");
+    std::fs::create_dir_all(&spec.data_dir).unwrap();
     nodes.insert(owner, c.start(spec));
     c.wait_until("the shard is served again after the kill", |v| {
         v.shard(shard).owner_alive && v.shard(shard).state == "serving"
@@ -394,6 +398,7 @@ fn histories_on_a_three_node_cluster_through_a_move_a_pause_past_the_lease_and_a
     clients.join(&rt);
     check(
         &shared,
-        "a shard move, its owner paused past the lease and resumed, its owner killed -9 and restarted",
+        "a shard move, its owner paused past the lease and resumed, its owner killed -9 and its \
+         data dir deleted",
     );
 }

@@ -7,8 +7,9 @@
 //! * an owner key under this node's lease that the owned table does not know (an acquisition
 //!   whose answer was lost) is adopted, never re-acquired;
 //! * a shard with an owner key is never taken; a shard without one only when [`takeable`]
-//!   admits it, so an acknowledged write is never lost to a takeover (a changed shard waits
-//!   for its owner, a handoff without checkpoint for its last owner);
+//!   admits it, so an acknowledged write is never lost to a takeover (a shard whose log is in
+//!   the provider is taken by anyone, who fences and replays it; under local durability a
+//!   changed shard waits for its owner, a handoff without checkpoint for its last owner);
 //! * the step never releases anything: it only reports a surplus, which the caller hands off
 //!   gracefully (checkpoint, then [`EtcdControl::release`]).
 

@@ -49,8 +49,9 @@ pub enum ShardState {
 /// `shards/<s>/record`: the shard's durable ownership record (no lease).
 ///
 /// `owner`/`endpoint` name the current owner while `Serving`/`Draining`, and the last owner in
-/// `Handoff`. A record still `Serving` whose owner key is gone means its owner crashed: the
-/// balance step leaves it for that node to take back (crash failover is a later issue).
+/// `Handoff`. A record still `Serving` whose owner key is gone means its owner crashed: any node
+/// takes it over when its log is in the provider (`log`), else the balance step leaves it for
+/// that node to take back (local durability).
 /// `checkpoint` is the snapshot recorded by the last graceful release, if any.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardRecord {
