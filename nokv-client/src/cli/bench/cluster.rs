@@ -36,7 +36,7 @@ use super::harness::{
 /// Cluster name of the bench cluster.
 const CLUSTER: &str = "bench";
 /// Bucket of the cluster (the embedded daemon uses moto's default bucket).
-const CLUSTER_BUCKET: &str = "nokv-bench-cluster";
+pub(super) const CLUSTER_BUCKET: &str = "nokv-bench-cluster";
 /// Bound on waiting for a cluster state (joining, balancing through checkpoints).
 const SETTLE_DEADLINE: Duration = Duration::from_secs(180);
 /// Pause between two reads of the cluster view while waiting.
@@ -63,13 +63,13 @@ fn local(msg: impl Into<String>) -> ClientError {
 }
 
 /// The shared pieces of a bench cluster: the TLS directory every daemon uses.
-struct ClusterDir {
+pub(super) struct ClusterDir {
     dir: PathBuf,
 }
 
 impl ClusterDir {
     /// `nokv-server cluster init --dir DIR --host 127.0.0.1`.
-    fn init(server_bin: &Path, dir: PathBuf) -> Result<ClusterDir> {
+    pub(super) fn init(server_bin: &Path, dir: PathBuf) -> Result<ClusterDir> {
         let out = Command::new(server_bin)
             .args(["cluster", "init", "--dir"])
             .arg(&dir)
@@ -86,7 +86,7 @@ impl ClusterDir {
     }
 
     /// A client of `endpoints` (comma-separated) with the cluster's admin token.
-    async fn admin(&self, endpoints: &str) -> Result<Client> {
+    pub(super) async fn admin(&self, endpoints: &str) -> Result<Client> {
         let token = std::fs::read_to_string(self.dir.join("admin.token"))
             .map_err(|e| local(format!("admin.token: {e}")))?;
         Client::connect(&ResolvedConfig {
@@ -100,7 +100,7 @@ impl ClusterDir {
 
 /// Starts one daemon on a fixed loopback port with the cluster directory's identity; with
 /// `etcd`, as node `id` of the bench cluster, else embedded (the only difference).
-fn start_daemon(
+pub(super) fn start_daemon(
     env: &BenchEnv,
     scratch: &Scratch,
     c: &ClusterDir,
@@ -132,7 +132,7 @@ fn start_daemon(
 
 /// Polls the cluster view until `ok` holds; fails with the last view's summary after
 /// [`SETTLE_DEADLINE`]. Errors while polling (a node between states) are retried.
-async fn wait_view(
+pub(super) async fn wait_view(
     admin: &Client,
     what: &str,
     ok: impl Fn(&pb::ClusterResponse) -> bool,
@@ -166,7 +166,7 @@ fn describe(view: &pb::ClusterResponse) -> String {
 
 /// Every shard serving under a live owner among `nodes`, every node holding
 /// floor or ceil of shards/nodes, and no other node alive.
-fn settled(view: &pb::ClusterResponse, nodes: &[&str]) -> bool {
+pub(super) fn settled(view: &pb::ClusterResponse, nodes: &[&str]) -> bool {
     let alive: Vec<&str> = view
         .nodes
         .iter()

@@ -15,6 +15,7 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Certificate, Channel, Endpoint};
 
 use super::cpu::{self, CpuMeter, CpuPerOp};
+use super::durability::{Durability, ProviderNode, provider_fields};
 use super::harness::{Daemon, Etcd, Moto, Result, Scratch, Summary, f2, print_table, summarize};
 use super::loops::random_data;
 
@@ -233,10 +234,18 @@ pub(super) fn print_pids(daemon: &Daemon, etcd: &Etcd) {
     );
 }
 
-pub async fn put_vs_etcd(env: &BenchEnv, client_counts: &[usize]) -> Result<Value> {
+pub async fn put_vs_etcd(
+    env: &BenchEnv,
+    client_counts: &[usize],
+    durability: Durability,
+) -> Result<Value> {
     let scratch = Scratch::new(&env.work_dir, "put-vs-etcd")?;
     let daemon = env.daemon(&scratch, &[])?;
     let etcd = Etcd::start(&scratch.0)?;
+    let provider = match durability {
+        Durability::Provider => Some(ProviderNode::start(env, &scratch, &etcd).await?),
+        Durability::Local => None,
+    };
     print_pids(&daemon, &etcd);
     let mut rows = Vec::new();
     let mut results = Vec::new();
@@ -244,8 +253,7 @@ pub async fn put_vs_etcd(env: &BenchEnv, client_counts: &[usize]) -> Result<Valu
         let (nokv, nokv_cpu) = nokv_writes(&daemon, clients, env.seconds).await?;
         let (etcd_s, etcd_cpu) = etcd_writes(&etcd, clients, env.seconds).await?;
         rows.push(cpu_row("nokv", clients, &nokv, &nokv_cpu));
-        rows.push(cpu_row("etcd", clients, &etcd_s, &etcd_cpu));
-        results.push(json!({
+        let mut result = json!({
             "clients": clients, "nokv": nokv, "etcd": etcd_s,
             "p50_ratio_nokv_over_etcd": nokv.p50_ms / etcd_s.p50_ms,
             "p99_ratio_nokv_over_etcd": nokv.p99_ms / etcd_s.p99_ms,
@@ -254,7 +262,19 @@ pub async fn put_vs_etcd(env: &BenchEnv, client_counts: &[usize]) -> Result<Valu
             "client_cpu_ms_per_op": nokv_cpu.client_cpu_ms_per_op,
             "etcd_cpu_ms_per_op": etcd_cpu.server_cpu_ms_per_op,
             "etcd_client_cpu_ms_per_op": etcd_cpu.client_cpu_ms_per_op,
-        }));
+        });
+        if let Some(p) = &provider {
+            let (s, cpu, puts) = p.writes(clients, env.seconds).await?;
+            rows.push(cpu_row(
+                &format!("nokv provider ({puts:.0} PUT/s)"),
+                clients,
+                &s,
+                &cpu,
+            ));
+            merge(&mut result, provider_fields(&nokv, &s, puts));
+        }
+        rows.push(cpu_row("etcd", clients, &etcd_s, &etcd_cpu));
+        results.push(result);
     }
     print_table(
         "put-vs-etcd: 4 KiB durable writes (nokv over TLS, etcd plaintext gRPC; same disk)",
@@ -269,8 +289,29 @@ pub async fn put_vs_etcd(env: &BenchEnv, client_counts: &[usize]) -> Result<Valu
             r["p99_ratio_nokv_over_etcd"].as_f64().unwrap_or(f64::NAN),
             r["ops_ratio_nokv_over_etcd"].as_f64().unwrap_or(f64::NAN)
         );
+        print_provider_ratio(r);
     }
     Ok(json!({"bench": "put-vs-etcd", "seconds": env.seconds, "results": results}))
+}
+
+/// The provider line of one result, if it was measured.
+fn print_provider_ratio(r: &Value) {
+    if let Some(ratio) = r["ops_ratio_provider_over_local"].as_f64() {
+        println!(
+            "    provider/local ops/s ratio {ratio:.2}, p50 ratio {:.2}; provider PUTs {:.0}/s",
+            r["p50_ratio_provider_over_local"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+            r["provider_puts_per_s"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+}
+
+/// Adds the fields of `extra` (an object) to `into` (an object).
+fn merge(into: &mut Value, extra: Value) {
+    if let (Some(into), Value::Object(extra)) = (into.as_object_mut(), extra) {
+        into.extend(extra);
+    }
 }
 
 pub async fn stat_vs_rpc(env: &BenchEnv) -> Result<Value> {
@@ -402,10 +443,14 @@ pub async fn upload_vs_direct(
 
 /// Small-write ops/s at 1, 8 and 64 sessions, nokv and etcd at each count in the same run
 /// (nokv first, then etcd, per count), with the nokv/etcd ratio per count.
-pub async fn scaling(env: &BenchEnv) -> Result<Value> {
+pub async fn scaling(env: &BenchEnv, durability: Durability) -> Result<Value> {
     let scratch = Scratch::new(&env.work_dir, "scaling")?;
     let daemon = env.daemon(&scratch, &[])?;
     let etcd = Etcd::start(&scratch.0)?;
+    let provider = match durability {
+        Durability::Provider => Some(ProviderNode::start(env, &scratch, &etcd).await?),
+        Durability::Local => None,
+    };
     print_pids(&daemon, &etcd);
     let mut rows = Vec::new();
     let mut results = Vec::new();
@@ -422,12 +467,22 @@ pub async fn scaling(env: &BenchEnv) -> Result<Value> {
         row.push(cpu::cell(cpu.server_cpu_ms_per_op));
         row.push(cpu::cell(cpu.client_cpu_ms_per_op));
         rows.push(row);
+        let mut extra = json!({});
+        if let Some(p) = &provider {
+            let (ps, pcpu, puts) = p.writes(sessions, env.seconds).await?;
+            let mut row = summary_row(&format!("nokv provider ({puts:.0} PUT/s)"), sessions, &ps);
+            row.push(f2(ps.ops_per_s / s.ops_per_s));
+            row.push(cpu::cell(pcpu.server_cpu_ms_per_op));
+            row.push(cpu::cell(pcpu.client_cpu_ms_per_op));
+            rows.push(row);
+            extra = provider_fields(&s, &ps, puts);
+        }
         let mut row = summary_row("etcd", sessions, &e);
         row.push(f2(e.ops_per_s / etcd_base));
         row.push(cpu::cell(etcd_cpu.server_cpu_ms_per_op));
         row.push(cpu::cell(etcd_cpu.client_cpu_ms_per_op));
         rows.push(row);
-        results.push(json!({
+        let mut result = json!({
             "sessions": sessions, "summary": s, "ops_ratio_vs_1": s.ops_per_s / base,
             "server_cpu_ms_per_op": cpu.server_cpu_ms_per_op,
             "client_cpu_ms_per_op": cpu.client_cpu_ms_per_op,
@@ -436,7 +491,9 @@ pub async fn scaling(env: &BenchEnv) -> Result<Value> {
             "etcd_client_cpu_ms_per_op": etcd_cpu.client_cpu_ms_per_op,
             "ops_ratio_nokv_over_etcd": s.ops_per_s / e.ops_per_s,
             "p50_ratio_nokv_over_etcd": s.p50_ms / e.p50_ms,
-        }));
+        });
+        merge(&mut result, extra);
+        results.push(result);
     }
     print_table(
         "scaling: 4 KiB small writes, one workspace per session (etcd: one connection per session)",
@@ -459,6 +516,7 @@ pub async fn scaling(env: &BenchEnv) -> Result<Value> {
             r["ops_ratio_nokv_over_etcd"].as_f64().unwrap_or(f64::NAN),
             r["p50_ratio_nokv_over_etcd"].as_f64().unwrap_or(f64::NAN)
         );
+        print_provider_ratio(r);
     }
     Ok(json!({"bench": "scaling", "seconds": env.seconds, "results": results}))
 }

@@ -4,6 +4,7 @@ mod agent_loop;
 mod cluster;
 mod compare;
 mod cpu;
+mod durability;
 mod harness;
 mod limits;
 mod loops;
@@ -49,6 +50,11 @@ pub enum BenchCommand {
         /// Concurrent clients per measurement, e.g. 1,8,64.
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         clients: Vec<usize>,
+        /// provider: also measure a node that acknowledges only once a write is durable in
+        /// the object provider (a one-node cluster on moto), beside local and etcd, with the
+        /// provider PUTs per second.
+        #[arg(long, value_enum, default_value = "local")]
+        metadata_durability: durability::Durability,
     },
     /// What bounds a 4 KiB put here, at each client count in one run: the store alone
     /// (`nokv-server store-bench`, no RPC), a bare TLS RPC (the transport's ceiling), a
@@ -83,6 +89,9 @@ pub enum BenchCommand {
     Scaling {
         #[command(flatten)]
         env: EnvArgs,
+        /// provider: also measure a provider-durability node (see put-vs-etcd).
+        #[arg(long, value_enum, default_value = "local")]
+        metadata_durability: durability::Durability,
     },
     /// Cluster mode's costs: put p50 of a one-node cluster vs the embedded daemon (alternating
     /// rounds), then shard handoff times between two nodes. Starts etcd, moto and the daemons.
@@ -180,9 +189,18 @@ pub async fn run(
             loops::upload(&connect().await?, &workspace, size_mib, pace, seconds).await;
             Ok(())
         }
-        BenchCommand::PutVsEtcd { env, clients } => {
+        BenchCommand::PutVsEtcd {
+            env,
+            clients,
+            metadata_durability,
+        } => {
             let e = env.env();
-            measured(&env.out, "put-vs-etcd", compare::put_vs_etcd(&e, &clients)).await
+            measured(
+                &env.out,
+                "put-vs-etcd",
+                compare::put_vs_etcd(&e, &clients, metadata_durability),
+            )
+            .await
         }
         BenchCommand::Limits { env, clients } => {
             let e = env.env();
@@ -202,9 +220,17 @@ pub async fn run(
             let bench = compare::upload_vs_direct(&e, size_mib, &providers, rounds);
             measured(&env.out, "upload-vs-direct", bench).await
         }
-        BenchCommand::Scaling { env } => {
+        BenchCommand::Scaling {
+            env,
+            metadata_durability,
+        } => {
             let e = env.env();
-            measured(&env.out, "scaling", compare::scaling(&e)).await
+            measured(
+                &env.out,
+                "scaling",
+                compare::scaling(&e, metadata_durability),
+            )
+            .await
         }
         BenchCommand::Cluster {
             env,
@@ -248,10 +274,10 @@ pub async fn run(
             let e = env.env();
             let all = async {
                 Ok(json!({
-                    "put_vs_etcd": compare::put_vs_etcd(&e, &[1, 8]).await?,
+                    "put_vs_etcd": compare::put_vs_etcd(&e, &[1, 8], durability::Durability::Local).await?,
                     "stat_vs_rpc": compare::stat_vs_rpc(&e).await?,
                     "upload_vs_direct": compare::upload_vs_direct(&e, 64, &["local".into(), "s3".into()], 2).await?,
-                    "scaling": compare::scaling(&e).await?,
+                    "scaling": compare::scaling(&e, durability::Durability::Local).await?,
                 }))
             };
             measured(&env.out, "all", all).await
