@@ -56,6 +56,8 @@ pub struct ClusterBench {
     pub moves: u32,
     /// Small files written into the moved shard before the moves.
     pub files: u32,
+    /// Owners to kill -9 in the failover measurement (0: skip it).
+    pub kills: u32,
 }
 
 fn local(msg: impl Into<String>) -> ClientError {
@@ -460,6 +462,32 @@ pub async fn run(env: &BenchEnv, bench: &ClusterBench) -> Result<(Value, String)
         Some(&etcd),
     )?;
     let handoff = handoffs(bench, &c, &[("n1", &n1), ("n2", &n2)]).await?;
+    drop((n1, n2));
+
+    let failover = if bench.kills > 0 {
+        // A cluster of its own (etcd, bucket), three nodes with a short lease.
+        let etcd = Etcd::start(&scratch.0.join("failover-etcd"))?;
+        let bucket = "nokv-bench-failover";
+        moto.create_bucket(bucket)?;
+        let provider = moto.server_args_for(bucket);
+        let mut nodes = Vec::new();
+        for id in ["f1", "f2", "f3"] {
+            let mut args = provider.clone();
+            args.extend([
+                "--node-ttl".to_string(),
+                super::failover::NODE_TTL.to_string(),
+            ]);
+            nodes.push((
+                id.to_string(),
+                start_daemon(env, &scratch, &c, id, args, Some(&etcd))?,
+            ));
+        }
+        eprintln!("failover: {} kills of a shard owner", bench.kills);
+        super::failover::failovers(env, &scratch, &c, &etcd, &provider, &mut nodes, bench.kills)
+            .await?
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "bench": "cluster",
@@ -467,6 +495,7 @@ pub async fn run(env: &BenchEnv, bench: &ClusterBench) -> Result<(Value, String)
         "rounds": bench.rounds,
         "put": put,
         "handoff": handoff,
+        "failover": failover,
     });
     Ok((report.clone(), text(env, bench, &report, &put_rows)))
 }
@@ -523,5 +552,22 @@ fn text(env: &BenchEnv, bench: &ClusterBench, report: &Value, put_rows: &[Vec<St
         "  checkpoint size {} B; {} of {} files found after the moves\n",
         h["checkpoint_size"], h["files_found_after_moves"], h["files"]
     ));
+    let f = &report["failover"];
+    if !f.is_null() {
+        out.push_str(&table(
+            &format!(
+                "cluster failover: kill -9 of a shard's owner ({} times, node TTL {} s, data dir \
+                 deleted), time to the first write acknowledged after the kill",
+                f["kills"], f["node_ttl_s"]
+            ),
+            &["timing", "min ms", "median ms", "max ms"],
+            &[vec![
+                "kill -9 -> first ack".to_string(),
+                f2(num(&f["min_ms"])),
+                f2(num(&f["median_ms"])),
+                f2(num(&f["max_ms"])),
+            ]],
+        ));
+    }
     out
 }

@@ -5,6 +5,7 @@ mod cluster;
 mod compare;
 mod cpu;
 mod durability;
+mod failover;
 mod harness;
 mod limits;
 mod loops;
@@ -111,6 +112,10 @@ pub enum BenchCommand {
         /// Small files (1 KiB) written into the moved shard before the moves.
         #[arg(long, default_value_t = 400)]
         files: u32,
+        /// Crash failovers to time on a 3-node provider-durability cluster: the owner of a
+        /// workspace's shard is killed (-9) and its data dir deleted; 0 skips them.
+        #[arg(long, default_value_t = 10)]
+        kills: u32,
     },
     /// An agent's loop (grep a regex, read the matching file, edit it, stat it) with grep and
     /// edit done by the server vs the same loop done client-side (list + read every file + a
@@ -238,12 +243,14 @@ pub async fn run(
             rounds,
             moves,
             files,
+            kills,
         } => {
             let bench = cluster::ClusterBench {
                 clients,
                 rounds,
                 moves,
                 files,
+                kills,
             };
             let (report, text) = cluster::run(&env.env(), &bench).await?;
             let path = harness::save_report(&env.out, "cluster", &report)?;
