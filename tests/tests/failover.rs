@@ -458,3 +458,17 @@ fn checkpoints_keep_each_log_stream_bounded_and_a_takeover_replays_only_the_tail
         assert!(got.data == a.body, "{}:{} differs", a.ws, a.path);
     }
 }
+
+// Catches: a single node that claims provider durability while nothing could rebuild it from
+// the bucket (it would acknowledge writes into a log no record names).
+#[test]
+fn provider_durability_without_etcd_is_refused_at_start_up_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let (status, _stdout, stderr) =
+        nokv_tests::Daemon::start_refused_in(dir.path(), &["--metadata-durability", "provider"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--metadata-durability provider needs --etcd"),
+        "{stderr}"
+    );
+}

@@ -528,3 +528,70 @@ fn tls_dir_needs_a_host_or_node_id_to_choose_its_certificate() {
     assert!(e.0.contains("--advertise"), "{e}");
     assert!(resolve(&["--tls-dir", "/c", "--node-id", "n1"]).is_ok());
 }
+
+#[test]
+fn metadata_durability_is_local_on_the_embedded_default_and_provider_in_a_cluster() {
+    let s = resolve(&[]).unwrap();
+    assert_eq!(s.durability.mode, DurabilityMode::Local);
+    assert_eq!(s.durability.log_flush_interval, Duration::ZERO);
+    assert_eq!(
+        s.durability.checkpoint_interval,
+        DEFAULT_CHECKPOINT_INTERVAL
+    );
+    assert_eq!(
+        resolve(&FULL).unwrap().durability.mode,
+        DurabilityMode::Provider
+    );
+    let mut args = FULL.to_vec();
+    args.extend(["--metadata-durability", "local"]);
+    assert_eq!(
+        resolve(&args).unwrap().durability.mode,
+        DurabilityMode::Local
+    );
+    let d = resolve(&[
+        "--metadata-durability",
+        "provider",
+        "--log-flush-interval",
+        "5ms",
+        "--checkpoint-interval",
+        "1m",
+    ])
+    .unwrap()
+    .durability;
+    assert_eq!(
+        (d.mode, d.log_flush_interval, d.checkpoint_interval),
+        (
+            DurabilityMode::Provider,
+            Duration::from_millis(5),
+            Duration::from_secs(60)
+        )
+    );
+}
+
+#[test]
+fn metadata_durability_comes_from_the_toml_file_and_bad_values_are_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(
+        &file,
+        "metadata_durability = \"provider\"\nlog_flush_interval = \"2ms\"\n",
+    )
+    .unwrap();
+    let d = resolve(&["--config", file.to_str().unwrap()])
+        .unwrap()
+        .durability;
+    assert_eq!(
+        (d.mode, d.log_flush_interval),
+        (DurabilityMode::Provider, Duration::from_millis(2))
+    );
+    for (flag, value) in [
+        ("--metadata-durability", "disk"),
+        ("--log-flush-interval", "2s"),
+        ("--log-flush-interval", "soon"),
+        ("--checkpoint-interval", "0s"),
+    ] {
+        let e = resolve(&[flag, value]).unwrap_err();
+        assert!(e.0.contains(flag), "{flag} {value}: {}", e.0);
+        assert!(!e.0.contains('\n'));
+    }
+}
