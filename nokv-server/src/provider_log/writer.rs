@@ -15,8 +15,10 @@
 //!   until the node begins a new incarnation ([`LogWriter::begin`]), which starts a new
 //!   stream: a fenced stream is never written again.
 //!
-//! One caller at a time: the acknowledger thread (the committer never answers a batch itself
-//! in this mode), so the stream's end is not raced.
+//! Segments are prepared by one caller at a time — the acknowledger thread (the committer never
+//! answers a batch itself in this mode) — in sequence order, so each one's range follows the
+//! previous one's; several may then be in flight at once, and the acknowledger answers them
+//! strictly in that order, each only after it and every earlier one was created.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -204,59 +206,74 @@ impl LogWriter {
 
     /// Makes `records` (consecutive batches, in sequence order, already durable locally)
     /// durable in the provider as one segment; blocks until it is, or until the stream is
-    /// known fenced (see the module doc).
+    /// known fenced (see the module doc). [`LogWriter::prepare`] then [`LogWriter::send`].
     pub fn append(&self, records: &[Outgoing<'_>]) -> Result<(), WriteError> {
+        match self.prepare(records)? {
+            None => Ok(()),
+            Some(segment) => self.runtime.block_on(self.send(segment)),
+        }
+    }
+
+    /// Frames `records` as the stream's next segment and reserves its range: the next
+    /// segment starts after it whether or not this one is sent yet, so several may be in
+    /// flight (the acknowledger answers them strictly in order). Counts the records against
+    /// their shards now ([`LogWriter::bytes_since`]), so a record in flight is never taken
+    /// for an idle shard's. `None` for no records.
+    pub fn prepare(&self, records: &[Outgoing<'_>]) -> Result<Option<Prepared>, WriteError> {
         let Some(last) = records.last().map(|r| r.seq) else {
-            return Ok(());
+            return Ok(None);
         };
-        let (stream, segment) = {
-            let s = self.state.lock();
-            let stream = s.stream.clone().ok_or(WriteError::NoStream)?;
-            if s.fenced {
-                return Err(WriteError::Fenced(LogError::Fenced {
-                    stream: stream.name(),
-                    at: s.next,
-                    by: "(earlier)".into(),
-                }));
+        let mut s = self.state.lock();
+        let stream = s.stream.clone().ok_or(WriteError::NoStream)?;
+        if s.fenced {
+            return Err(WriteError::Fenced(LogError::Fenced {
+                stream: stream.name(),
+                at: s.next,
+                by: "(earlier)".into(),
+            }));
+        }
+        let touched: BTreeSet<u32> = records.iter().flat_map(|r| r.shards.clone()).collect();
+        let segment = Segment {
+            kind: Kind::Records,
+            node: stream.node.clone(),
+            incarnation: stream.incarnation,
+            first: s.next,
+            last: last.max(s.next),
+            shards: touched
+                .into_iter()
+                .map(|shard| (shard, s.epochs.get(&shard).copied().unwrap_or(0)))
+                .collect(),
+            body: encode_records(records.iter().map(|r| (r.seq, r.payload))),
+        };
+        s.next = segment.last + 1;
+        for r in records {
+            for shard in &r.shards {
+                if let Some(n) = s.since.get_mut(shard) {
+                    *n += r.payload.len() as u64;
+                }
             }
-            let touched: BTreeSet<u32> = records.iter().flat_map(|r| r.shards.clone()).collect();
-            let segment = Segment {
-                kind: Kind::Records,
-                node: stream.node.clone(),
-                incarnation: stream.incarnation,
-                first: s.next,
-                last: last.max(s.next),
-                shards: touched
-                    .into_iter()
-                    .map(|shard| (shard, s.epochs.get(&shard).copied().unwrap_or(0)))
-                    .collect(),
-                body: encode_records(records.iter().map(|r| (r.seq, r.payload))),
-            };
-            (stream, segment)
-        };
-        let bytes = Bytes::from(segment.encode());
+        }
+        Ok(Some(Prepared {
+            stream,
+            first: segment.first,
+            bytes: Bytes::from(segment.encode()),
+        }))
+    }
+
+    /// Sends a prepared segment until it is known created (an attempt whose outcome is
+    /// unknown is sent again, byte for byte) or the stream is known fenced, or the writer is
+    /// closed meanwhile.
+    pub async fn send(&self, segment: Prepared) -> Result<(), WriteError> {
+        let Prepared {
+            stream,
+            first,
+            bytes,
+        } = segment;
         let mut pause = RETRY_FIRST;
         loop {
             self.puts.fetch_add(1, Ordering::AcqRel);
-            let sent = self.runtime.block_on(stream::append_encoded(
-                &self.provider,
-                &stream,
-                segment.first,
-                &bytes,
-            ));
-            match sent {
+            match stream::append_encoded(&self.provider, &stream, first, &bytes).await {
                 Ok(()) => {
-                    let mut s = self.state.lock();
-                    if s.stream.as_ref() == Some(&stream) {
-                        s.next = segment.last + 1;
-                        for r in records {
-                            for shard in &r.shards {
-                                if let Some(n) = s.since.get_mut(shard) {
-                                    *n += r.payload.len() as u64;
-                                }
-                            }
-                        }
-                    }
                     self.segments.fetch_add(1, Ordering::AcqRel);
                     self.bytes.fetch_add(bytes.len() as u64, Ordering::AcqRel);
                     return Ok(());
@@ -278,10 +295,23 @@ impl LogWriter {
                     tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "provider log segment not known durable; sending it again");
                     // A retry backoff against a provider that did not answer, not a wait for
                     // an event: there is no signal for "the provider is back".
-                    std::thread::sleep(pause);
+                    tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_MAX);
                 }
             }
         }
     }
+
+    /// The runtime segments are sent on.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+}
+
+/// A segment framed and given its range by [`LogWriter::prepare`], to be sent by
+/// [`LogWriter::send`].
+pub struct Prepared {
+    stream: StreamId,
+    first: u64,
+    bytes: Bytes,
 }

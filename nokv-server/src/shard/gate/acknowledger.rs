@@ -70,27 +70,143 @@ pub(super) fn run(
     stages: std::sync::mpsc::Receiver<Stage>,
     wake: mpsc::WeakUnboundedSender<Job>,
 ) {
-    let gather = slot
-        .replica
-        .as_ref()
-        .map_or(std::time::Duration::ZERO, |r| r.flush_interval());
+    if let Some(replica) = slot.replica.clone() {
+        return run_replicated(slot, name, stages, wake, &replica);
+    }
     while let Ok(first) = stages.recv() {
         let mut round = vec![first];
-        // `--log-flush-interval`: fewer, larger segments (fewer PUTs) for some latency.
-        let until = std::time::Instant::now() + gather;
-        while let Some(left) = until.checked_duration_since(std::time::Instant::now())
-            && !left.is_zero()
-        {
-            match stages.recv_timeout(left) {
-                Ok(stage) => round.push(stage),
-                Err(_) => break,
-            }
-        }
         round.extend(stages.try_iter());
         let handled = round.len();
         handle(slot, name, round, &wake);
         // Only now may the committer answer a lone batch itself (see `handoff::hand_over`).
         slot.handed_over.fetch_sub(handled, Ordering::AcqRel);
+    }
+}
+
+/// Segments a node may have in flight to the provider at once (provider durability).
+const IN_FLIGHT: usize = 4;
+
+/// A round whose records are durable locally and whose segment may still be in flight.
+struct InFlight {
+    round: Vec<Stage>,
+    /// Stages of the round (for `handed_over`).
+    handled: usize,
+    sent: Sent,
+}
+
+enum Sent {
+    /// Known already: a local append failed, or there was nothing to send.
+    Done(Result<(), String>),
+    /// The segment's send, on the writer's runtime.
+    Pending(tokio::task::JoinHandle<Result<(), String>>),
+}
+
+/// [`run`] with provider durability: each round is appended to the local log and its segment
+/// prepared (its range reserved, in order) and sent; up to [`IN_FLIGHT`] segments travel at
+/// once, and rounds are shown and answered strictly in order, each once its own segment and
+/// every earlier one were created. A failed round fails every round in flight behind it (a
+/// later segment may land beyond a fence: it is never acknowledged).
+fn run_replicated(
+    slot: &Slot,
+    name: &str,
+    stages: std::sync::mpsc::Receiver<Stage>,
+    wake: mpsc::WeakUnboundedSender<Job>,
+    replica: &std::sync::Arc<crate::provider_log::LogWriter>,
+) {
+    let gather = replica.flush_interval();
+    let mut inflight: std::collections::VecDeque<InFlight> = Default::default();
+    let mut open = true;
+    while open || !inflight.is_empty() {
+        let mut round = Vec::new();
+        if open && inflight.is_empty() {
+            match stages.recv() {
+                Ok(first) => round.push(first),
+                Err(_) => open = false,
+            }
+            // `--log-flush-interval`: fewer, larger segments (fewer PUTs) for some latency.
+            let until = std::time::Instant::now() + gather;
+            while let Some(left) = until.checked_duration_since(std::time::Instant::now())
+                && !left.is_zero()
+                && open
+            {
+                match stages.recv_timeout(left) {
+                    Ok(stage) => round.push(stage),
+                    Err(_) => break,
+                }
+            }
+        }
+        if open {
+            round.extend(stages.try_iter());
+        }
+        if !round.is_empty() {
+            let handled = round.len();
+            let sent = start(&round, replica);
+            inflight.push_back(InFlight {
+                round,
+                handled,
+                sent,
+            });
+            if inflight.len() < IN_FLIGHT {
+                continue;
+            }
+        }
+        let Some(mut oldest) = inflight.pop_front() else {
+            continue;
+        };
+        let outcome = match &mut oldest.sent {
+            Sent::Done(outcome) => outcome.clone(),
+            Sent::Pending(send) => {
+                // While there is room for another segment, a stage handed over meanwhile
+                // starts it rather than wait for this one.
+                let room = open && inflight.len() + 1 < IN_FLIGHT;
+                let done = replica.runtime().block_on(async {
+                    tokio::select! {
+                        r = &mut *send => Some(r),
+                        _ = slot.staged.notified(), if room => None,
+                    }
+                });
+                match done {
+                    Some(r) => r.unwrap_or_else(|e| Err(format!("the segment's send ended: {e}"))),
+                    None => {
+                        inflight.push_front(oldest);
+                        continue;
+                    }
+                }
+            }
+        };
+        let failed = outcome.is_err();
+        finish(slot, name, oldest.round, outcome.clone(), &wake);
+        slot.handed_over.fetch_sub(oldest.handled, Ordering::AcqRel);
+        if failed {
+            // Nothing behind a failed round may be acknowledged.
+            let reason = outcome.err().unwrap_or_default();
+            for later in inflight.drain(..) {
+                if let Sent::Pending(send) = &later.sent {
+                    send.abort();
+                }
+                finish(slot, name, later.round, Err(reason.clone()), &wake);
+                slot.handed_over.fetch_sub(later.handled, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Appends a round's records to the local log and starts sending its segment.
+fn start(round: &[Stage], replica: &std::sync::Arc<crate::provider_log::LogWriter>) -> Sent {
+    if let Err(e) = append(round) {
+        return Sent::Done(Err(e));
+    }
+    match replica.prepare(&outgoing(round)) {
+        Err(e) => Sent::Done(Err(e.to_string())),
+        Ok(None) => Sent::Done(Ok(())),
+        Ok(Some(segment)) => {
+            let writer = replica.clone();
+            Sent::Pending(
+                replica
+                    .runtime()
+                    .spawn(async move { writer.send(segment).await.map_err(|e| e.to_string()) }),
+            )
+        }
     }
 }
 
@@ -104,6 +220,18 @@ pub(super) fn handle(
     wake: &mpsc::WeakUnboundedSender<Job>,
 ) {
     let appended = append(&round).and_then(|()| replicate(slot, &round));
+    finish(slot, name, round, appended, wake);
+}
+
+/// The second half of [`handle`]: once a round's outcome is known, shows the newest snapshot
+/// (if it succeeded) and answers every stage, in order.
+fn finish(
+    slot: &Slot,
+    name: &str,
+    round: Vec<Stage>,
+    appended: Result<(), String>,
+    wake: &mpsc::WeakUnboundedSender<Job>,
+) {
     if let Err(reason) = &appended {
         out_of_service(slot, name, reason, wake);
     }
@@ -175,7 +303,13 @@ fn replicate(slot: &Slot, round: &[Stage]) -> Result<(), String> {
     let Some(replica) = &slot.replica else {
         return Ok(());
     };
-    let records: Vec<crate::provider_log::Outgoing<'_>> = round
+    replica.append(&outgoing(round)).map_err(|e| e.to_string())
+}
+
+/// The records of a round for the provider log — every one, including those a checkpoint
+/// already put in the local file.
+fn outgoing(round: &[Stage]) -> Vec<crate::provider_log::Outgoing<'_>> {
+    round
         .iter()
         .filter_map(|s| match s {
             Stage::Logged { redo, .. } if !redo.is_empty() => Some(crate::provider_log::Outgoing {
@@ -185,8 +319,7 @@ fn replicate(slot: &Slot, round: &[Stage]) -> Result<(), String> {
             }),
             _ => None,
         })
-        .collect();
-    replica.append(&records).map_err(|e| e.to_string())
+        .collect()
 }
 
 /// A failed append: readers and health see the store out of service before anyone is

@@ -185,6 +185,7 @@ fn run_batches(
                     checkpoint = Checkpoint::new(meta.log_budget());
                     slot.handed_over.fetch_add(1, Ordering::AcqRel);
                     let _ = stages.send(Stage::Checkpoint(meta.clone()));
+                    slot.staged.notify_one();
                 }
                 Err(e) => {
                     slot.set(None);

@@ -54,6 +54,7 @@ pub(super) fn hand_over(
     } else {
         slot.handed_over.fetch_add(1, Ordering::AcqRel);
         let _ = stages.send(stage);
+        slot.staged.notify_one();
         false
     }
 }

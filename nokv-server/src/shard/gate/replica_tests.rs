@@ -150,3 +150,33 @@ async fn a_deposed_writer_acknowledges_nothing_once_its_stream_is_fenced() {
     let fresh = stream::read(&f.clean, &stream_id(2), 0).await.unwrap();
     assert_eq!(fresh.segments.len(), 1);
 }
+
+// Catches: answering a round whose segment landed while an earlier round's segment failed
+// (segments travel several at a time; a later one can land beyond the fence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_segment_that_lands_beyond_a_fence_is_never_acknowledged() {
+    let f = fixture();
+    f.faults.hold_creates();
+    let first = put(&f.gate, "a");
+    one_held(&f.faults).await;
+    let second = put(&f.gate, "b");
+    tokio::time::timeout(std::time::Duration::from_secs(30), f.faults.wait_held(2))
+        .await
+        .expect("the second segment was not sent while the first was in flight");
+    // Another node fences the stream at its end: the first segment's key.
+    let at = stream::fence(&f.clean, &stream_id(1), 0, "n2", 0, 2)
+        .await
+        .unwrap();
+    assert_eq!(at, 0);
+    f.faults.release(2);
+    assert!(first.await.unwrap().is_err());
+    assert!(
+        second.await.unwrap().is_err(),
+        "a write behind the fence was acknowledged"
+    );
+    let tail = stream::read(&f.clean, &stream_id(1), 0).await.unwrap();
+    assert_eq!(
+        (tail.segments.len(), tail.fenced.map(|f| f.0)),
+        (0, Some(0))
+    );
+}

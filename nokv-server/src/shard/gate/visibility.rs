@@ -51,6 +51,9 @@ pub(super) struct Slot {
     /// record goes after the local fsync and before its batch is shown or answered (see
     /// [`super::acknowledger`]). `None`: local durability.
     pub(super) replica: Option<Arc<LogWriter>>,
+    /// Notified after each stage the committer hands over, so an acknowledger waiting for a
+    /// segment in flight can start the next one meanwhile (see `acknowledger`).
+    pub(super) staged: tokio::sync::Notify,
 }
 
 /// What the committer has done since the gate started (see [`Gate::stats`]).
@@ -89,6 +92,7 @@ impl Slot {
             stats: Counters::default(),
             handed_over: Default::default(),
             replica: None,
+            staged: tokio::sync::Notify::new(),
         }
     }
 
