@@ -185,6 +185,17 @@ impl Client {
         }
     }
 
+    /// A client of plaintext `endpoints` (tests: fake nodes on loopback), tried in order.
+    #[cfg(test)]
+    pub(crate) fn plain(endpoints: Vec<String>) -> Client {
+        let bearer = bearer(None);
+        Client {
+            router: Arc::new(Router::new(endpoints, None, bearer, HashMap::new())),
+            retry: RetryPolicy::default(),
+            faults: LostResponses::default(),
+        }
+    }
+
     pub fn with_retry(mut self, retry: RetryPolicy) -> Client {
         self.retry = retry;
         self
@@ -289,6 +300,10 @@ impl Client {
                     attempt += 1;
                 }
                 Err(e) if e.reason == Reason::Transport && self.router.endpoint_count() > 1 => {
+                    // Forgotten even on the last attempt: the caller's next call must not go
+                    // back to an endpoint that did not answer (with one attempt per call, the
+                    // caller's loop is the retry).
+                    self.router.unreachable(&target);
                     return Err(ClientError {
                         message: format!(
                             "{}; no answer from any of the endpoints {}",

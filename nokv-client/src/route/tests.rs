@@ -9,7 +9,7 @@ use pb::workspace_server::{Workspace, WorkspaceServer};
 use tonic::{Request, Response, Status};
 
 use super::*;
-use crate::sdk::Client;
+use crate::sdk::{Client, RetryPolicy};
 
 #[test]
 fn a_hint_older_than_the_cached_epoch_is_ignored_and_a_newer_one_is_followed() {
@@ -329,4 +329,26 @@ async fn hints_that_bounce_between_nodes_end_in_a_clear_not_owner_error() {
         MAX_HOPS as usize + 1,
         "bounded"
     );
+}
+
+/// Mutation caught: forgetting an unreachable endpoint only when another attempt follows →
+/// with one attempt per call, every later call goes back to the dead endpoint (found by the
+/// failover benchmark: its write loop never reached the new owner).
+#[tokio::test]
+async fn with_one_attempt_per_call_the_next_call_skips_an_endpoint_that_did_not_answer() {
+    let live = FakeNode::new(Answer::Owner);
+    let live_endpoint = live.serve();
+    // Nothing listens here: bound, then dropped.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let client = Client::plain(vec![dead, live_endpoint]).with_retry(RetryPolicy {
+        attempts: 1,
+        first_backoff: std::time::Duration::from_millis(1),
+        max_backoff: std::time::Duration::from_millis(1),
+    });
+    assert!(within(client.write(write("req-1"))).await.is_err());
+    within(client.write(write("req-2"))).await.unwrap();
+    assert_eq!(live.writes(), ["req-2"]);
 }
