@@ -25,6 +25,8 @@ use super::harness::{Daemon, Etcd, Result, Scratch, percentile};
 /// The lease TTL of the bench nodes: failover time is this plus the takeover.
 pub const NODE_TTL: &str = "3";
 const WORKSPACE: &str = "failover-ws";
+/// Bound on one failover: past it the bench fails rather than wait for ever.
+const FAILOVER_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Kills the owner of one workspace's shard `kills` times (module doc); `nodes` are the
 /// running daemons by id, restarted in place.
@@ -78,10 +80,16 @@ pub(super) async fn failovers(
         drop(victim); // SIGKILL
         let killed = Instant::now();
         let first = loop {
-            match acks.recv().await {
-                Some(t) if t > killed => break t,
-                Some(_) => continue,
-                None => return Err(nokv_client::ClientError::local("the write loop ended")),
+            let next = tokio::time::timeout(FAILOVER_DEADLINE, acks.recv()).await;
+            match next {
+                Ok(Some(t)) if t > killed => break t,
+                Ok(Some(_)) => continue,
+                Ok(None) => return Err(nokv_client::ClientError::local("the write loop ended")),
+                Err(_) => {
+                    return Err(nokv_client::ClientError::local(format!(
+                        "no write acknowledged within {FAILOVER_DEADLINE:?} of killing {id}"
+                    )));
+                }
             }
         };
         stop.store(true, Ordering::SeqCst);
