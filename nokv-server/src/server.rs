@@ -121,10 +121,11 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     // Provider durability: the node's log stream writer, shared by the committer (which
     // sends every batch through it) and the cluster runtime (which names its stream).
     let replica = (settings.durability.mode == DurabilityMode::Provider).then(|| {
-        Arc::new(LogWriter::new(
+        Arc::new(LogWriter::with_in_flight(
             provider.clone(),
             tokio::runtime::Handle::current(),
             settings.durability.log_flush_interval,
+            settings.durability.log_segments_in_flight,
         ))
     });
     let parts = |name: String| NodeParts {

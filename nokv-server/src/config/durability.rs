@@ -30,6 +30,8 @@ pub struct Durability {
     pub log_flush_interval: Duration,
     /// Longest time between two checkpoints of a shard that changed (provider mode).
     pub checkpoint_interval: Duration,
+    /// Log segments sent at once (1-16).
+    pub log_segments_in_flight: usize,
     /// Log bytes after which a shard is checkpointed; `None`: its last checkpoint's size, at
     /// least [`MIN_CHECKPOINT_LOG_BYTES`].
     pub checkpoint_log_bytes: Option<u64>,
@@ -91,8 +93,18 @@ pub(super) fn durability(args: &mut ServeArgs, cluster: bool) -> Result<Durabili
                 .map_err(|e| ConfigError(format!("--checkpoint-log-bytes: {e}")))
         })
         .transpose()?;
+    let log_segments_in_flight = match args.log_segments_in_flight.take() {
+        None => 1,
+        Some(n) if (1..=16).contains(&n) => n,
+        Some(n) => {
+            return Err(ConfigError(format!(
+                "--log-segments-in-flight must be 1 to 16, not {n}"
+            )));
+        }
+    };
     Ok(Durability {
         mode,
+        log_segments_in_flight,
         log_flush_interval,
         checkpoint_interval,
         checkpoint_log_bytes,

@@ -170,6 +170,11 @@ pub struct ServeArgs {
     /// PUTs (each costs money on S3) for that much latency per write [default: 0].
     #[arg(long, env = "NOKV_LOG_FLUSH_INTERVAL")]
     pub log_flush_interval: Option<String>,
+    /// Provider durability: log segments a node sends at once. More helps a provider with
+    /// high latency and parallel capacity (S3); 1 gives the largest segments, best for one
+    /// that is bound by its request rate [default: 1].
+    #[arg(long, env = "NOKV_LOG_SEGMENTS_IN_FLIGHT")]
+    pub log_segments_in_flight: Option<usize>,
     /// Provider durability: the longest time between two checkpoints of a shard that
     /// changed (a shard is also checkpointed once its log outgrows its last checkpoint)
     /// [default: 10m].
@@ -259,6 +264,7 @@ impl ServeArgs {
                 log_flush_interval,
                 checkpoint_interval,
                 checkpoint_log_bytes,
+                log_segments_in_flight,
                 log,
                 inventory_interval,
                 inventory_page_size

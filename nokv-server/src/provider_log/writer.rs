@@ -91,6 +91,7 @@ pub struct LogWriter {
     fenced: watch::Sender<u64>,
     closed: AtomicBool,
     flush_interval: Duration,
+    in_flight: usize,
     segments: AtomicU64,
     puts: AtomicU64,
     bytes: AtomicU64,
@@ -105,6 +106,17 @@ impl LogWriter {
         runtime: tokio::runtime::Handle,
         flush_interval: Duration,
     ) -> LogWriter {
+        LogWriter::with_in_flight(provider, runtime, flush_interval, 1)
+    }
+
+    /// [`LogWriter::new`] with up to `in_flight` segments sent at once
+    /// (`--log-segments-in-flight`).
+    pub fn with_in_flight(
+        provider: ObjectProvider,
+        runtime: tokio::runtime::Handle,
+        flush_interval: Duration,
+        in_flight: usize,
+    ) -> LogWriter {
         LogWriter {
             provider,
             runtime,
@@ -118,6 +130,7 @@ impl LogWriter {
             fenced: watch::channel(0).0,
             closed: AtomicBool::new(false),
             flush_interval,
+            in_flight: in_flight.max(1),
             segments: AtomicU64::new(0),
             puts: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -194,6 +207,11 @@ impl LogWriter {
 
     pub fn flush_interval(&self) -> Duration {
         self.flush_interval
+    }
+
+    /// Segments the acknowledger may have in flight at once.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
     }
 
     pub fn stats(&self) -> WriterStats {

@@ -46,7 +46,9 @@ pub(super) async fn failovers(
         let endpoints: Vec<String> = nodes.iter().map(|(_, d)| d.endpoint.clone()).collect();
         let admin = c.admin(&endpoints.join(",")).await?;
         wait_view(&admin, "every node settled", |v| settled(v, &id_refs)).await?;
-        let owner = admin.route(WORKSPACE).await?.endpoint;
+        // The restarted node may still be taking its share (a handoff in progress): the
+        // owner is asked, and the loop's first write made, once the shard is still.
+        let owner = settled_owner(&admin).await?;
         let client = c
             .admin(&endpoints.join(","))
             .await?
@@ -55,7 +57,6 @@ pub(super) async fn failovers(
                 first_backoff: Duration::from_millis(20),
                 max_backoff: Duration::from_millis(20),
             });
-        client.write(small_write(WORKSPACE.into(), 0)).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, mut acks) = tokio::sync::mpsc::unbounded_channel::<Instant>();
         let looper = {
@@ -118,4 +119,23 @@ pub(super) async fn failovers(
         "median_ms": percentile(&sorted, 50.0),
         "max_ms": sorted.last().copied().unwrap_or(f64::NAN),
     }))
+}
+
+/// The endpoint of the workspace's owner once a write there succeeds (bounded by
+/// [`FAILOVER_DEADLINE`]; a shard between owners answers a retryable error meanwhile).
+async fn settled_owner(admin: &nokv_client::Client) -> Result<String> {
+    let deadline = Instant::now() + FAILOVER_DEADLINE;
+    loop {
+        let attempt = async {
+            let owner = admin.route(WORKSPACE).await?.endpoint;
+            admin.write(small_write(WORKSPACE.into(), 0)).await?;
+            Ok::<_, nokv_client::ClientError>(owner)
+        };
+        match attempt.await {
+            Ok(owner) => return Ok(owner),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            // Polling a cluster that sends no signal when a handoff ends.
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
 }

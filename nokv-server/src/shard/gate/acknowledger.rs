@@ -83,9 +83,6 @@ pub(super) fn run(
     }
 }
 
-/// Segments a node may have in flight to the provider at once (provider durability).
-const IN_FLIGHT: usize = 4;
-
 /// A round whose records are durable locally and whose segment may still be in flight.
 struct InFlight {
     round: Vec<Stage>,
@@ -102,8 +99,8 @@ enum Sent {
 }
 
 /// [`run`] with provider durability: each round is appended to the local log and its segment
-/// prepared (its range reserved, in order) and sent; up to [`IN_FLIGHT`] segments travel at
-/// once, and rounds are shown and answered strictly in order, each once its own segment and
+/// prepared (its range reserved, in order) and sent; up to `--log-segments-in-flight`
+/// segments travel at once, and rounds are shown and answered strictly in order, each once its own segment and
 /// every earlier one were created. A failed round fails every round in flight behind it (a
 /// later segment may land beyond a fence: it is never acknowledged).
 fn run_replicated(
@@ -114,6 +111,7 @@ fn run_replicated(
     replica: &std::sync::Arc<crate::provider_log::LogWriter>,
 ) {
     let gather = replica.flush_interval();
+    let max_in_flight = replica.in_flight();
     let mut inflight: std::collections::VecDeque<InFlight> = Default::default();
     let mut open = true;
     while open || !inflight.is_empty() {
@@ -146,7 +144,7 @@ fn run_replicated(
                 handled,
                 sent,
             });
-            if inflight.len() < IN_FLIGHT {
+            if inflight.len() < max_in_flight {
                 continue;
             }
         }
@@ -158,7 +156,7 @@ fn run_replicated(
             Sent::Pending(send) => {
                 // While there is room for another segment, a stage handed over meanwhile
                 // starts it rather than wait for this one.
-                let room = open && inflight.len() + 1 < IN_FLIGHT;
+                let room = open && inflight.len() + 1 < max_in_flight;
                 let done = replica.runtime().block_on(async {
                     tokio::select! {
                         r = &mut *send => Some(r),

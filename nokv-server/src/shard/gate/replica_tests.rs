@@ -35,10 +35,11 @@ fn fixture() -> Fixture {
         Arc::new(FaultyStore::new(mem.clone(), faults.clone()));
     let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
     let clean = ObjectProvider::from_stores("memory", "t".into(), mem.clone(), mem);
-    let writer = Arc::new(LogWriter::new(
+    let writer = Arc::new(LogWriter::with_in_flight(
         provider,
         tokio::runtime::Handle::current(),
         std::time::Duration::ZERO,
+        4,
     ));
     writer.begin(stream_id(1));
     writer.hold(0, 1);
