@@ -7,6 +7,8 @@
 //!   embedded/cluster/embedded/cluster so that drift (page cache, the other tenants of the
 //!   machine) hits both sides; each side's rounds are pooled before its percentiles are taken.
 //!   The claim under test: no etcd round trip on the request path, so the ratio is about 1.0.
+//!   Both sides use local durability (what provider durability costs is measured by
+//!   `put-vs-etcd --metadata-durability provider`).
 //! * **handoff**: a second node joins; a few hundred small files go into workspaces of one
 //!   shard so its checkpoint is not empty; the shard then moves back and forth between the two
 //!   nodes with MoveShard, sent to the current owner. The RPC answers once the target serves
@@ -439,12 +441,18 @@ pub async fn run(env: &BenchEnv, bench: &ClusterBench) -> Result<(Value, String)
     moto.create_bucket(CLUSTER_BUCKET)?;
     let c = ClusterDir::init(&env.server_bin, scratch.0.join("cluster"))?;
     let embedded = start_daemon(env, &scratch, &c, "embedded", moto.server_args(), None)?;
+    // Local durability on both sides: this measures what cluster mode itself costs
+    // (provider durability is `put-vs-etcd --metadata-durability provider`).
+    let local_durability = |mut args: Vec<String>| {
+        args.extend(["--metadata-durability".to_string(), "local".to_string()]);
+        args
+    };
     let n1 = start_daemon(
         env,
         &scratch,
         &c,
         "n1",
-        moto.server_args_for(CLUSTER_BUCKET),
+        local_durability(moto.server_args_for(CLUSTER_BUCKET)),
         Some(&etcd),
     )?;
     let admin = c.admin(&n1.endpoint).await?;
@@ -458,7 +466,7 @@ pub async fn run(env: &BenchEnv, bench: &ClusterBench) -> Result<(Value, String)
         &scratch,
         &c,
         "n2",
-        moto.server_args_for(CLUSTER_BUCKET),
+        local_durability(moto.server_args_for(CLUSTER_BUCKET)),
         Some(&etcd),
     )?;
     let handoff = handoffs(bench, &c, &[("n1", &n1), ("n2", &n2)]).await?;
