@@ -361,19 +361,24 @@ mod tests {
     }
 
     #[test]
-    fn bench_cluster_defaults_to_one_and_eight_clients_three_rounds_ten_moves_and_400_files() {
+    fn bench_cluster_defaults_to_one_and_eight_clients_three_rounds_ten_moves_400_files_and_ten_kills()
+     {
         let cli = Cli::try_parse_from(["nokv", "bench", "cluster"]).expect("parses");
         let Command::Bench(BenchCommand::Cluster {
             clients,
             rounds,
             moves,
             files,
+            kills,
             ..
         }) = cli.command
         else {
             panic!("not bench cluster: {:?}", cli.command);
         };
-        assert_eq!((clients, rounds, moves, files), (vec![1, 8], 3, 10, 400));
+        assert_eq!(
+            (clients, rounds, moves, files, kills),
+            (vec![1, 8], 3, 10, 400, 10)
+        );
     }
 
     #[test]
@@ -390,6 +395,8 @@ mod tests {
             "5",
             "--files",
             "50",
+            "--kills",
+            "3",
             "--seconds",
             "2",
             "--json",
@@ -401,12 +408,16 @@ mod tests {
             rounds,
             moves,
             files,
+            kills,
             env,
         }) = cli.command
         else {
             panic!("not bench cluster: {:?}", cli.command);
         };
-        assert_eq!((clients, rounds, moves, files), (vec![1, 4], 2, 5, 50));
+        assert_eq!(
+            (clients, rounds, moves, files, kills),
+            (vec![1, 4], 2, 5, 50, 3)
+        );
         assert_eq!(env.seconds, 2.0);
     }
 }
