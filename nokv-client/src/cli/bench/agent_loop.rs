@@ -20,8 +20,8 @@ use nokv_proto::v1 as pb;
 use regex::Regex;
 use serde_json::{Value, json};
 
-use super::compare::{BenchEnv, nokv_clients};
 use super::harness::{Result, Scratch, Summary, f2, summarize, table};
+use super::load::{BenchEnv, nokv_clients};
 
 /// What to measure (flags of `nokv bench agent-loop`).
 pub struct AgentLoopBench {

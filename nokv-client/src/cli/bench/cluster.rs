@@ -20,29 +20,20 @@
 //! Nothing here asserts a timing; figures are printed and written as JSON.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use nokv_client::config::ResolvedConfig;
 use nokv_client::{Client, ClientError};
 use nokv_proto::v1 as pb;
 use serde_json::{Value, json};
 
-use super::compare::{BenchEnv, cpu_header, cpu_row, load_samples, nokv_clients, small_write};
+use super::cluster_dir::{CLUSTER_BUCKET, ClusterDir, local, settled, start_daemon, wait_view};
+use super::compare::{cpu_header, cpu_row};
 use super::cpu::{CpuMeter, CpuTicks};
 use super::harness::{
-    Daemon, Etcd, Moto, Result, Scratch, Summary, f2, free_port, percentile, summarize, table,
+    Daemon, Etcd, Moto, Result, Scratch, Summary, f2, percentile, summarize, table,
 };
+use super::load::{BenchEnv, load_samples, nokv_clients, small_write};
 
-/// Cluster name of the bench cluster.
-const CLUSTER: &str = "bench";
-/// Bucket of the cluster (the embedded daemon uses moto's default bucket).
-pub(super) const CLUSTER_BUCKET: &str = "nokv-bench-cluster";
-/// Bound on waiting for a cluster state (joining, balancing through checkpoints).
-const SETTLE_DEADLINE: Duration = Duration::from_secs(180);
-/// Pause between two reads of the cluster view while waiting.
-const VIEW_POLL: Duration = Duration::from_millis(100);
 /// Size of each file written into the moved shard.
 const HANDOFF_FILE_BYTES: usize = 1024;
 /// Workspaces of the moved shard the files are spread over.
@@ -60,137 +51,6 @@ pub struct ClusterBench {
     pub files: u32,
     /// Owners to kill -9 in the failover measurement (0: skip it).
     pub kills: u32,
-}
-
-fn local(msg: impl Into<String>) -> ClientError {
-    ClientError::local(msg)
-}
-
-/// The shared pieces of a bench cluster: the TLS directory every daemon uses.
-pub(super) struct ClusterDir {
-    dir: PathBuf,
-}
-
-impl ClusterDir {
-    /// `nokv-server cluster init --dir DIR --host 127.0.0.1`.
-    pub(super) fn init(server_bin: &Path, dir: PathBuf) -> Result<ClusterDir> {
-        let out = Command::new(server_bin)
-            .args(["cluster", "init", "--dir"])
-            .arg(&dir)
-            .args(["--host", "127.0.0.1"])
-            .output()
-            .map_err(|e| local(format!("{}: {e}", server_bin.display())))?;
-        if !out.status.success() {
-            return Err(local(format!(
-                "nokv-server cluster init: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        Ok(ClusterDir { dir })
-    }
-
-    /// A client of `endpoints` (comma-separated) with the cluster's admin token.
-    pub(super) async fn admin(&self, endpoints: &str) -> Result<Client> {
-        let token = std::fs::read_to_string(self.dir.join("admin.token"))
-            .map_err(|e| local(format!("admin.token: {e}")))?;
-        Client::connect(&ResolvedConfig {
-            endpoint: endpoints.to_string(),
-            ca: self.dir.join("ca.pem"),
-            token: Some(token.trim().to_string()),
-        })
-        .await
-    }
-}
-
-/// Starts one daemon on a fixed loopback port with the cluster directory's identity; with
-/// `etcd`, as node `id` of the bench cluster, else embedded (the only difference).
-pub(super) fn start_daemon(
-    env: &BenchEnv,
-    scratch: &Scratch,
-    c: &ClusterDir,
-    id: &str,
-    provider: Vec<String>,
-    etcd: Option<&Etcd>,
-) -> Result<Daemon> {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut args: Vec<String> = vec![
-        "--advertise".into(),
-        addr.clone(),
-        "--node-id".into(),
-        id.into(),
-        "--tls-dir".into(),
-        c.dir.display().to_string(),
-    ];
-    args.extend(provider);
-    if let Some(etcd) = etcd {
-        args.extend([
-            "--etcd".into(),
-            etcd.endpoint.clone(),
-            "--cluster".into(),
-            CLUSTER.into(),
-        ]);
-    }
-    let data_dir = scratch.0.join(id);
-    Ok(Daemon::start_on(&env.server_bin, &data_dir, &addr, &args)?.with_secret_dir(&c.dir))
-}
-
-/// Polls the cluster view until `ok` holds; fails with the last view's summary after
-/// [`SETTLE_DEADLINE`]. Errors while polling (a node between states) are retried.
-pub(super) async fn wait_view(
-    admin: &Client,
-    what: &str,
-    ok: impl Fn(&pb::ClusterResponse) -> bool,
-) -> Result<pb::ClusterResponse> {
-    let deadline = Instant::now() + SETTLE_DEADLINE;
-    loop {
-        let last = match admin.cluster().await {
-            Ok(view) if ok(&view) => return Ok(view),
-            Ok(view) => describe(&view),
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            return Err(local(format!("the cluster did not reach {what}: {last}")));
-        }
-        tokio::time::sleep(VIEW_POLL).await;
-    }
-}
-
-/// `owner:count` per owner and the shards not serving under a live owner (for errors).
-fn describe(view: &pb::ClusterResponse) -> String {
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut unsettled = Vec::new();
-    for s in &view.shards {
-        *counts.entry(s.owner.as_str()).or_default() += 1;
-        if s.state != "serving" || !s.owner_alive {
-            unsettled.push(format!("{}:{}", s.shard, s.state));
-        }
-    }
-    format!("owners {counts:?}, unsettled {unsettled:?}")
-}
-
-/// Every shard serving under a live owner among `nodes`, every node holding
-/// floor or ceil of shards/nodes, and no other node alive.
-pub(super) fn settled(view: &pb::ClusterResponse, nodes: &[&str]) -> bool {
-    let alive: Vec<&str> = view
-        .nodes
-        .iter()
-        .filter(|n| n.alive)
-        .map(|n| n.id.as_str())
-        .collect();
-    if alive.len() != nodes.len() || !nodes.iter().all(|n| alive.contains(n)) {
-        return false;
-    }
-    let shards = view.shards.len();
-    let (floor, ceil) = (shards / nodes.len(), shards.div_ceil(nodes.len()));
-    let all_serving = view
-        .shards
-        .iter()
-        .all(|s| s.state == "serving" && s.owner_alive && nodes.contains(&s.owner.as_str()));
-    all_serving
-        && nodes.iter().all(|n| {
-            let held = view.shards.iter().filter(|s| s.owner == *n).count();
-            (floor..=ceil).contains(&held)
-        })
 }
 
 /// One side of the put comparison: its clients, their pooled latencies and time, and each

@@ -11,10 +11,10 @@
 
 use serde_json::{Value, json};
 
-use super::cluster::{CLUSTER_BUCKET, ClusterDir, settled, start_daemon, wait_view};
-use super::compare::{BenchEnv, nokv_writes};
+use super::cluster_dir::{CLUSTER_BUCKET, ClusterDir, settled, start_daemon, wait_view};
 use super::cpu::CpuPerOp;
 use super::harness::{Daemon, Etcd, Moto, Result, Scratch, Summary};
+use super::load::{BenchEnv, nokv_writes};
 use nokv_client::{Client, ClientError};
 
 /// Which durabilities a put benchmark measures (`--metadata-durability`).
@@ -66,7 +66,7 @@ impl ProviderNode {
         Ok(h.log_puts)
     }
 
-    /// `n` clients writing for `seconds` (see `compare::nokv_writes`), and the provider PUTs
+    /// `n` clients writing for `seconds` (see `load::nokv_writes`), and the provider PUTs
     /// per second meanwhile.
     pub(super) async fn writes(&self, n: usize, seconds: f64) -> Result<(Summary, CpuPerOp, f64)> {
         let before = self.log_puts().await?;

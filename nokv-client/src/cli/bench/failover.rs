@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use nokv_client::sdk::RetryPolicy;
 use serde_json::{Value, json};
 
-use super::cluster::{ClusterDir, settled, start_daemon, wait_view};
-use super::compare::{BenchEnv, small_write};
+use super::cluster_dir::{ClusterDir, settled, start_daemon, wait_view};
 use super::harness::{Daemon, Etcd, Result, Scratch, percentile};
+use super::load::{BenchEnv, small_write};
 
 /// The lease TTL of the bench nodes: failover time is this plus the takeover.
 pub const NODE_TTL: &str = "3";

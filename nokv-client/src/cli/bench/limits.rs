@@ -41,11 +41,10 @@ use tonic::transport::Certificate;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
-use super::compare::{
-    BenchEnv, cpu_header, cpu_row, etcd_channels, etcd_puts_on, load, nokv_clients, nokv_writes,
-};
+use super::compare::{cpu_header, cpu_row, etcd_channels, etcd_puts_on};
 use super::cpu::{CpuClock, CpuMeter, CpuPerOp, ms_per_op, ticks_per_second};
 use super::harness::{Daemon, Etcd, Result, Scratch, Summary, print_table, summarize};
+use super::load::{BenchEnv, load, nokv_clients, nokv_writes};
 
 /// One measured load: what it was, its latencies and throughput, and both sides' CPU.
 struct Row {

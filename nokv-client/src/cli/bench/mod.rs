@@ -2,12 +2,14 @@
 
 mod agent_loop;
 mod cluster;
+mod cluster_dir;
 mod compare;
 mod cpu;
 mod durability;
 mod failover;
 mod harness;
 mod limits;
+mod load;
 mod loops;
 
 use std::path::PathBuf;
@@ -17,7 +19,7 @@ use nokv_client::{Client, ClientError};
 use serde_json::json;
 
 use super::output::Output;
-use compare::BenchEnv;
+use load::BenchEnv;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
