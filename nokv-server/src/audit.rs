@@ -35,6 +35,8 @@ pub struct AuditReport {
     pub checkpoints: u64,
     /// Segments of the nodes' metadata logs (provider durability), not block keys.
     pub log_segments: u64,
+    /// Single nodes' manifests (provider durability), not block keys.
+    pub node_manifests: u64,
     /// Cluster mode: objects of shards this node does not hold; their owners' audits
     /// account for them.
     pub other_shards: u64,
@@ -62,6 +64,10 @@ impl Node {
             }
             if self.provider.is_log_key(&key) {
                 report.log_segments += 1;
+                continue;
+            }
+            if self.provider.is_manifest_key(&key) {
+                report.node_manifests += 1;
                 continue;
             }
             let class = match self.provider.shard_of_key(&key) {

@@ -39,6 +39,7 @@ pub mod rpc_floor;
 pub mod server;
 pub mod service;
 pub mod shard;
+pub mod standalone;
 pub mod store_bench;
 pub mod takeover;
 pub mod token;

@@ -116,6 +116,36 @@ impl Node {
         Ok(node)
     }
 
+    /// True if `data_dir` holds no node yet (its first start, or a wiped disk): what a node
+    /// with provider durability rebuilds from the bucket (see [`crate::standalone`]).
+    pub fn is_new_data_dir(data_dir: &Path) -> Result<bool> {
+        Ok(recorded_shard_count(&data_dir.join("shards"))?.is_none())
+    }
+
+    /// [`Node::open`] of a new data dir whose shards are first restored — each from a
+    /// checkpoint file plus redo payloads, in one durable transaction per shard — before any
+    /// shard opens (a rebuild from the bucket, see [`crate::standalone`]). The checkpoint
+    /// files are removed afterwards.
+    pub fn open_restoring(
+        data_dir: &Path,
+        parts: NodeParts,
+        restore: Vec<(u32, PathBuf, Vec<Vec<u8>>)>,
+    ) -> Result<Node> {
+        let dir = data_dir.join("shards");
+        let store = open_node_file(&dir, parts.shard_count, true)?;
+        for (shard, file, records) in restore {
+            let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+            store.restore(Tables::shard(shard), Some(&file), &refs)?;
+            let _ = std::fs::remove_file(&file);
+        }
+        let node = Self::empty(data_dir, parts, store)?;
+        for id in 0..node.shard_count() {
+            let shard = node.open_shard(id, Fence::local(id));
+            node.install(id, shard);
+        }
+        Ok(node)
+    }
+
     /// Cluster mode: a node that holds no shard yet; the cluster runtime loads the shards it
     /// takes ([`Node::install`]). The data dir's shard count is checked (or recorded) now.
     pub fn open_cluster(data_dir: &Path, parts: NodeParts) -> Result<Node> {

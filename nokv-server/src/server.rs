@@ -140,12 +140,23 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     };
     let (node, cluster) = match &settings.cluster {
         None if replica.is_some() => {
-            return Err(crate::error::Error::FailedPrecondition(
-                "--metadata-durability provider needs --etcd for now (a single node rebuilt \
-                 from the bucket is not built yet); use local"
-                    .into(),
+            // A single node whose writes are in the bucket: a new data dir is rebuilt from it
+            // first, then the node checkpoints every shard and names its new stream before
+            // it serves (see `standalone`).
+            let name = settings.advertise.clone().unwrap_or_else(|| "local".into());
+            let new = Node::is_new_data_dir(&settings.data_dir)?;
+            let rebuild = crate::standalone::prepare(
+                &provider,
+                &name,
+                new,
+                &settings.data_dir.join("shards"),
             )
-            .into());
+            .await?;
+            let restore = rebuild.map(|r| r.shards).unwrap_or_default();
+            let node = Node::open_restoring(&settings.data_dir, parts(name.clone()), restore)?
+                .with_routes(Box::new(LocalRoutes::new(endpoint.clone())));
+            crate::standalone::start(&node).await?;
+            (Arc::new(node), None)
         }
         None => {
             let name = settings.advertise.clone().unwrap_or_else(|| "local".into());

@@ -459,16 +459,100 @@ fn checkpoints_keep_each_log_stream_bounded_and_a_takeover_replays_only_the_tail
     }
 }
 
-// Catches: a single node that claims provider durability while nothing could rebuild it from
-// the bucket (it would acknowledge writes into a log no record names).
+/// A single node with provider durability on moto, in `dir` (restarted by calling again).
+fn single_node(dir: &std::path::Path, moto: &nokv_tests::Moto) -> nokv_tests::Daemon {
+    let endpoint = moto.endpoint();
+    let args = [
+        "--provider",
+        "s3",
+        "--s3-endpoint",
+        endpoint.as_str(),
+        "--s3-bucket",
+        "single",
+        "--metadata-durability",
+        "provider",
+    ];
+    nokv_tests::Daemon::start_in_with_env(
+        dir,
+        &args,
+        &[
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+        ],
+    )
+}
+
+// Catches: a single node that acknowledges writes its bucket cannot give back (a rebuild that
+// skips the log, or a start that names a new stream before checkpointing every shard).
 #[test]
-fn provider_durability_without_etcd_is_refused_at_start_up_naming_the_flag() {
+fn a_single_node_with_provider_durability_is_rebuilt_from_the_bucket_on_an_empty_data_dir() {
+    let moto = nokv_tests::Moto::start();
+    moto.create_bucket("single");
     let dir = tempfile::tempdir().unwrap();
-    let (status, _stdout, stderr) =
-        nokv_tests::Daemon::start_refused_in(dir.path(), &["--metadata-durability", "provider"]);
-    assert!(!status.success());
-    assert!(
-        stderr.contains("--metadata-durability provider needs --etcd"),
-        "{stderr}"
+    let data = dir.path().join("data");
+    let d = single_node(&data, &moto);
+    let health = d.cli(&["--json", "admin", "health"]).json();
+    assert_eq!(health["metadata_durability"], "provider");
+    let files: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| {
+            (
+                format!("ws{}:notes/{i}.txt", i % 5),
+                format!("note {i}\n").into_bytes(),
+            )
+        })
+        .collect();
+    for (path, body) in &files {
+        d.cli_stdin(&["put", path], body).assert_ok();
+    }
+    d.cli(&["rm", "ws0:notes/0.txt"]).assert_ok();
+    let artifact = pseudo_random_bytes(45, 5 * 1024 * 1024);
+    let src = dir.path().join("a.bin");
+    std::fs::write(&src, &artifact).unwrap();
+    d.cli(&["publish", "-q", path_str(&src), "ws1:art/a.bin"])
+        .assert_ok();
+    d.kill9();
+
+    // The disk is lost: a new data dir, the same bucket.
+    std::fs::remove_dir_all(&data).unwrap();
+    let d = single_node(&data, &moto);
+    let check = |d: &nokv_tests::Daemon| {
+        for (path, body) in &files[1..] {
+            let got = d.cli(&["get", path]);
+            assert!(
+                got.assert_ok().stdout == *body,
+                "{path} differs after the rebuild"
+            );
+        }
+        d.cli(&["stat", "ws0:notes/0.txt"])
+            .assert_fails_with("NotFound");
+        let dest = dir.path().join("restored.bin");
+        let _ = std::fs::remove_file(&dest);
+        d.cli(&["restore", "-q", "ws1:art/a.bin", path_str(&dest)])
+            .assert_ok();
+        assert!(
+            std::fs::read(&dest).unwrap() == artifact,
+            "the artifact differs"
+        );
+    };
+    check(&d);
+    // Written after the rebuild, then a restart on the kept data dir and a second rebuild.
+    d.cli_stdin(&["put", "ws2:after.txt"], b"after").assert_ok();
+    d.kill9();
+    let d = single_node(&data, &moto);
+    check(&d);
+    d.kill9();
+    std::fs::remove_dir_all(&data).unwrap();
+    let d = single_node(&data, &moto);
+    check(&d);
+    assert_eq!(
+        d.cli(&["get", "ws2:after.txt"]).assert_ok().stdout,
+        b"after"
     );
+    let audit = d.cli(&["--json", "admin", "audit"]).json();
+    assert_eq!(
+        (audit["unaccounted"].as_u64(), audit["violations"].as_u64()),
+        (Some(0), Some(0)),
+        "{audit}"
+    );
+    assert_eq!(audit["node_manifests"].as_u64(), Some(1), "{audit}");
 }

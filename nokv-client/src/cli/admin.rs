@@ -107,7 +107,8 @@ pub async fn audit(client: &Client, out: Output) -> Result<(), ClientError> {
                "collectable": a.collectable, "unaccounted": a.unaccounted,
                "violations": a.violations, "unaccounted_keys": a.unaccounted_keys,
                "violation_keys": a.violation_keys, "checkpoints": a.checkpoints,
-               "other_shards": a.other_shards, "log_segments": a.log_segments}),
+               "other_shards": a.other_shards, "log_segments": a.log_segments,
+               "node_manifests": a.node_manifests}),
         || {
             let mut text = format!(
                 "{} objects: {} referenced · {} guarded · {} collectable · {} unaccounted · \

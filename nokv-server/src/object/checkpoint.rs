@@ -32,16 +32,27 @@ impl ObjectProvider {
         }
     }
 
+    /// True for a key of a single node's manifest (`<prefix>/meta/node/...`, see
+    /// [`crate::standalone`]).
+    pub fn is_manifest_key(&self, key: &str) -> bool {
+        self.meta_key_under(key, "/node/")
+    }
+
     /// True for a key of a node's metadata log (`<prefix>/meta/log/...`, see
     /// [`crate::provider_log`]).
     pub fn is_log_key(&self, key: &str) -> bool {
+        self.meta_key_under(key, "/log/")
+    }
+
+    /// True for a key `<prefix>/meta<folder>...` with something after the folder.
+    fn meta_key_under(&self, key: &str, folder: &str) -> bool {
         let rel = if self.prefix.is_empty() {
             Some(key)
         } else {
             key.strip_prefix(self.prefix.as_str())
                 .and_then(|k| k.strip_prefix('/'))
         };
-        rel.and_then(|r| r.strip_prefix(META)?.strip_prefix("/log/"))
+        rel.and_then(|r| r.strip_prefix(META)?.strip_prefix(folder))
             .is_some_and(|rest| !rest.is_empty())
     }
 

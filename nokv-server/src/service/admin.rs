@@ -179,6 +179,7 @@ impl Admin for AdminService {
             checkpoints: r.checkpoints,
             other_shards: r.other_shards,
             log_segments: r.log_segments,
+            node_manifests: r.node_manifests,
         }))
     }
 
