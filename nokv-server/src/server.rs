@@ -138,7 +138,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         name,
         replica: replica.clone(),
     };
-    let (node, cluster) = match &settings.cluster {
+    let (node, cluster, standalone) = match &settings.cluster {
         None if replica.is_some() => {
             // A single node whose writes are in the bucket: a new data dir is rebuilt from it
             // first, then the node checkpoints every shard and names its new stream before
@@ -155,14 +155,14 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
             let restore = rebuild.map(|r| r.shards).unwrap_or_default();
             let node = Node::open_restoring(&settings.data_dir, parts(name.clone()), restore)?
                 .with_routes(Box::new(LocalRoutes::new(endpoint.clone())));
-            crate::standalone::start(&node).await?;
-            (Arc::new(node), None)
+            let standalone = crate::standalone::start(&node).await?;
+            (Arc::new(node), None, Some(standalone))
         }
         None => {
             let name = settings.advertise.clone().unwrap_or_else(|| "local".into());
             let node = Node::open(&settings.data_dir, parts(name))?
                 .with_routes(Box::new(LocalRoutes::new(endpoint.clone())));
-            (Arc::new(node), None)
+            (Arc::new(node), None, None)
         }
         Some(c) => {
             let etcd = EtcdSettings::new(
@@ -190,7 +190,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
                     .with_routes(Box::new(routes.clone())),
             );
             let cluster = Cluster::new(node.clone(), etcd, control, routes, settings.durability);
-            (node, Some(cluster))
+            (node, Some(cluster), None)
         }
     };
 
@@ -256,6 +256,9 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     .add_service(admin);
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    if let Some(standalone) = standalone {
+        tokio::spawn(standalone.compact_loop(node.clone(), settings.durability, stop_rx.clone()));
+    }
     let balancing = cluster
         .clone()
         .map(|c| tokio::spawn(c.run(stop_rx.clone())));

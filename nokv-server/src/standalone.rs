@@ -29,20 +29,22 @@
 //! generation is taken: it refuses to start), and a fence deposes an older one that still runs
 //! — but two machines must never be given the same `--advertise` name and bucket prefix.
 //!
-//! Not built yet: periodic compaction while running (the cluster's `compaction.rs` rules with
-//! the manifest in place of etcd). Segments accumulate until the next start, which
-//! checkpoints every shard and deletes the old stream.
+//! **Compaction** while running follows the cluster's rules (`cluster/compaction.rs`) with the
+//! manifest in place of etcd ([`Standalone::compact_loop`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{Durability, MIN_CHECKPOINT_LOG_BYTES};
 use crate::control::etcd::CheckpointRef;
 use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::object::{ObjectProvider, PutOutcome};
-use crate::provider_log::{StreamId, stream};
+use crate::provider_log::{IDLE_LAG, StreamId, stream};
 use crate::shard::checkpoint::{self, Checkpoint};
 
 /// Listing page size while looking for the newest manifest.
@@ -57,7 +59,7 @@ struct Manifest {
     shards: BTreeMap<u32, Base>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Base {
     checkpoint: CheckpointRef,
     from_seq: u64,
@@ -171,7 +173,7 @@ pub async fn prepare(
 /// Once the node's shards are open and before it serves: a new stream, a checkpoint of every
 /// shard, the next manifest generation; then the old stream and checkpoints are deleted
 /// (module doc, step 2).
-pub async fn start(node: &Node) -> Result<()> {
+pub async fn start(node: &Node) -> Result<Arc<Standalone>> {
     let replica = node
         .committer()
         .replica()
@@ -197,24 +199,8 @@ pub async fn start(node: &Node) -> Result<()> {
     let mut shards = BTreeMap::new();
     for shard in node.shards() {
         replica.hold(shard.id, 0);
-        let scratch = node.scratch_path(shard.id);
-        let c = checkpoint::take(&shard, provider, 0, &scratch).await?;
-        let from_seq = c.covers;
-        shards.insert(
-            shard.id,
-            Base {
-                checkpoint: CheckpointRef {
-                    key: c.key,
-                    sha256: c.sha256,
-                    size: c.size,
-                    epoch: 0,
-                    created_unix_ms: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64),
-                },
-                from_seq,
-            },
-        );
+        let c = checkpoint::take(&shard, provider, 0, &node.scratch_path(shard.id)).await?;
+        shards.insert(shard.id, base_of(c));
         replica.checkpointed(shard.id, u64::MAX);
     }
     let manifest = Manifest {
@@ -222,22 +208,7 @@ pub async fn start(node: &Node) -> Result<()> {
         shards,
     };
     let next = current.map_or(1, |g| g + 1);
-    let key = key(provider, &name, next);
-    let body = serde_json::to_vec_pretty(&manifest).expect("a manifest serializes");
-    match provider.create(&key, body.into()).await {
-        PutOutcome::Written => {}
-        PutOutcome::Exists => {
-            return Err(Error::FailedPrecondition(format!(
-                "node manifest {key} already exists: another process writes node {name:?} \
-                 under this bucket prefix; stop it (two nodes must never share a name and prefix)"
-            )));
-        }
-        PutOutcome::NotWritten(e) | PutOutcome::Unknown(e) => {
-            return Err(Error::Unavailable(format!(
-                "writing node manifest {key}: {e}; not serving (restart to retry)"
-            )));
-        }
-    }
+    write(provider, &name, next, &manifest).await?;
     tracing::info!(generation = next, stream = %manifest.stream, "node manifest written");
     // Everything the old manifest needed is covered by the new one now.
     if let Some(old) = old {
@@ -264,5 +235,142 @@ pub async fn start(node: &Node) -> Result<()> {
             tracing::warn!(error = %e, "could not delete an old node manifest");
         }
     }
-    Ok(())
+    let now = Instant::now();
+    Ok(Arc::new(Standalone {
+        current: tokio::sync::Mutex::new((next, manifest)),
+        since: parking_lot::Mutex::new(manifest_shards_since(now, node)),
+    }))
+}
+
+fn manifest_shards_since(now: Instant, node: &Node) -> HashMap<u32, Instant> {
+    node.shards().iter().map(|s| (s.id, now)).collect()
+}
+
+/// A running single node's manifest, for compaction (see [`Standalone::compact_loop`]).
+pub struct Standalone {
+    /// The current generation and its manifest.
+    current: tokio::sync::Mutex<(u64, Manifest)>,
+    /// When each shard's base was last checkpointed.
+    since: parking_lot::Mutex<HashMap<u32, Instant>>,
+}
+
+impl Standalone {
+    /// Compaction passes until `stop` flips, by the cluster's rules
+    /// (`cluster/compaction.rs`) with the manifest in place of etcd: a shard is checkpointed
+    /// once its log outgrows its checkpoint (or `--checkpoint-interval` passed), an idle
+    /// shard's log start moves up; the next manifest generation names them before the
+    /// superseded checkpoints and the segments below every start are deleted.
+    pub async fn compact_loop(
+        self: Arc<Self>,
+        node: Arc<Node>,
+        durability: Durability,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            if let Err(e) = self.compact_once(&node, &durability).await {
+                tracing::warn!(error = %e, "provider log compaction failed; will retry");
+            }
+        }
+    }
+
+    async fn compact_once(&self, node: &Node, durability: &Durability) -> Result<()> {
+        let Some(replica) = node.committer().replica().cloned() else {
+            return Ok(());
+        };
+        let provider = &node.provider;
+        let mut current = self.current.lock().await;
+        let (generation, mut manifest) = (current.0, current.1.clone());
+        let mut superseded = Vec::new();
+        for shard in node.shards() {
+            let Some(base) = manifest.shards.get_mut(&shard.id) else {
+                continue;
+            };
+            let written = replica.bytes_since(shard.id);
+            let threshold = durability
+                .checkpoint_log_bytes
+                .unwrap_or_else(|| base.checkpoint.size.max(MIN_CHECKPOINT_LOG_BYTES));
+            let age = self.since.lock().get(&shard.id).map(|t| t.elapsed());
+            let due = written > 0
+                && (written >= threshold
+                    || age.is_some_and(|a| a >= durability.checkpoint_interval));
+            if due {
+                let c = checkpoint::take(&shard, provider, 0, &node.scratch_path(shard.id)).await?;
+                superseded.push(std::mem::replace(base, base_of(c)).checkpoint.key);
+                replica.checkpointed(shard.id, written);
+                self.since.lock().insert(shard.id, Instant::now());
+            } else if let Some(from) = replica.idle_from(shard.id)
+                && from > base.from_seq + IDLE_LAG
+            {
+                base.from_seq = from;
+            } else {
+                continue;
+            }
+        }
+        if manifest.shards == current.1.shards {
+            return Ok(());
+        }
+        let next = generation + 1;
+        write(provider, &node.name, next, &manifest).await?;
+        if let Err(e) = provider
+            .delete(&key(provider, &node.name, generation))
+            .await
+        {
+            tracing::warn!(error = %e, "could not delete an old node manifest");
+        }
+        for old in superseded {
+            if let Err(e) = checkpoint::discard(provider, &old).await {
+                tracing::warn!(error = %e, "could not delete a superseded checkpoint");
+            }
+        }
+        let floor = manifest.shards.values().map(|b| b.from_seq).min();
+        if let (Some(floor), Some(id)) = (floor, StreamId::parse(&manifest.stream)) {
+            stream::delete_below(provider, &id, floor)
+                .await
+                .map_err(|e| Error::Unavailable(e.to_string()))?;
+        }
+        *current = (next, manifest);
+        Ok(())
+    }
+}
+
+/// A manifest entry for a checkpoint just taken (its log starts at what it covers).
+fn base_of(c: Checkpoint) -> Base {
+    Base {
+        from_seq: c.covers,
+        checkpoint: CheckpointRef {
+            key: c.key,
+            sha256: c.sha256,
+            size: c.size,
+            epoch: 0,
+            created_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        },
+    }
+}
+
+/// Writes manifest generation `generation` of `name` (create-if-absent: a taken generation
+/// means another process writes this node).
+async fn write(
+    provider: &ObjectProvider,
+    name: &str,
+    generation: u64,
+    manifest: &Manifest,
+) -> Result<()> {
+    let key = key(provider, name, generation);
+    let body = serde_json::to_vec_pretty(manifest).expect("a manifest serializes");
+    match provider.create(&key, body.into()).await {
+        PutOutcome::Written => Ok(()),
+        PutOutcome::Exists => Err(Error::FailedPrecondition(format!(
+            "node manifest {key} already exists: another process writes node {name:?} under \
+             this bucket prefix; stop it (two nodes must never share a name and prefix)"
+        ))),
+        PutOutcome::NotWritten(e) | PutOutcome::Unknown(e) => Err(Error::Unavailable(format!(
+            "writing node manifest {key}: {e}"
+        ))),
+    }
 }

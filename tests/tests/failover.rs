@@ -471,6 +471,9 @@ fn single_node(dir: &std::path::Path, moto: &nokv_tests::Moto) -> nokv_tests::Da
         "single",
         "--metadata-durability",
         "provider",
+        // Compaction after every few writes: the rebuild must work from a moved log start.
+        "--checkpoint-log-bytes",
+        "2KiB",
     ];
     nokv_tests::Daemon::start_in_with_env(
         dir,
@@ -510,6 +513,17 @@ fn a_single_node_with_provider_durability_is_rebuilt_from_the_bucket_on_an_empty
     std::fs::write(&src, &artifact).unwrap();
     d.cli(&["publish", "-q", path_str(&src), "ws1:art/a.bin"])
         .assert_ok();
+    // Compaction ran (a later manifest generation than the start's first one): polled, the
+    // node signals nothing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while moto
+        .list_keys("single", "nokv/meta/node/")
+        .iter()
+        .all(|k| k.ends_with("/00000000000000000001"))
+    {
+        assert!(std::time::Instant::now() < deadline, "no compaction ran");
+        thread::sleep(Duration::from_millis(100));
+    }
     d.kill9();
 
     // The disk is lost: a new data dir, the same bucket.

@@ -38,12 +38,9 @@ use super::Cluster;
 use crate::config::MIN_CHECKPOINT_LOG_BYTES;
 use crate::control::etcd::{CheckpointRef, LogRef};
 use crate::error::Result;
-use crate::provider_log::{LogWriter, stream};
+use crate::provider_log::{IDLE_LAG, LogWriter, stream};
 use crate::shard::checkpoint;
 
-/// Sequence numbers an idle shard's log start may lag the stream's end before it is moved up
-/// (an etcd write, no checkpoint): an idle shard must not pin the whole stream.
-const IDLE_LAG: u64 = 1024;
 /// How often the compaction pass runs.
 const PASS: Duration = Duration::from_secs(1);
 /// Passes between two sweeps of unneeded streams (each lists the whole log folder).

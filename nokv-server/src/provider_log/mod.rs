@@ -15,7 +15,7 @@ pub mod writer;
 
 pub use segment::{Kind, Segment, SegmentError};
 pub use stream::{LogError, StreamId, Tail};
-pub use writer::{LogWriter, Outgoing, Prepared, WriteError, WriterStats};
+pub use writer::{IDLE_LAG, LogWriter, Outgoing, Prepared, WriteError, WriterStats};
 
 #[cfg(test)]
 mod tests;

@@ -36,6 +36,11 @@ use crate::object::ObjectProvider;
 const RETRY_FIRST: Duration = Duration::from_millis(20);
 const RETRY_MAX: Duration = Duration::from_secs(1);
 
+/// Sequence numbers an idle shard's log start may lag the stream's end before compaction
+/// moves it up (no checkpoint needed, see [`LogWriter::idle_from`]): an idle shard must not
+/// pin the whole stream.
+pub const IDLE_LAG: u64 = 1024;
+
 /// One redo record handed to the writer: its sequence, its payload and the shards it touches.
 pub struct Outgoing<'a> {
     pub seq: u64,
