@@ -23,6 +23,9 @@
 //! * `nokv_bulk_bytes_total`, `nokv_bulk_admission_wait_seconds` (yielding to interactive
 //!   requests and the optional bandwidth cap, plus the wait for a bulk slot), `nokv_block_memory_wait_seconds` and
 //!   `nokv_block_memory_refused_total` (the block-memory budget, see [`crate::memory`]).
+//! * `nokv_provider_log_segments_total`, `nokv_provider_log_puts_total` (attempts, retries
+//!   included: each is a billed request on S3) and `nokv_provider_log_bytes_total`: the
+//!   metadata log of `--metadata-durability provider` (see [`crate::provider_log`]).
 //! * `nokv_reconcile_duration_seconds` and `nokv_reconcile_passes_total{outcome}` (`ok` |
 //!   `error`), one per shard pass.
 //! * Health gauges per shard, refreshed at each scrape from the same per-shard health
@@ -81,6 +84,9 @@ pub struct Metrics {
     pub block_memory_refused: IntCounter,
     pub reconcile_duration: Histogram,
     pub reconcile_passes: IntCounterVec,
+    pub provider_log_segments: IntCounter,
+    pub provider_log_puts: IntCounter,
+    pub provider_log_bytes: IntCounter,
     shard_entries: IntGaugeVec,
     shard_unresolved_uploads: IntGaugeVec,
     shard_guards: IntGaugeVec,
@@ -166,6 +172,30 @@ impl Metrics {
                 IntCounter::new(
                     "nokv_bulk_bytes_total",
                     "Artifact block bytes admitted to bulk work",
+                )
+                .expect("valid counter"),
+            ),
+            provider_log_segments: reg(
+                &registry,
+                IntCounter::new(
+                    "nokv_provider_log_segments_total",
+                    "Metadata log segments created in the object provider (provider durability)",
+                )
+                .expect("valid counter"),
+            ),
+            provider_log_puts: reg(
+                &registry,
+                IntCounter::new(
+                    "nokv_provider_log_puts_total",
+                    "PUT attempts of metadata log segments, retries included (each billed on S3)",
+                )
+                .expect("valid counter"),
+            ),
+            provider_log_bytes: reg(
+                &registry,
+                IntCounter::new(
+                    "nokv_provider_log_bytes_total",
+                    "Bytes of the metadata log segments created in the object provider",
                 )
                 .expect("valid counter"),
             ),

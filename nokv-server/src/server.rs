@@ -339,6 +339,11 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
         let _ = balancing.await;
     }
     drop(cluster);
+    // A segment still retried against an unreachable provider must not hold the exit: its
+    // batches are answered Unavailable (nothing behind it was acknowledged).
+    if let Some(replica) = node.committer().replica() {
+        replica.close();
+    }
     drop(node);
     tracing::info!("stopped cleanly");
     Ok(())

@@ -570,3 +570,78 @@ fn a_single_node_with_provider_durability_is_rebuilt_from_the_bucket_on_an_empty
     );
     assert_eq!(audit["node_manifests"].as_u64(), Some(1), "{audit}");
 }
+
+// Catches: a deposed owner that keeps its stream (it would write past the fence) or keeps
+// serving its old shards after it resumes.
+#[test]
+fn an_owner_paused_past_its_lease_is_fenced_and_resumes_on_a_new_stream_without_its_shards() {
+    let _turn = serial();
+    let c = Cluster::new("deposed");
+    let nodes = c.start_nodes(3);
+    let view = c.wait_balanced(&nodes.iter().collect::<Vec<_>>());
+    let victim = &nodes[1];
+    let victim_id = victim.id().to_string();
+    let victim_shards = view.served_by(&victim_id);
+    let ws = c.workspaces_in_shards(&nodes[0], "dep", &victim_shards[..1], 1)[0].clone();
+    c.cli_stdin(
+        &[victim.endpoint()],
+        &["put", &format!("{ws}:before.txt")],
+        Some(b"before"),
+    )
+    .assert_ok();
+    let old_stream = health(&c, victim)["log_stream"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    c.pause(victim);
+    c.wait_until("the paused node's shards are served by the others", |v| {
+        victim_shards.iter().all(|&s| {
+            let shard = v.shard(s);
+            shard.owner.as_deref() != Some(victim_id.as_str())
+                && shard.owner_alive
+                && shard.state == "serving"
+        })
+    });
+    // The takers fenced its stream: its last segment is a fence (kind byte 2 after the magic).
+    let keys = c
+        .moto()
+        .list_keys(c.bucket(), &format!("nokv/meta/log/{old_stream}/"));
+    let last = keys.last().expect("the paused node's stream has segments");
+    let (status, bytes) = c.moto().s3("GET", &format!("/{}/{last}", c.bucket()), b"");
+    assert_eq!(status, 200);
+    assert_eq!(
+        (&bytes[..8], bytes[8]),
+        (&b"NKVLOGS1"[..], 2),
+        "{last} is not a fence"
+    );
+
+    c.resume(victim);
+    // It rejoins under a new incarnation (a new stream) and serves none of its old shards at
+    // their old epochs; polled, nothing signals the rejoin.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h = health(&c, victim);
+        if h["log_stream"].as_str() != Some(old_stream.as_str()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resumed node kept its fenced stream"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    // A write sent to it is redirected to the new owner and reads back everywhere.
+    c.cli_stdin(
+        &[victim.endpoint()],
+        &["put", &format!("{ws}:after.txt")],
+        Some(b"after"),
+    )
+    .assert_ok();
+    for n in &nodes {
+        for (path, body) in [("before.txt", &b"before"[..]), ("after.txt", &b"after"[..])] {
+            let got = c.cli(&[n.endpoint()], &["get", &format!("{ws}:{path}")]);
+            assert!(got.assert_ok().stdout == body, "{path} via {}", n.id());
+        }
+    }
+}

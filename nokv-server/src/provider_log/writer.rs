@@ -293,12 +293,16 @@ impl LogWriter {
             bytes,
         } = segment;
         let mut pause = RETRY_FIRST;
+        let metrics = crate::metrics::metrics();
         loop {
             self.puts.fetch_add(1, Ordering::AcqRel);
+            metrics.provider_log_puts.inc();
             match stream::append_encoded(&self.provider, &stream, first, &bytes).await {
                 Ok(()) => {
                     self.segments.fetch_add(1, Ordering::AcqRel);
                     self.bytes.fetch_add(bytes.len() as u64, Ordering::AcqRel);
+                    metrics.provider_log_segments.inc();
+                    metrics.provider_log_bytes.inc_by(bytes.len() as u64);
                     return Ok(());
                 }
                 Err(e @ (LogError::Fenced { .. } | LogError::Conflict { .. })) => {

@@ -105,12 +105,17 @@ async fn a_batch_is_shown_and_answered_only_after_its_segment_was_created() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_segment_whose_answer_was_lost_is_sent_again_and_lands_once() {
     let f = fixture();
+    let m = crate::metrics::metrics();
+    let (segments_before, puts_before) = (m.provider_log_segments.get(), m.provider_log_puts.get());
     f.faults.lose_next_response();
     put(&f.gate, "a").await.unwrap().unwrap();
     f.faults.refuse_next();
     put(&f.gate, "b").await.unwrap().unwrap();
     let stats = f.writer.stats();
     assert_eq!((stats.segments, stats.puts), (2, 4));
+    // The Prometheus counters follow (other tests may add to them meanwhile).
+    assert!(m.provider_log_segments.get() >= segments_before + 2);
+    assert!(m.provider_log_puts.get() >= puts_before + 4);
     let tail = stream::read(&f.clean, &stream_id(1), 0).await.unwrap();
     assert_eq!(tail.segments.len(), 2, "{tail:?}");
     assert_eq!(tail.segments[1].first, tail.segments[0].last + 1);
