@@ -98,6 +98,9 @@ pub struct Cluster {
     reachable: Mutex<BTreeMap<String, String>>,
     /// Flags every node of this cluster gets (see [`Cluster::with_node_flags`]).
     node_flags: Vec<String>,
+    /// Environment every node gets besides the S3 credentials (see
+    /// [`Cluster::with_node_env`]).
+    node_env: Vec<(String, String)>,
     root: tempfile::TempDir,
 }
 
@@ -112,6 +115,13 @@ impl Cluster {
     /// `--metadata-durability local` for a test of local durability.
     pub fn with_node_flags(mut self, flags: &[&str]) -> Cluster {
         self.node_flags = flags.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Gives every node started from now on the environment variable `name` = `value` too,
+    /// e.g. the test-only provider fault schedule `NOKV_TEST_FAULTS`.
+    pub fn with_node_env(mut self, name: &str, value: &str) -> Cluster {
+        self.node_env.push((name.to_string(), value.to_string()));
         self
     }
 
@@ -180,6 +190,7 @@ impl Cluster {
             etcd_access,
             reachable: Mutex::new(BTreeMap::new()),
             node_flags: Vec::new(),
+            node_env: Vec::new(),
             root,
         }
     }
@@ -286,7 +297,9 @@ impl Cluster {
         std::fs::create_dir_all(&spec.data_dir).expect("create node data dir");
         let args = self.node_args(&spec, extra);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let daemon = Daemon::start_in_with_env(&spec.data_dir, &args, &S3_ENV);
+        let mut env: Vec<(&str, &str)> = S3_ENV.to_vec();
+        env.extend(self.node_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let daemon = Daemon::start_in_with_env(&spec.data_dir, &args, &env);
         self.reachable
             .lock()
             .unwrap()

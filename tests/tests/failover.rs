@@ -192,9 +192,33 @@ fn assert_audits_settle(c: &Cluster, nodes: &[&Node]) {
     }
 }
 
+/// The provider fault schedule of the chaos variant (`NOKV_TEST_FAULTS`): creates refused
+/// before sending and creates landing with their answer lost — log segments, blocks and
+/// checkpoints alike. `NOKV_CHAOS_SEED` picks the seed (`scripts/chaos.sh` runs many).
+fn provider_faults() -> String {
+    let seed = std::env::var("NOKV_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(45);
+    format!("seed={seed},refuse=10,lose=10")
+}
+
 fn kill_owner_while_writing_and_publishing(wipe: bool) {
+    kill_owner_under(wipe, None)
+}
+
+fn kill_owner_under(wipe: bool, faults: Option<&str>) {
     let _turn = serial();
-    let c = Cluster::new(if wipe { "failwipe" } else { "failover" });
+    let name = match (wipe, faults.is_some()) {
+        (_, true) => "failchaos",
+        (true, false) => "failwipe",
+        (false, false) => "failover",
+    };
+    let mut c = Cluster::new(name);
+    if let Some(schedule) = faults {
+        eprintln!("failover: provider faults {schedule}");
+        c = c.with_node_env("NOKV_TEST_FAULTS", schedule);
+    }
     let mut nodes = c.start_nodes(3);
     let view = c.wait_balanced(&nodes.iter().collect::<Vec<_>>());
     let victim_id = nodes[1].id().to_string();
@@ -323,7 +347,18 @@ fn kill_owner_while_writing_and_publishing(wipe: bool) {
     for a in &acked {
         let got = rt
             .block_on(client.read(&a.ws, &a.path))
-            .unwrap_or_else(|e| panic!("acknowledged {}:{} is gone: {e:?}", a.ws, a.path));
+            .unwrap_or_else(|e| {
+                for n in &nodes {
+                    let log = n.daemon().stderr();
+                    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                    eprintln!(
+                        "--- {} (last lines, newest first)\n{}",
+                        n.id(),
+                        tail.join("\n")
+                    );
+                }
+                panic!("acknowledged {}:{} is gone: {e:?}", a.ws, a.path)
+            });
         assert!(
             got.data == a.body,
             "acknowledged {}:{} reads back different bytes",
@@ -354,6 +389,13 @@ fn a_killed_owners_shards_are_taken_over_with_every_acknowledged_write_and_commi
 #[test]
 fn a_killed_owners_shards_are_taken_over_with_nothing_lost_even_after_its_data_dir_is_deleted() {
     kill_owner_while_writing_and_publishing(true);
+}
+
+// The chaos schedule of issue 45: kill -9 + wipe while every provider create (segments
+// included) may be refused before sending or land with its answer lost.
+#[test]
+fn a_killed_and_wiped_owner_loses_nothing_while_segment_puts_fail_or_lose_their_answers() {
+    kill_owner_under(true, Some(&provider_faults()));
 }
 
 /// Live segments per log stream in the bucket (`<prefix>/meta/log/<stream>/<first>`).

@@ -262,7 +262,10 @@ impl Cluster {
     /// Loads shard `shard`, acquired at `epoch`, and serves it (see the module doc).
     async fn load(&self, control: &Arc<EtcdControl>, shard: u32, epoch: Epoch) -> Result<()> {
         let started = Instant::now();
-        let previous = match control.take_previous(shard) {
+        // Peeked, not taken: a load that fails (a provider or etcd error) is retried by the
+        // next balance step and must see the same record, not the one that already names
+        // this node's epoch (its log would be checked against the wrong epoch).
+        let previous = match control.previous(shard) {
             Some(previous) => previous,
             // Adopted without an acquisition of this process: only its own record is known,
             // so accept the local file if it is not newer than the record.
@@ -382,6 +385,7 @@ impl Cluster {
         self.record_state(control, &opened, shard, epoch, &source, previous.as_ref())
             .await?;
         self.node.install(shard, opened);
+        control.take_previous(shard);
         tracing::info!(
             shard,
             epoch,

@@ -129,6 +129,13 @@ impl EtcdControl {
         self.previous.lock().remove(&shard)
     }
 
+    /// The record this node's acquisition of `shard` replaced, kept for a load that fails and
+    /// is retried (the record in etcd then already names this node's epoch);
+    /// [`EtcdControl::take_previous`] once the load succeeded.
+    pub fn previous(&self, shard: u32) -> Option<Option<ShardRecord>> {
+        self.previous.lock().get(&shard).cloned()
+    }
+
     /// Stops acknowledging `shard` at once (the first step of a release); it stays owned in
     /// etcd until [`EtcdControl::release`].
     pub fn stop_acknowledging(&self, shard: u32) {

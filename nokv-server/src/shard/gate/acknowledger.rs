@@ -92,8 +92,10 @@ struct InFlight {
 }
 
 enum Sent {
-    /// Known already: a local append failed, or there was nothing to send.
+    /// Known already: nothing to send, or the writer refused it (fenced, closed).
     Done(Result<(), String>),
+    /// The local append failed: the store's handle is failed and must be reopened.
+    LocalFailed(String),
     /// The segment's send, on the writer's runtime.
     Pending(tokio::task::JoinHandle<Result<(), String>>),
 }
@@ -151,8 +153,10 @@ fn run_replicated(
         let Some(mut oldest) = inflight.pop_front() else {
             continue;
         };
+        let local = matches!(oldest.sent, Sent::LocalFailed(_));
         let outcome = match &mut oldest.sent {
             Sent::Done(outcome) => outcome.clone(),
+            Sent::LocalFailed(e) => Err(e.clone()),
             Sent::Pending(send) => {
                 // While there is room for another segment, a stage handed over meanwhile
                 // starts it rather than wait for this one.
@@ -173,7 +177,7 @@ fn run_replicated(
             }
         };
         let failed = outcome.is_err();
-        finish(slot, name, oldest.round, outcome.clone(), &wake);
+        finish(slot, name, oldest.round, outcome.clone(), local, &wake);
         slot.handed_over.fetch_sub(oldest.handled, Ordering::AcqRel);
         if failed {
             // Nothing behind a failed round may be acknowledged.
@@ -182,7 +186,8 @@ fn run_replicated(
                 if let Sent::Pending(send) = &later.sent {
                     send.abort();
                 }
-                finish(slot, name, later.round, Err(reason.clone()), &wake);
+                let local = matches!(later.sent, Sent::LocalFailed(_));
+                finish(slot, name, later.round, Err(reason.clone()), local, &wake);
                 slot.handed_over.fetch_sub(later.handled, Ordering::AcqRel);
             }
         }
@@ -192,7 +197,7 @@ fn run_replicated(
 /// Appends a round's records to the local log and starts sending its segment.
 fn start(round: &[Stage], replica: &std::sync::Arc<crate::provider_log::LogWriter>) -> Sent {
     if let Err(e) = append(round) {
-        return Sent::Done(Err(e));
+        return Sent::LocalFailed(e);
     }
     match replica.prepare(&outgoing(round)) {
         Err(e) => Sent::Done(Err(e.to_string())),
@@ -217,21 +222,36 @@ pub(super) fn handle(
     round: Vec<Stage>,
     wake: &mpsc::WeakUnboundedSender<Job>,
 ) {
-    let appended = append(&round).and_then(|()| replicate(slot, &round));
-    finish(slot, name, round, appended, wake);
+    let (appended, local) = match append(&round) {
+        Err(e) => (Err(e), true),
+        Ok(()) => (replicate(slot, &round), false),
+    };
+    finish(slot, name, round, appended, local, wake);
 }
 
 /// The second half of [`handle`]: once a round's outcome is known, shows the newest snapshot
 /// (if it succeeded) and answers every stage, in order.
+///
+/// A failed *local* append (`local`) failed the store's handle: the store goes out of service
+/// until the committer reopened it. A round the provider log did not take (the stream was
+/// fenced, or the writer closed) leaves the store as it is: its callers are answered with the
+/// error and its snapshot is never shown — readers keep the last state shown, which is
+/// durable everywhere — and the node, deposed, drops every shard; a shard it takes again is
+/// reloaded whole (import or restore), so the round's unacknowledged rows are never served.
 fn finish(
     slot: &Slot,
     name: &str,
     round: Vec<Stage>,
     appended: Result<(), String>,
+    local: bool,
     wake: &mpsc::WeakUnboundedSender<Job>,
 ) {
-    if let Err(reason) = &appended {
-        out_of_service(slot, name, reason, wake);
+    match &appended {
+        Err(reason) if local => out_of_service(slot, name, reason, wake),
+        Err(reason) => {
+            tracing::warn!(store = name, error = %reason, "batch not acknowledged: the provider log did not take it")
+        }
+        Ok(()) => {}
     }
     let newest = round.iter().rev().find_map(|s| match s {
         Stage::Logged {

@@ -142,11 +142,16 @@ async fn a_deposed_writer_acknowledges_nothing_once_its_stream_is_fenced() {
         "{refused:?}"
     );
     fenced.changed().await.unwrap();
-    // Nothing more is sent into the fenced stream, and nothing is acknowledged (the store is
-    // out of service until a batch succeeds again, which takes a new stream).
+    // Nothing more is sent into the fenced stream, and nothing is acknowledged until a new
+    // stream begins; readers keep the last state shown (the refused write is never shown).
     let creates = f.faults.creates();
     assert!(put(&f.gate, "c").await.unwrap().is_err());
     assert_eq!(f.faults.creates(), creates, "wrote into a fenced stream");
+    assert!(
+        visible(&f.gate, "a").await,
+        "the acknowledged write is still shown"
+    );
+    assert!(!visible(&f.gate, "b").await && !visible(&f.gate, "c").await);
     let tail = stream::read(&f.clean, &stream_id(1), 0).await.unwrap();
     assert_eq!((tail.next, tail.segments.len()), (at, 1));
     // A new incarnation writes a new stream.
