@@ -125,6 +125,26 @@ impl Cluster {
         self
     }
 
+    /// SDK settings for `nodes` (every endpoint, tried in order) with the cluster's CA and
+    /// admin token; installs rustls's crypto provider for the SDK's TLS.
+    pub fn admin_config(&self, nodes: &[&Node]) -> nokv_client::config::ResolvedConfig {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        nokv_client::config::ResolvedConfig {
+            endpoint: nodes
+                .iter()
+                .map(|n| n.endpoint())
+                .collect::<Vec<_>>()
+                .join(","),
+            ca: self.tls_dir.join("ca.pem"),
+            token: Some(
+                std::fs::read_to_string(self.tls_dir.join("admin.token"))
+                    .expect("the cluster's admin token")
+                    .trim()
+                    .to_string(),
+            ),
+        }
+    }
+
     /// Like [`Cluster::new`], but etcd serves clients only over TLS and demands a client
     /// certificate signed by the cluster CA (`cluster init --etcd-host 127.0.0.1`); every node
     /// gets `--etcd-ca`, `--etcd-cert` and `--etcd-key` from the cluster directory.

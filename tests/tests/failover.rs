@@ -42,17 +42,47 @@ fn endpoints(nodes: &[&Node]) -> Vec<String> {
     nodes.iter().map(|n| n.endpoint()).collect()
 }
 
-fn client_config(c: &Cluster, nodes: &[&Node]) -> nokv_client::config::ResolvedConfig {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    nokv_client::config::ResolvedConfig {
-        endpoint: endpoints(nodes).join(","),
-        ca: c.root().join("tls/ca.pem"),
-        token: Some(
-            std::fs::read_to_string(c.root().join("tls/admin.token"))
-                .unwrap()
-                .trim()
-                .to_string(),
-        ),
+/// A runtime with workers (the client's connections are driven while test threads block on
+/// calls) and a client of every node in `nodes`.
+fn connect(c: &Cluster, nodes: &[Node]) -> (tokio::runtime::Runtime, Client) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(Client::connect(
+            &c.admin_config(&nodes.iter().collect::<Vec<_>>()),
+        ))
+        .expect("connect");
+    (rt, client)
+}
+
+/// Every acknowledged write reads back byte-identical through `nodes` (on failure, the nodes'
+/// last log lines are printed first).
+fn assert_read_back(c: &Cluster, nodes: &[Node], acked: &[Acked]) {
+    let (rt, client) = connect(c, nodes);
+    for a in acked {
+        let got = rt
+            .block_on(client.read(&a.ws, &a.path))
+            .unwrap_or_else(|e| {
+                for n in nodes {
+                    let log = n.daemon().stderr();
+                    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                    eprintln!(
+                        "--- {} (last lines, newest first)\n{}",
+                        n.id(),
+                        tail.join("\n")
+                    );
+                }
+                panic!("acknowledged {}:{} is gone: {e:?}", a.ws, a.path)
+            });
+        assert!(
+            got.data == a.body,
+            "acknowledged {}:{} reads back different bytes",
+            a.ws,
+            a.path
+        );
     }
 }
 
@@ -231,17 +261,7 @@ fn kill_owner_under(wipe: bool, faults: Option<&str>) {
     let artifact_ws = names[0].clone();
 
     let all_endpoints = endpoints(&nodes.iter().collect::<Vec<_>>());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt
-        .block_on(Client::connect(&client_config(
-            &c,
-            &nodes.iter().collect::<Vec<_>>(),
-        )))
-        .expect("connect");
+    let (rt, client) = connect(&c, &nodes);
     let writers = Writers::start(&rt, &client, &names);
     let stop_publishing = AtomicBool::new(false);
     let (acked, published_before, published_after, failover) = thread::scope(|s| {
@@ -340,32 +360,8 @@ fn kill_owner_under(wipe: bool, faults: Option<&str>) {
     );
     assert!(!published_before.is_empty());
 
+    assert_read_back(&c, &nodes, &acked);
     let live: Vec<&Node> = nodes.iter().collect();
-    let client = rt
-        .block_on(Client::connect(&client_config(&c, &live)))
-        .expect("connect");
-    for a in &acked {
-        let got = rt
-            .block_on(client.read(&a.ws, &a.path))
-            .unwrap_or_else(|e| {
-                for n in &nodes {
-                    let log = n.daemon().stderr();
-                    let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                    eprintln!(
-                        "--- {} (last lines, newest first)\n{}",
-                        n.id(),
-                        tail.join("\n")
-                    );
-                }
-                panic!("acknowledged {}:{} is gone: {e:?}", a.ws, a.path)
-            });
-        assert!(
-            got.data == a.body,
-            "acknowledged {}:{} reads back different bytes",
-            a.ws,
-            a.path
-        );
-    }
     for (n, (ws, path, bytes)) in published_before.iter().chain(&published_after).enumerate() {
         let dest = c.root().join(format!("restored-{n}.bin"));
         c.cli(
@@ -423,17 +419,7 @@ fn checkpoints_keep_each_log_stream_bounded_and_a_takeover_replays_only_the_tail
     let victim_id = nodes[1].id().to_string();
     let victim_shards = view.served_by(&victim_id);
     let names = c.workspaces_in_shards(&nodes[0], "cp", &victim_shards, 1);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = rt
-        .block_on(Client::connect(&client_config(
-            &c,
-            &nodes.iter().collect::<Vec<_>>(),
-        )))
-        .expect("connect");
+    let (rt, client) = connect(&c, &nodes);
     let writers = Writers::start(&rt, &client, &names);
     let mut acked = Vec::new();
     // Live segments per stream, sampled every 250 acknowledged writes: once compaction runs,
@@ -489,16 +475,7 @@ fn checkpoints_keep_each_log_stream_bounded_and_a_takeover_replays_only_the_tail
         })
     });
     acked.extend(writers.finish());
-    let live: Vec<&Node> = nodes.iter().collect();
-    let client = rt
-        .block_on(Client::connect(&client_config(&c, &live)))
-        .expect("connect");
-    for a in &acked {
-        let got = rt
-            .block_on(client.read(&a.ws, &a.path))
-            .unwrap_or_else(|e| panic!("acknowledged {}:{} is gone: {e:?}", a.ws, a.path));
-        assert!(got.data == a.body, "{}:{} differs", a.ws, a.path);
-    }
+    assert_read_back(&c, &nodes, &acked);
 }
 
 /// A single node with provider durability on moto, in `dir` (restarted by calling again).

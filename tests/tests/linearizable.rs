@@ -326,20 +326,7 @@ fn histories_on_a_three_node_provider_durability_cluster_through_a_move_a_pause_
     let shard = c.shards_of(&nodes[0], &[WS.to_string()])[0];
     let owner_of = |v: &ClusterView| v.shard(shard).owner.clone().unwrap_or_default();
     let index = |id: &str| ids.iter().position(|i| i == id).expect("a test node");
-    let cfg = nokv_client::config::ResolvedConfig {
-        endpoint: nodes
-            .iter()
-            .map(|n| n.endpoint())
-            .collect::<Vec<_>>()
-            .join(","),
-        ca: c.root().join("tls/ca.pem"),
-        token: Some(
-            std::fs::read_to_string(c.root().join("tls/admin.token"))
-                .unwrap()
-                .trim()
-                .to_string(),
-        ),
-    };
+    let cfg = c.admin_config(&nodes.iter().collect::<Vec<_>>());
     // The SDK's own retries (same request id) are what moves a client from an owner that
     // handed the shard off to the next one; an operation is still one invocation and its
     // final answer.

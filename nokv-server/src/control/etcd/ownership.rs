@@ -57,14 +57,21 @@ impl EtcdControl {
         let marked = self
             .update_guarded(shard, owned, |r| r.changed = true, false)
             .await?;
-        if !marked {
+        self.settle_changed(shard, owned, marked, true)
+    }
+
+    /// After a guarded update of `shard`'s record as `owned`: a refused one means the owner
+    /// key is gone (the shard is no longer ours); an applied one sets what this ownership
+    /// knows of `changed` (unless the ownership was replaced meanwhile).
+    fn settle_changed(&self, shard: u32, owned: Owned, applied: bool, changed: bool) -> Result<()> {
+        if !applied {
             self.owned.lock().remove(&shard);
             return Err(ControlError::NotOwner { shard });
         }
         if let Some(o) = self.owned.lock().get_mut(&shard)
             && o.owner_revision == owned.owner_revision
         {
-            o.changed = true;
+            o.changed = changed;
         }
         Ok(())
     }
@@ -111,16 +118,7 @@ impl EtcdControl {
                 false,
             )
             .await?;
-        if !recorded {
-            self.owned.lock().remove(&shard);
-            return Err(ControlError::NotOwner { shard });
-        }
-        if let Some(o) = self.owned.lock().get_mut(&shard)
-            && o.owner_revision == owned.owner_revision
-        {
-            o.changed = changed;
-        }
-        Ok(())
+        self.settle_changed(shard, owned, recorded, changed)
     }
 
     /// The record that this node's acquisition of `shard` replaced (`Some(None)`: there was
