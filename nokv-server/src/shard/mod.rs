@@ -22,6 +22,8 @@ pub mod operations;
 pub mod quota;
 pub mod receipts;
 pub mod reconciler;
+#[cfg(test)]
+mod reconciler_durability_tests;
 pub mod replay;
 pub mod search;
 pub mod sequencer;
