@@ -383,8 +383,15 @@ impl Daemon {
         let (line_tx, line_rx) = mpsc::channel();
         let stdout = child.stdout.take().expect("stdout piped");
         let stderr = child.stderr.take().expect("stderr piped");
-        let stdout_drain = spawn_drain(stdout, stdout_log.clone(), Some(line_tx));
-        let stderr_drain = spawn_drain(stderr, stderr_log.clone(), None);
+        let stdout_drain = spawn_drain(stdout, stdout_log.clone(), Some(line_tx), None);
+        // NOKV_TEST_LOG_DIR: every daemon's log also goes to DIR/nokv-server-<pid>.log, whole
+        // (a failing test prints only the tail; a killed node's log is otherwise gone with it).
+        let copy = std::env::var_os("NOKV_TEST_LOG_DIR").and_then(|d| {
+            let path = Path::new(&d).join(format!("nokv-server-{}.log", child.id()));
+            std::fs::create_dir_all(&d).ok()?;
+            std::fs::File::create(path).ok()
+        });
+        let stderr_drain = spawn_drain(stderr, stderr_log.clone(), None, copy);
         // The guard exists before readiness is awaited so a panic while waiting kills the child.
         let daemon = Daemon {
             child: Some(child),
@@ -750,6 +757,7 @@ fn spawn_drain<R: Read + Send + 'static>(
     pipe: R,
     log: Arc<Mutex<String>>,
     lines: Option<mpsc::Sender<String>>,
+    mut copy: Option<std::fs::File>,
 ) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let mut reader = BufReader::new(pipe);
@@ -760,6 +768,9 @@ fn spawn_drain<R: Read + Send + 'static>(
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     let line = String::from_utf8_lossy(&buf).into_owned();
+                    if let Some(f) = &mut copy {
+                        let _ = std::io::Write::write_all(f, &buf);
+                    }
                     log.lock().unwrap().push_str(&line);
                     if let Some(tx) = &lines {
                         // A dropped receiver only means nobody waits for lines any more.

@@ -14,8 +14,11 @@
 //! turns new requests away (hint or retry), requests holding the shard finish (bounded wait),
 //! the shard stops acknowledging (fail closed), a checkpoint of its store is uploaded under a
 //! unique key, and one transaction guarded by this node's owner key records it and deletes the
-//! owner key. If the checkpoint cannot be taken the release records none: the shard then waits
-//! for this node to take it back (its data is on this disk only).
+//! owner key. If the checkpoint cannot be taken the release records none: with local
+//! durability the shard then waits for this node to take it back (its data is on this disk
+//! only); with provider durability the record still names this node's log, and whoever takes
+//! the shard loads the older base plus that log, fencing the stream (this node is deposed and
+//! rejoins: see [`crate::takeover`]).
 //!
 //! **Lease loss**: when the acknowledge deadline passes, every shard is dropped at once (the
 //! fence already refuses their sessions) and the node rejoins with a new lease
@@ -106,13 +109,18 @@ impl Source {
         let Some(r) = previous else {
             return Source::New;
         };
+        // A record that names a log is checkpoint + log whatever its state: a release with a
+        // new checkpoint clears the log, so a handoff that still names one is a release whose
+        // checkpoint failed, and its checkpoint is an older base the log goes on from.
+        if let Some(log) = &r.log {
+            return Source::Provider {
+                checkpoint: r.checkpoint.clone(),
+                log: log.clone(),
+                epoch: r.epoch,
+            };
+        }
         match (&r.state, &r.checkpoint) {
             (ShardState::Handoff, Some(c)) => Source::Checkpoint(c.clone()),
-            _ if r.log.is_some() => Source::Provider {
-                checkpoint: r.checkpoint.clone(),
-                log: r.log.clone().expect("checked"),
-                epoch: r.epoch,
-            },
             (ShardState::Serving | ShardState::Draining, Some(c))
                 if !r.changed && (c.epoch + 1 == r.epoch || c.epoch == r.epoch) =>
             {
@@ -933,6 +941,23 @@ mod tests {
                 checkpoint: None,
                 ..
             }
+        ));
+    }
+
+    /// Found by the provider chaos schedule (seed 2004): an owner that had loaded the shard
+    /// from a log (so its record held a base checkpoint of its own epoch) released it while
+    /// the provider refused the handoff checkpoint; the next owner loaded the base alone and
+    /// every write in the log after it was gone.
+    #[test]
+    fn a_handoff_whose_checkpoint_failed_is_loaded_from_the_older_base_and_the_log() {
+        let mut r = record(ShardState::Handoff, 2, true, Some(2));
+        r.log = Some(LogRef {
+            stream: "b.0000000000000009".into(),
+            from_seq: 40,
+        });
+        assert!(matches!(
+            Source::of(Some(&r)),
+            Source::Provider { checkpoint: Some(c), log, epoch: 2 } if c.epoch == 2 && log.from_seq == 40
         ));
     }
 
