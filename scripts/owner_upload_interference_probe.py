@@ -82,7 +82,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 CONDITIONS = ("idle", "paced", "unpaced", "idle-again")
-UPLOAD_CONDITIONS = ("paced", "unpaced")
+# Open loop (--session-rate) adds a window before the sessions start: the uploader alone on
+# the node, the reference its speed beside the sessions is judged against in the same run.
+ALONE = "alone"
+ALL_CONDITIONS = (ALONE,) + CONDITIONS
+UPLOAD_CONDITIONS = (ALONE, "paced", "unpaced")
 SESSION_OPS = ("stat", "put")
 PERCENTILES = (50, 90, 99)
 PERCENTILE_METHOD = "linear interpolation between closest ranks (rank = p/100*(n-1))"
@@ -544,10 +548,15 @@ class Verdict:
                 "ratios": self.ratios, "control": self.control}
 
 
-def judge(conditions: dict, ratio: float = 1.2, control: bool = False) -> Verdict:
+def judge(conditions: dict, ratio: float = 1.2, control: bool = False,
+          p99_ratio: float | None = None, min_upload_share: float | None = None) -> Verdict:
     """QUALIFIED iff for stat and put the unpaced p50 <= ratio x idle p50 (idle = the first idle
     condition, pooled over cycles), the unpaced uploader moved bytes, and no session operation
     failed in idle or unpaced. Missing samples are NOT QUALIFIED with a reason.
+
+    Open loop adds two rules: `p99_ratio` (unpaced p99 <= p99_ratio x idle p99 for stat and
+    put) and `min_upload_share` (the unpaced uploader's MiB/s >= that share of its speed alone
+    on the node, the `alone` window of the same run).
 
     `control` (no uploader ran): the ratios are reported, not judged — they are what the verdict's
     ratios would be without any upload, i.e. the drift of the sessions' own latency over a run."""
@@ -571,14 +580,37 @@ def judge(conditions: dict, ratio: float = 1.2, control: bool = False) -> Verdic
             reasons.append(
                 f"unpaced {op} p50 {u50:.2f} ms > {ratio:g} x idle {i50:.2f} ms = {limit:.2f} ms"
             )
+    if p99_ratio is not None and not control:
+        for op in SESSION_OPS:
+            i99 = (idle.get(op) or {}).get("p99_ms")
+            u99 = (unpaced.get(op) or {}).get("p99_ms")
+            if i99 is not None and u99 is not None and u99 > p99_ratio * i99:
+                reasons.append(f"unpaced {op} p99 {u99:.2f} ms > {p99_ratio:g} x idle "
+                               f"{i99:.2f} ms = {p99_ratio * i99:.2f} ms")
     up = (unpaced.get("upload") or {}).get("bytes") if unpaced else None
     if unpaced and not up and not control:
         reasons.append("the uploader moved no data in unpaced")
+    share = upload_share(conditions)
+    if min_upload_share is not None and not control:
+        if share is None:
+            reasons.append("no uploader speed to compare: the alone or unpaced window is missing")
+        elif share < min_upload_share:
+            reasons.append(f"unpaced uploader at {100 * share:.0f} % of its speed alone "
+                           f"< {100 * min_upload_share:.0f} %")
     for cond in ("idle", "unpaced"):
         errs = (conditions.get(cond) or {}).get("session_errors") or 0
         if errs:
             reasons.append(f"{errs} session operation(s) failed in {cond}")
     return Verdict(qualified=not reasons, reasons=reasons, ratios=ratios, control=control)
+
+
+def upload_share(conditions: dict) -> float | None:
+    """The unpaced uploader's MiB/s over its MiB/s alone on the node (same run), or None."""
+    alone = ((conditions.get(ALONE) or {}).get("upload") or {}).get("mib_per_s")
+    beside = ((conditions.get("unpaced") or {}).get("upload") or {}).get("mib_per_s")
+    if not alone or beside is None:
+        return None
+    return beside / alone
 
 
 def shard_of(workspace: str, shard_count: int) -> int:
@@ -627,7 +659,7 @@ def format_table(label: str, conditions: dict) -> list[str]:
         f"{'p99':>8} {'ops/s':>8} {'errors':>6} {'upload MiB/s':>12} {'steal %':>7}"
     )
     lines = [f"[{label}] latency in ms, pooled over cycles", head, "-" * len(head)]
-    for cond in CONDITIONS:
+    for cond in ALL_CONDITIONS:
         c = conditions.get(cond)
         if not c:
             continue
@@ -652,7 +684,9 @@ def format_cpu(label: str, conditions: dict) -> list[str]:
             + f" {'daemon ms/op':>12} {'sessions ms/op':>14} {'busy %':>7}")
     lines = [f"[{label}] CPU in cores (CPU seconds per second) by process; daemon and sessions "
              "ms per session op", head, "-" * len(head)]
-    for cond in CONDITIONS:
+    for cond in ALL_CONDITIONS:
+        if cond not in conditions:
+            continue
         c = conditions.get(cond) or {}
         cores = c.get("cpu_cores") or {}
         lines.append(
@@ -674,7 +708,18 @@ def format_ratios(conditions: dict, ratio: float) -> str:
             c50 = (c.get(op) or {}).get("p50_ms")
             r = (c50 / i50) if (i50 and c50 is not None) else None
             parts.append(f"{cond} {op} {_f(r)}x")
-    return f"p50 vs idle (judged: unpaced <= {ratio:g}x): " + ", ".join(parts)
+    line = f"p50 vs idle (judged: unpaced <= {ratio:g}x): " + ", ".join(parts)
+    if ALONE in conditions:
+        p99 = []
+        for op in SESSION_OPS:
+            i99 = (idle.get(op) or {}).get("p99_ms")
+            u99 = ((conditions.get("unpaced") or {}).get(op) or {}).get("p99_ms")
+            p99.append(f"unpaced {op} {_f(u99 / i99 if i99 and u99 is not None else None)}x")
+        share = upload_share(conditions)
+        line += ("\np99 vs idle: " + ", ".join(p99)
+                 + f"\nunpaced uploader vs alone: {_f(share)}x"
+                 + (f" ({_f(100 * share, 0)} % of its speed alone)" if share is not None else ""))
+    return line
 
 
 def format_over_machine_speed(adjusted: dict) -> str:
@@ -1032,6 +1077,43 @@ def _stopped_ok(t: Target, name: str, rc: int, err: Path) -> None:
     raise ProbeError(f"[{t.daemon.label}] {name} stopped with status {rc}:\n{_tail(err)}")
 
 
+def _start_uploader(args, children: Children, t: Target, cdir: Path, up_files: list[Path],
+                    cond: str) -> tuple[str, subprocess.Popen, Path]:
+    n = len(up_files)
+    outp, errp = cdir / f"upload{n}-{cond}.jsonl", cdir / f"upload{n}-{cond}.stderr.log"
+    argv = [args.cli_bin, "bench", "upload", "--workspace", t.uploader[0],
+            "--size-mib", str(args.upload_mib),
+            "--seconds", str(int(args.seconds + 120))]
+    if cond == "paced":
+        argv += ["--pace", f"{args.pace:g}"]
+    with open(outp, "wb") as o, open(errp, "wb") as e:
+        p = children.spawn(f"uploader ({cond})", argv, cli_env(t.daemon, t.uploader[1]), o, e)
+    up_files.append(outp)
+    return (f"uploader ({cond})", p, errp)
+
+
+def _alone_window(args, children: Children, t: Target, cycle: int, cdir: Path,
+                  up_files: list[Path], log) -> None:
+    """The `alone` window: the unpaced uploader with no session running, so its speed beside
+    the sessions is compared with its speed on the same node in the same run."""
+    groups: dict[str, list[int]] = {}
+    if t.daemon.proc is not None:
+        groups["daemon"] = [t.daemon.proc.pid]
+    if t.provider_pid is not None:
+        groups["provider"] = [t.provider_pid]
+    ws_start, ticks0 = time.time(), read_machine_ticks()
+    cpu0 = group_cpu_seconds(groups)
+    up = _start_uploader(args, children, t, cdir, up_files, ALONE)
+    _sleep_watching(args.seconds, t, [up])
+    ws_end, ticks1 = time.time(), read_machine_ticks()
+    cpu1 = group_cpu_seconds(groups | {"uploader": [up[1].pid]})
+    rc = children.stop(up[1])
+    _stopped_ok(t, up[0], rc, up[2])
+    t.windows.append(Window(cycle, ALONE, ws_start, ws_end, ticks_between(ticks0, ticks1),
+                            cpu_between(cpu0, cpu1)))
+    log(f"[{t.daemon.label}] cycle {cycle}: {ALONE} done")
+
+
 def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -> None:
     label = t.daemon.label
     cdir = raw / label / f"cycle{cycle}"
@@ -1040,18 +1122,22 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
     cycle_budget = int(args.warmup + 4 * args.seconds + 120)
     procs: list[tuple[str, subprocess.Popen, Path]] = []
     files: list[Path] = []
+    up_files: list[Path] = []
     t_begin = time.time()
+    if args.session_rate is not None and not args.control:
+        _alone_window(args, children, t, cycle, cdir, up_files, log)
     for i, (ws, tok) in enumerate(t.sessions):
         outp, errp = cdir / f"session{i}.jsonl", cdir / f"session{i}.stderr.log"
         argv = [args.cli_bin, "bench", "session", "--workspace", ws,
                 "--file-size", str(args.file_size), "--seconds", str(cycle_budget)]
+        if args.session_rate is not None:
+            argv += ["--rate", f"{args.session_rate:g}"]
         with open(outp, "wb") as o, open(errp, "wb") as e:
             p = children.spawn(f"session {i}", argv, cli_env(t.daemon, tok), o, e)
         procs.append((f"session {i} ({ws})", p, errp))
         files.append(outp)
     log(f"[{label}] cycle {cycle}: {len(procs)} sessions started; warm-up {args.warmup:g} s")
     _sleep_watching(args.warmup, t, procs)
-    up_files: list[Path] = []
     groups = {"sessions": [p.pid for _, p, _ in procs]}
     if t.daemon.proc is not None:
         groups["daemon"] = [t.daemon.proc.pid]
@@ -1062,18 +1148,7 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
         ws_start, ticks0 = time.time(), read_machine_ticks()
         cpu0 = group_cpu_seconds(groups)
         if cond in UPLOAD_CONDITIONS and not args.control:
-            n = len(up_files)
-            outp, errp = cdir / f"upload{n}-{cond}.jsonl", cdir / f"upload{n}-{cond}.stderr.log"
-            argv = [args.cli_bin, "bench", "upload", "--workspace", t.uploader[0],
-                    "--size-mib", str(args.upload_mib),
-                    "--seconds", str(int(args.seconds + 120))]
-            if cond == "paced":
-                argv += ["--pace", f"{args.pace:g}"]
-            with open(outp, "wb") as o, open(errp, "wb") as e:
-                p = children.spawn(f"uploader ({cond})", argv,
-                                   cli_env(t.daemon, t.uploader[1]), o, e)
-            up = (f"uploader ({cond})", p, errp)
-            up_files.append(outp)
+            up = _start_uploader(args, children, t, cdir, up_files, cond)
         watch = procs + ([up] if up else [])
         _sleep_watching(args.seconds, t, watch)
         ws_end, ticks1 = time.time(), read_machine_ticks()
@@ -1101,12 +1176,13 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
 
 def analyse(args, t: Target) -> dict:
     per, dropped = attribute(t.session_records, t.windows, args.margin)
-    conds = {c: pool(t.windows, per, t.upload_records, args.margin, c) for c in CONDITIONS}
+    present = [c for c in ALL_CONDITIONS if any(w.condition == c for w in t.windows)]
+    conds = {c: pool(t.windows, per, t.upload_records, args.margin, c) for c in present}
     cycles = sorted({w.cycle for w in t.windows})
     per_cycle = [
         {"cycle": cy,
          "conditions": {c: pool(t.windows, per, t.upload_records, args.margin, c, [cy])
-                        for c in CONDITIONS}}
+                        for c in present}}
         for cy in cycles
     ]
     tls = []
@@ -1115,7 +1191,10 @@ def analyse(args, t: Target) -> dict:
         sess = [r for r in t.session_records if a <= r["start"] < b]
         tls.append({"cycle": cy, "t0": a,
                     "buckets": timeline(sess, t.upload_records, ws, a, b, args.bucket)})
-    v = judge(conds, args.ratio, args.control)
+    open_loop = args.session_rate is not None
+    v = judge(conds, args.ratio, args.control,
+              p99_ratio=args.p99_ratio if open_loop else None,
+              min_upload_share=args.min_upload_share if open_loop else None)
     for warning in (steal_warning(conds), speed_warning(conds)):
         if warning is not None:
             t.warnings.append(warning)
@@ -1214,6 +1293,7 @@ STAT_COLOUR: Rgb = (31, 119, 180)
 PUT_COLOUR: Rgb = (214, 39, 40)
 UPLOAD_COLOUR: Rgb = (150, 150, 150)
 CONDITION_COLOURS: dict[str, Rgb] = {
+    "alone": (235, 235, 235),
     "idle": (222, 235, 247),
     "paced": (255, 242, 204),
     "unpaced": (248, 203, 173),
@@ -1528,13 +1608,29 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 QUALIFIED, 1 NOT QUALIFIED, 2 usage error or crash, "
         "130 interrupted.",
     )
-    p.add_argument("--sessions", type=int, default=8, help="session processes (default 8)")
+    p.add_argument("--sessions", type=int, default=None,
+                   help="session processes (default 8; 32 with --open-loop)")
+    p.add_argument("--session-rate", type=float, default=None, metavar="R",
+                   help="open loop: each session starts a stat/put pair R times per second on "
+                   "average, with jittered think time, instead of back to back (default: closed "
+                   "loop). Adds an `alone` window (the uploader with no session running) before "
+                   "each cycle and judges p99 and the uploader's share of its speed alone too")
+    p.add_argument("--open-loop", action="store_true",
+                   help="the agents' regime: 32 sessions x 10 pairs/s beside 256 MiB artifacts, "
+                   "judged at p50 <= 1.1x, p99 <= 1.5x and uploader >= 50 %% of alone (each "
+                   "can be overridden by its own flag)")
+    p.add_argument("--p99-ratio", type=float, default=1.5,
+                   help="open loop: verdict limit unpaced p99 <= RATIO x idle p99 (default 1.5)")
+    p.add_argument("--min-upload-share", type=float, default=0.5,
+                   help="open loop: verdict limit unpaced uploader MiB/s >= SHARE x alone "
+                   "(default 0.5)")
     p.add_argument("--seconds", type=float, default=40.0,
                    help="seconds per condition (default 40)")
     p.add_argument("--cycles", type=int, default=2, help="cycles of the 4 conditions (default 2)")
     p.add_argument("--pace", type=float, default=8.0,
                    help="uploader MiB/s in the paced condition (default 8)")
-    p.add_argument("--upload-mib", type=int, default=16, help="artifact size in MiB (default 16)")
+    p.add_argument("--upload-mib", type=int, default=None,
+                   help="artifact size in MiB (default 16; 256 with --open-loop)")
     p.add_argument("--file-size", type=int, default=4096,
                    help="session write size in bytes (default 4096)")
     p.add_argument("--server-bin", default="target/release/nokv-server")
@@ -1560,8 +1656,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="same-shard (default): every session workspace is chosen to hash to "
                    "the uploader's shard; spread: plain names")
     p.add_argument("--uploader-workspace", default="probe-up")
-    p.add_argument("--ratio", type=float, default=1.2,
-                   help="verdict limit: unpaced p50 <= RATIO x idle p50 (default 1.2)")
+    p.add_argument("--ratio", type=float, default=None,
+                   help="verdict limit: unpaced p50 <= RATIO x idle p50 (default 1.2; 1.1 with "
+                   "--open-loop)")
     p.add_argument("--control", action="store_true",
                    help="run no uploader at all (paced and unpaced are then idle too): prints "
                    "`verdict: CONTROL (...)` with the unpaced/idle p50 ratios, i.e. how much the "
@@ -1583,7 +1680,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def apply_presets(a: argparse.Namespace) -> None:
+    """Fills the defaults that depend on --open-loop (flags given explicitly win)."""
+    if a.open_loop and a.session_rate is None:
+        a.session_rate = 10.0
+    for name, closed, opened in (("sessions", 8, 32), ("upload_mib", 16, 256),
+                                 ("ratio", 1.2, 1.1)):
+        if getattr(a, name) is None:
+            setattr(a, name, opened if a.open_loop else closed)
+
+
 def validate(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    apply_presets(a)
+    if a.session_rate is not None and not (a.session_rate > 0 and math.isfinite(a.session_rate)):
+        p.error("--session-rate must be a positive number of pairs per second")
+    if a.p99_ratio <= 0 or not 0 <= a.min_upload_share <= 1:
+        p.error("--p99-ratio must be positive and --min-upload-share within 0..1")
     if a.sessions < 1 or a.cycles < 1:
         p.error("--sessions and --cycles must be at least 1")
     if a.seconds <= 2 * a.margin:
@@ -1732,7 +1844,10 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
     # Text report.
     lines: list[str] = []
     lines.append(
-        f"owner-upload interference probe: sessions {args.sessions}, {args.seconds:g} s per "
+        f"owner-upload interference probe: sessions {args.sessions}"
+        + (f" open loop at {args.session_rate:g} pairs/s each" if args.session_rate else
+           " closed loop")
+        + f", {args.seconds:g} s per "
         f"condition, {args.cycles} cycle(s), provider {args.provider}, paced {args.pace:g} MiB/s, "
         f"artifacts {args.upload_mib} MiB, margin {args.margin:g} s"
     )
@@ -1771,12 +1886,16 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
         "started_utc": started_utc,
         "machine": machine_facts(args),
         "percentile_method": PERCENTILE_METHOD,
-        "conditions_order": list(CONDITIONS),
+        "conditions_order": [c for c in ALL_CONDITIONS
+                             if c in by["candidate"]["conditions"]],
         "verdict_rule": (
             "control run: no uploader; the unpaced/idle ratios are reported, not judged"
             if args.control else
             f"unpaced p50 <= {args.ratio:g} x idle p50 for stat and put; "
-            "the unpaced uploader moved data; no failed session op in idle/unpaced"),
+            "the unpaced uploader moved data; no failed session op in idle/unpaced"
+            + (f"; open loop ({args.session_rate:g} pairs/s per session): unpaced p99 <= "
+               f"{args.p99_ratio:g} x idle p99, uploader >= {args.min_upload_share:g} x alone"
+               if args.session_rate is not None else "")),
         "s3_endpoint": s3_endpoint,
         "targets": by,
         "verdict": by["candidate"]["verdict"],

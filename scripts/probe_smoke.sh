@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Smoke of the owner-upload interference probe (called by scripts/test.sh): 2 sessions, 3 s per
-# condition, 1 cycle against the debug binaries. It must complete, print a `verdict:` line and
+# condition, 1 cycle against the debug binaries (closed loop, open loop, control). It must complete, print a `verdict:` line and
 # write report.json and a valid timeline.png; the verdict itself is not judged here (CI machines
 # are noisy), so QUALIFIED (exit 0) and NOT QUALIFIED (exit 1) both pass. A crash (exit 2 or
 # anything else) or no verdict line fails.
@@ -73,5 +73,32 @@ t = json.load(open(sys.argv[1]))["targets"]["candidate"]
 sys.exit(0 if t["samples"]["uploads"] == 0 and t["samples"]["session_ops"] > 0 else 1)
 PY
 
-echo "probe_smoke: ok (verdict not judged: $verdict; control run ok)"
+# Open loop: sessions at a fixed rate beside an uploader, with the uploader-alone window first;
+# the report carries the alone window, the p99 and share lines, and the sessions kept to their
+# rate (a closed loop runs hundreds of ops/s here).
+python3 scripts/owner_upload_interference_probe.py --open-loop \
+    --sessions 2 --session-rate 20 --upload-mib 8 --seconds 3 --cycles 1 \
+    --server-bin target/debug/nokv-server --cli-bin target/debug/nokv \
+    --out "$work/open" > "$work/open.log" 2>&1
+rc=$?
+case "$rc" in
+    0|1) ;;
+    *) fail "the --open-loop run crashed ($(tail -3 "$work/open.log"))" ;;
+esac
+grep -q '^unpaced uploader vs alone: ' "$work/open.log" \
+    || fail "the --open-loop run printed no uploader-vs-alone line"
+grep -q '^p99 vs idle: ' "$work/open.log" || fail "the --open-loop run printed no p99 line"
+python3 - "$work/open/report.json" <<'PY' || fail "the --open-loop report lacks the alone window or the sessions ran faster than their rate"
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = r["targets"]["candidate"]["conditions"]
+offered = 2 * 20 * 2  # sessions x pairs/s x ops per pair
+ok = r["conditions_order"][0] == "alone" and c["alone"]["upload"]["mib_per_s"] > 0
+ok = ok and c["alone"]["session_ops"] == 0
+ok = ok and all(0 < c[k]["ops_per_s"] <= 1.5 * offered for k in ("idle", "unpaced"))
+sys.exit(0 if ok else 1)
+PY
+open_verdict=$(grep '^verdict: ' "$work/open.log")
+
+echo "probe_smoke: ok (verdicts not judged: $verdict; open loop $open_verdict; control run ok)"
 rm -rf "$work"

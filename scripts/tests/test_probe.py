@@ -486,6 +486,47 @@ class FormatTest(unittest.TestCase):
         json.dumps(conds)  # report.json must serialise
 
 
+def cond99(p50, p99, mib_per_s=None, upload_bytes=0.0):
+    """A pooled condition with p50 and p99 for both ops and the uploader's speed."""
+    return {
+        "stat": {"p50_ms": p50, "p99_ms": p99},
+        "put": {"p50_ms": p50, "p99_ms": p99},
+        "session_errors": 0,
+        "upload": {"bytes": upload_bytes, "mib_per_s": mib_per_s},
+    }
+
+
+class OpenLoopJudgeTest(unittest.TestCase):
+    def judge(self, unpaced, alone_mib=100.0):
+        conds = {"alone": cond99(None, None, mib_per_s=alone_mib, upload_bytes=1),
+                 "idle": cond99(1.0, 3.0), "unpaced": unpaced}
+        return probe.judge(conds, 1.1, p99_ratio=1.5, min_upload_share=0.5)
+
+    def test_within_every_bar_qualifies(self):
+        v = self.judge(cond99(1.05, 4.4, mib_per_s=60.0, upload_bytes=1))
+        self.assertTrue(v.qualified, v.reasons)
+
+    def test_a_tail_past_the_p99_bar_fails_although_p50_holds(self):
+        v = self.judge(cond99(1.05, 4.6, mib_per_s=60.0, upload_bytes=1))
+        self.assertFalse(v.qualified)
+        self.assertTrue(any("p99" in r for r in v.reasons), v.reasons)
+
+    def test_a_starved_uploader_fails_although_latency_holds(self):
+        v = self.judge(cond99(1.0, 3.0, mib_per_s=19.1, upload_bytes=1))
+        self.assertFalse(v.qualified)
+        self.assertIn("19 % of its speed alone", " ".join(v.reasons))
+
+    def test_without_an_alone_window_the_share_cannot_be_judged(self):
+        conds = {"idle": cond99(1.0, 3.0), "unpaced": cond99(1.0, 3.0, 60.0, 1)}
+        v = probe.judge(conds, 1.1, p99_ratio=1.5, min_upload_share=0.5)
+        self.assertFalse(v.qualified)
+        self.assertIsNone(probe.upload_share(conds))
+
+    def test_closed_loop_verdict_ignores_the_tail_and_the_share(self):
+        conds = {"idle": cond99(1.0, 3.0), "unpaced": cond99(1.05, 30.0, 1.0, 1)}
+        self.assertTrue(probe.judge(conds, 1.1).qualified)
+
+
 class CliTest(unittest.TestCase):
     def test_endpoint_requires_ca_and_data_dir(self):
         parser = probe.build_parser()
@@ -505,8 +546,21 @@ class CliTest(unittest.TestCase):
 
     def test_defaults(self):
         a = probe.build_parser().parse_args([])
+        probe.apply_presets(a)
         self.assertEqual((a.sessions, a.seconds, a.cycles, a.provider),
                          (8, 40.0, 2, "local"))
+        self.assertEqual((a.session_rate, a.upload_mib, a.ratio), (None, 16, 1.2),
+                         "closed loop stays the default, so old runs compare")
+
+    def test_open_loop_preset_is_the_agents_regime_and_explicit_flags_win(self):
+        a = probe.build_parser().parse_args(["--open-loop"])
+        probe.apply_presets(a)
+        self.assertEqual((a.sessions, a.session_rate, a.upload_mib, a.ratio),
+                         (32, 10.0, 256, 1.1))
+        a = probe.build_parser().parse_args(["--open-loop", "--sessions", "4",
+                                             "--session-rate", "2"])
+        probe.apply_presets(a)
+        self.assertEqual((a.sessions, a.session_rate), (4, 2.0))
         self.assertEqual(a.server_bin, "target/release/nokv-server")
         self.assertEqual(a.cli_bin, "target/release/nokv")
 

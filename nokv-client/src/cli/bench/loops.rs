@@ -1,4 +1,7 @@
-//! The probe's workers. `session` is an agent's tool loop (stat a file, write a 4 KiB file);
+//! The probe's workers. `session` is an agent's tool loop (stat a file, write a 4 KiB file),
+//! closed (each pair right after the last) or open (`--rate`: pairs at a mean rate, each
+//! started on its own schedule whatever the previous one's latency, so a slow server meets
+//! the same offered load instead of a politely slowing client);
 //! `upload` publishes artifacts back to back. Both print one JSON line per operation —
 //! `op`, `start` (Unix seconds), `latency` (seconds), `latency_ms`, `ok` — and stop after
 //! `--seconds` or on SIGTERM/SIGINT, exiting 0.
@@ -54,7 +57,13 @@ async fn timed<T>(op: &str, f: impl std::future::Future<Output = Result<T, Clien
     r.is_ok()
 }
 
-pub async fn session(client: &Client, ws: &str, seconds: Option<f64>, file_size: usize) {
+pub async fn session(
+    client: &Client,
+    ws: &str,
+    seconds: Option<f64>,
+    file_size: usize,
+    rate: Option<f64>,
+) {
     let probe = "session/stat-target.txt";
     let _ = client
         .write(pb::WriteRequest {
@@ -65,8 +74,17 @@ pub async fn session(client: &Client, ws: &str, seconds: Option<f64>, file_size:
         })
         .await;
     let body = bytes::Bytes::from(vec![b'x'; file_size]);
+    let mut think = rate.map(|r| ThinkTime::new(r, unix_now().to_bits()));
+    let mut due = tokio::time::Instant::now();
     let work = async {
         for i in 0u64.. {
+            if let Some(think) = &mut think {
+                // Open loop: the next pair is due a think time after the previous one was due,
+                // not after it was answered; a pair running late starts at once (no burst to
+                // catch up, so the offered rate is at most the target).
+                due = (due + think.next()).max(tokio::time::Instant::now() - think.mean);
+                tokio::time::sleep_until(due).await;
+            }
             timed("stat", client.stat(ws, probe)).await;
             let req = pb::WriteRequest {
                 workspace: ws.into(),
@@ -128,6 +146,32 @@ pub async fn upload(
     }
 }
 
+/// Think times of a session at a mean `rate` pairs per second: uniform on [0.5, 1.5] x the
+/// mean, so sessions started together drift apart instead of arriving in lockstep, while the
+/// rate stays exact on average.
+struct ThinkTime {
+    mean: Duration,
+    state: u64,
+}
+
+impl ThinkTime {
+    fn new(rate: f64, seed: u64) -> ThinkTime {
+        ThinkTime {
+            mean: Duration::from_secs_f64(1.0 / rate),
+            state: seed | 1,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        // xorshift64: jitter needs spread, not unpredictability.
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        let unit = (self.state >> 11) as f64 / (1u64 << 53) as f64;
+        self.mean.mul_f64(0.5 + unit)
+    }
+}
+
 /// Incompressible bench data (xorshift; speed matters here, not unpredictability).
 pub fn random_data(n: usize) -> Vec<u8> {
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15
@@ -144,4 +188,24 @@ pub fn random_data(n: usize) -> Vec<u8> {
     }
     out.truncate(n);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn think_times_average_to_the_rate_and_are_jittered_within_half_the_mean() {
+        let mut t = ThinkTime::new(10.0, 42);
+        let n = 10_000;
+        let times: Vec<Duration> = (0..n).map(|_| t.next()).collect();
+        let mean = times.iter().sum::<Duration>().as_secs_f64() / n as f64;
+        assert!((mean - 0.1).abs() < 0.002, "mean think time {mean}");
+        assert!(
+            times
+                .iter()
+                .all(|d| (0.05..=0.15).contains(&d.as_secs_f64()))
+        );
+        assert!(times.windows(2).any(|w| w[0] != w[1]), "jittered");
+    }
 }

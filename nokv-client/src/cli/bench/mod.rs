@@ -32,6 +32,11 @@ pub enum BenchCommand {
         seconds: Option<f64>,
         #[arg(long, default_value_t = 4096)]
         file_size: usize,
+        /// Open loop: start a stat/write pair this many times per second on average, with a
+        /// jittered think time between pairs, as an agent between model turns does (default:
+        /// closed loop, each pair right after the last one answered).
+        #[arg(long)]
+        rate: Option<f64>,
     },
     /// Publish artifacts back to back, one JSON line per artifact.
     Upload {
@@ -183,8 +188,14 @@ pub async fn run(
             workspace,
             seconds,
             file_size,
+            rate,
         } => {
-            loops::session(&connect().await?, &workspace, seconds, file_size).await;
+            if let Some(r) = rate.filter(|r| !(r.is_finite() && *r > 0.0)) {
+                return Err(ClientError::usage(format!(
+                    "--rate must be a positive number of pairs per second, not {r}"
+                )));
+            }
+            loops::session(&connect().await?, &workspace, seconds, file_size, rate).await;
             Ok(())
         }
         BenchCommand::Upload {
