@@ -34,8 +34,12 @@
 //! `--bulk-mib-per-s` remains an optional hard cap (default off) on top of this: when set,
 //! a block also waits for the cap's pace, pressured or not.
 
+mod governor;
+
 use std::future::Future;
 use std::time::Duration;
+
+use governor::{Governor, Interval};
 
 use crate::error::{Error, Result};
 use crate::pressure::Pressure;
@@ -67,6 +71,38 @@ pub struct Bulk {
     /// Admission: blocks hashed or written at once. Past the machine's spare cores more
     /// parallel bulk work only steals CPU and disk from interactive requests.
     permits: std::sync::Arc<tokio::sync::Semaphore>,
+    /// How bulk yields (experiment switch `NOKV_BULK_SCHEDULE`, see [`Schedule`]).
+    schedule: Schedule,
+    governed: parking_lot::Mutex<Governed>,
+}
+
+/// How bulk work yields to interactive work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Paced by the presence of interactive requests (nice 10 threads).
+    Presence,
+    /// `SCHED_IDLE` threads, no pacing.
+    Idle,
+    /// `SCHED_IDLE` threads paced by the delay-based governor.
+    Adaptive,
+}
+
+impl Schedule {
+    fn from_env() -> Schedule {
+        match std::env::var("NOKV_BULK_SCHEDULE").as_deref() {
+            Ok("idle") => Schedule::Idle,
+            Ok("adaptive") => Schedule::Adaptive,
+            _ => Schedule::Presence,
+        }
+    }
+}
+
+/// The governor and the interval it is measuring.
+struct Governed {
+    governor: Governor,
+    started: tokio::time::Instant,
+    interval_start: tokio::time::Instant,
+    bytes: u64,
 }
 
 impl Bulk {
@@ -84,12 +120,15 @@ impl Bulk {
         pressure: std::sync::Arc<Pressure>,
         cpus: usize,
     ) -> std::io::Result<Bulk> {
+        let schedule = Schedule::from_env();
+        let idle = schedule != Schedule::Presence;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("nokv-bulk")
-            .on_thread_start(lower_priority)
+            .on_thread_start(move || lower_priority(idle))
             .enable_all()
             .build()?;
+        let now = tokio::time::Instant::now();
         Ok(Bulk {
             runtime: Some(runtime),
             pace: mib_per_s.filter(|r| *r > 0.0).map(|r| {
@@ -102,6 +141,13 @@ impl Bulk {
             pressure,
             pressured_next: parking_lot::Mutex::new(tokio::time::Instant::now()),
             cpus: cpus.max(1),
+            schedule,
+            governed: parking_lot::Mutex::new(Governed {
+                governor: Governor::new(FLOOR_MIB_PER_CPU * cpus.max(1) as f64 * MIB),
+                started: now,
+                interval_start: now,
+                bytes: 0,
+            }),
         })
     }
 
@@ -119,7 +165,14 @@ impl Bulk {
         m.bulk_bytes.inc_by(bytes);
         let waiting = std::time::Instant::now();
         let mut waited = false;
-        let depth = self.pressure.depth();
+        let depth = match self.schedule {
+            Schedule::Presence => self.pressure.depth(),
+            Schedule::Idle => 0,
+            Schedule::Adaptive => {
+                waited = self.governed_admit(bytes).await;
+                0
+            }
+        };
         if depth > 0 {
             let start = {
                 let mut next = self.pressured_next.lock();
@@ -154,6 +207,44 @@ impl Bulk {
             m.bulk_admission_wait
                 .observe(waiting.elapsed().as_secs_f64());
         }
+    }
+
+    /// Paces a block by the governor's rate, first closing its interval if one has passed.
+    /// Returns whether the block waited.
+    async fn governed_admit(&self, bytes: u64) -> bool {
+        let now = tokio::time::Instant::now();
+        let start = {
+            let mut g = self.governed.lock();
+            let length = now - g.interval_start;
+            if length >= governor::INTERVAL {
+                let interval = Interval {
+                    at_secs: (now - g.started).as_secs_f64(),
+                    length,
+                    interactive: self.pressure.take_latency().map(|(mean, _)| mean),
+                    in_flight: self.pressure.in_flight(),
+                    bulk_bytes: g.bytes,
+                };
+                g.governor.observe(interval);
+                g.interval_start = now;
+                g.bytes = 0;
+            }
+            g.bytes += bytes;
+            let Some(rate) = g.governor.rate() else {
+                return false;
+            };
+            let mut next = self.pressured_next.lock();
+            let (start, following) = schedule(*next, now, bytes, rate);
+            *next = following;
+            start
+        };
+        if start <= now {
+            return false;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(start) => {}
+            () = self.pressure.quiet() => {}
+        }
+        true
     }
 
     /// Runs `work` on a bulk thread and waits for it.
@@ -209,12 +300,18 @@ pub fn pressured_rate(depth: usize, cpus: usize) -> f64 {
     rate.max(FLOOR_MIB_PER_CPU * cpus) * MIB
 }
 
-/// Applies to the calling thread only: on Linux, nice and I/O priority are per thread.
-fn lower_priority() {
-    // SAFETY: plain syscalls on the current thread with valid constant arguments.
+/// Applies to the calling thread only: on Linux, the scheduling policy, nice and I/O priority
+/// are per thread.
+fn lower_priority(idle: bool) {
+    // SAFETY: plain syscalls on the current thread with valid arguments.
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        if libc::setpriority(libc::PRIO_PROCESS, tid, BULK_NICE) != 0 {
+        let param = libc::sched_param { sched_priority: 0 };
+        if idle {
+            if libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_IDLE, &param) != 0 {
+                tracing::debug!("could not move a bulk thread to SCHED_IDLE");
+            }
+        } else if libc::setpriority(libc::PRIO_PROCESS, tid, BULK_NICE) != 0 {
             tracing::debug!("could not lower bulk thread priority");
         }
         // ioprio_set(IOPRIO_WHO_PROCESS, tid, IOPRIO_CLASS_BE level 7): lowest best-effort.

@@ -37,6 +37,11 @@ pub struct Pressure {
     quiet: Duration,
     /// Woken whenever the in-flight count drops to zero.
     idle: tokio::sync::Notify,
+    /// Service times of the interactive requests that ended since the last
+    /// [`Pressure::take_latency`]: their sum (ns) and count. Bulk work's delay-based governor
+    /// reads them (see [`crate::bulk`]).
+    latency_ns: AtomicU64,
+    latency_count: AtomicU64,
 }
 
 impl Default for Pressure {
@@ -47,6 +52,8 @@ impl Default for Pressure {
             epoch: Instant::now(),
             quiet: QUIET,
             idle: tokio::sync::Notify::new(),
+            latency_ns: AtomicU64::new(0),
+            latency_count: AtomicU64::new(0),
         }
     }
 }
@@ -54,11 +61,14 @@ impl Default for Pressure {
 /// One interactive request in flight; leaving (drop) records its end.
 #[must_use = "the request counts only while the guard lives"]
 #[derive(Debug)]
-pub struct InteractiveGuard(Arc<Pressure>);
+pub struct InteractiveGuard(Arc<Pressure>, Instant);
 
 impl Drop for InteractiveGuard {
     fn drop(&mut self) {
         let p = &self.0;
+        let took = self.1.elapsed().as_nanos() as u64;
+        p.latency_ns.fetch_add(took, Ordering::Relaxed);
+        p.latency_count.fetch_add(1, Ordering::Relaxed);
         // The end is stored before the count drops, so whoever sees the count at zero also
         // sees this end (SeqCst on both).
         let since = p.epoch.elapsed().as_nanos() as u64 + 1;
@@ -85,7 +95,16 @@ impl Pressure {
     /// Counts one interactive request until the guard is dropped.
     pub fn enter(self: &Arc<Self>) -> InteractiveGuard {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        InteractiveGuard(self.clone())
+        InteractiveGuard(self.clone(), Instant::now())
+    }
+
+    /// The mean service time of the interactive requests that ended since the last call, and
+    /// how many there were (`None`: none ended). The two counters are read apart, so a
+    /// request ending meanwhile may land in the next interval: a signal, not an account.
+    pub fn take_latency(&self) -> Option<(Duration, u64)> {
+        let count = self.latency_count.swap(0, Ordering::Relaxed);
+        let sum = self.latency_ns.swap(0, Ordering::Relaxed);
+        (count > 0).then(|| (Duration::from_nanos(sum / count), count))
     }
 
     /// Interactive requests in flight now.
@@ -294,6 +313,22 @@ mod tests {
         assert_eq!(pressure.in_flight(), 0);
         assert_eq!(pressure.depth_at(now), 1);
         assert_eq!(pressure.depth_at(now + HOUR), 0);
+    }
+
+    #[test]
+    fn the_latency_signal_is_the_mean_service_time_of_the_requests_ended_since_it_was_read() {
+        let pressure = Pressure::new();
+        assert_eq!(pressure.take_latency(), None, "nothing ended yet");
+        drop(pressure.enter());
+        drop(pressure.enter());
+        let (mean, n) = pressure.take_latency().unwrap();
+        assert_eq!(n, 2);
+        assert!(mean < Duration::from_secs(1));
+        assert_eq!(
+            pressure.take_latency(),
+            None,
+            "taken: the next interval starts empty"
+        );
     }
 
     #[tokio::test]
