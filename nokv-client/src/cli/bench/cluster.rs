@@ -51,6 +51,8 @@ pub struct ClusterBench {
     pub files: u32,
     /// Owners to kill -9 in the failover measurement (0: skip it).
     pub kills: u32,
+    /// Files written into the killed owners' shard first.
+    pub kill_files: u32,
 }
 
 /// One side of the put comparison: its clients, their pooled latencies and time, and each
@@ -351,8 +353,16 @@ pub async fn run(env: &BenchEnv, bench: &ClusterBench) -> Result<(Value, String)
             ));
         }
         eprintln!("failover: {} kills of a shard owner", bench.kills);
-        super::failover::failovers(env, &scratch, &c, &etcd, &provider, &mut nodes, bench.kills)
-            .await?
+        super::failover::failovers(
+            env,
+            &scratch,
+            &c,
+            &etcd,
+            &provider,
+            &mut nodes,
+            (bench.kills, bench.kill_files),
+        )
+        .await?
     } else {
         Value::Null
     };
@@ -425,8 +435,9 @@ fn text(env: &BenchEnv, bench: &ClusterBench, report: &Value, put_rows: &[Vec<St
         out.push_str(&table(
             &format!(
                 "cluster failover: kill -9 of a shard's owner ({} times, node TTL {} s, data dir \
-                 deleted), time to the first write acknowledged after the kill",
-                f["kills"], f["node_ttl_s"]
+                 deleted, {} files of 4 KiB in the shard), time to the first write acknowledged \
+                 after the kill",
+                f["kills"], f["node_ttl_s"], f["shard_files"]
             ),
             &["timing", "min ms", "median ms", "max ms"],
             &[vec![

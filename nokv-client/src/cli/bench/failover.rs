@@ -9,6 +9,9 @@
 //! checkpoint and replaying the log, uploading a checkpoint and serving. Then the killed node
 //! is restarted on an **empty** data dir (its disk counts as lost) and the next round begins.
 //!
+//! `--kill-files N` first writes N 4 KiB files into the workspace, so the failover time can be
+//! read against the size of the shard the taker restores and checkpoints before serving.
+//!
 //! Nothing here asserts a timing; the figures are printed and written as JSON.
 
 use std::sync::Arc;
@@ -37,10 +40,17 @@ pub(super) async fn failovers(
     etcd: &Etcd,
     provider: &[String],
     nodes: &mut Vec<(String, Daemon)>,
-    kills: u32,
+    (kills, files): (u32, u32),
 ) -> Result<Value> {
     let ids: Vec<String> = nodes.iter().map(|(id, _)| id.clone()).collect();
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    if files > 0 {
+        let endpoints: Vec<String> = nodes.iter().map(|(_, d)| d.endpoint.clone()).collect();
+        let admin = c.admin(&endpoints.join(",")).await?;
+        wait_view(&admin, "every node settled", |v| settled(v, &id_refs)).await?;
+        fill(&admin, files).await?;
+        eprintln!("failover: {files} files of 4 KiB written into the shard");
+    }
     let mut times_ms = Vec::new();
     for round in 0..kills {
         let endpoints: Vec<String> = nodes.iter().map(|(_, d)| d.endpoint.clone()).collect();
@@ -113,12 +123,32 @@ pub(super) async fn failovers(
     sorted.sort_by(|a, b| a.total_cmp(b));
     Ok(json!({
         "kills": kills,
+        "shard_files": files,
         "node_ttl_s": NODE_TTL.parse::<u64>().unwrap_or(0),
         "failover_ms": times_ms,
         "min_ms": sorted.first().copied().unwrap_or(f64::NAN),
         "median_ms": percentile(&sorted, 50.0),
         "max_ms": sorted.last().copied().unwrap_or(f64::NAN),
     }))
+}
+
+/// Writes `files` 4 KiB files into the workspace, 8 at a time (the SDK retries a shard still
+/// settling).
+async fn fill(client: &nokv_client::Client, files: u32) -> Result<()> {
+    use futures::StreamExt;
+    let writes = futures::stream::iter(0..files).map(|k| {
+        let client = client.clone();
+        async move {
+            let mut req = small_write(WORKSPACE.into(), 0);
+            req.path = format!("fill/{k}.txt");
+            client.write(req).await.map(|_| ())
+        }
+    });
+    let results: Vec<_> = writes.buffer_unordered(8).collect().await;
+    results
+        .into_iter()
+        .collect::<std::result::Result<(), _>>()?;
+    Ok(())
 }
 
 /// The endpoint of the workspace's owner once a write there succeeds (bounded by

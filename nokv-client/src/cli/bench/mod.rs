@@ -123,6 +123,10 @@ pub enum BenchCommand {
         /// workspace's shard is killed (-9) and its data dir deleted; 0 skips them.
         #[arg(long, default_value_t = 10)]
         kills: u32,
+        /// 4 KiB files written into the killed owners' shard before the first kill: failover
+        /// time against the size of the shard the taker restores and checkpoints.
+        #[arg(long, default_value_t = 0)]
+        kill_files: u32,
     },
     /// An agent's loop (grep a regex, read the matching file, edit it, stat it) with grep and
     /// edit done by the server vs the same loop done client-side (list + read every file + a
@@ -257,6 +261,7 @@ pub async fn run(
             moves,
             files,
             kills,
+            kill_files,
         } => {
             let bench = cluster::ClusterBench {
                 clients,
@@ -264,6 +269,7 @@ pub async fn run(
                 moves,
                 files,
                 kills,
+                kill_files,
             };
             let (report, text) = cluster::run(&env.env(), &bench).await?;
             let path = harness::save_report(&env.out, "cluster", &report)?;
