@@ -925,6 +925,11 @@ class Moto:
             raise ProbeError(f"cannot create bucket {bucket} on moto: {e}") from e
 
 
+def server_env(pairs: list[str]) -> dict[str, str]:
+    """--server-env NAME=VALUE pairs as a dict (validate() checked their form)."""
+    return dict(p.split("=", 1) for p in pairs)
+
+
 def start_daemon(
     children: Children,
     label: str,
@@ -1638,6 +1643,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every nokv-server the probe starts (repeatable), "
                         "e.g. --server-arg=--bulk-mib-per-s=48")
+    p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment variable for every nokv-server the probe starts "
+                   "(repeatable; the probe passes no NOKV_* variable of its own environment)")
     p.add_argument("--baseline-server", metavar="BIN",
                    help="also run every cycle against this nokv-server (interleaved)")
     p.add_argument("--provider", choices=("local", "s3"), default="local")
@@ -1694,6 +1702,8 @@ def validate(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     apply_presets(a)
     if a.session_rate is not None and not (a.session_rate > 0 and math.isfinite(a.session_rate)):
         p.error("--session-rate must be a positive number of pairs per second")
+    if any("=" not in e or e.startswith("=") for e in a.server_env):
+        p.error("--server-env takes NAME=VALUE")
     if a.p99_ratio <= 0 or not 0 <= a.min_upload_share <= 1:
         p.error("--p99-ratio must be positive and --min-upload-share within 0..1")
     if a.sessions < 1 or a.cycles < 1:
@@ -1820,7 +1830,7 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
         temps.append(dd)
         d = start_daemon(children, label, binary, dd, out,
                          provider_for(label) + list(args.server_arg), args.provider,
-                         env_extra, args.startup_timeout)
+                         env_extra | server_env(args.server_env), args.startup_timeout)
         log(f"[{label}] {binary} listening on {d.endpoint} (data {dd})")
         daemons.append(d)
 

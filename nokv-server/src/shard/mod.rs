@@ -27,6 +27,7 @@ mod reconciler_durability_tests;
 pub mod replay;
 pub mod search;
 pub mod sequencer;
+pub mod upload_digest;
 pub mod workspaces;
 
 use std::sync::Arc;
@@ -98,6 +99,8 @@ pub struct Shard {
     accounts: quota::Accounts,
     /// Admin retries in flight (see [`operations`]).
     retries: operations::RetriesInFlight,
+    /// Running whole-artifact digests of open uploads (see [`upload_digest`]).
+    digests: Arc<upload_digest::UploadDigests>,
 }
 
 impl Drop for Shard {
@@ -174,7 +177,14 @@ impl Shard {
             claims: Default::default(),
             clock,
             retries: Default::default(),
+            digests: Default::default(),
         })
+    }
+
+    /// Drops every running upload digest, as a restart does (tests of the read-back path).
+    #[cfg(test)]
+    pub(crate) fn forget_running_digests(&self) {
+        self.digests.forget_all();
     }
 
     /// Records the node's ownership epoch in the shard's store (see [`Gate::adopt_epoch`]).

@@ -13,18 +13,17 @@
 //!    record the request outcome.
 //!
 //! **CommitUpload proves the declared whole-file sha256 before it publishes.** Block digests
-//! are checked at PutBlock, but the whole-file digest cannot be derived from them, so the
-//! owner reads every recorded block back from the provider in index order and hashes it on
-//! a bulk thread, with no lock held and the lease renewed meanwhile
-//! ([`Shard::verify_declared_digest`]). The commit session then re-checks that it publishes
-//! exactly the block keys that were hashed. A mismatch answers `DigestMismatch` and changes
-//! nothing (the upload stays open). Cost: one provider GET of every block plus one SHA-256
-//! pass over the artifact per commit, so commit latency grows with the artifact's size.
-//! Measured with `nokv bench upload-vs-direct` (release, 64 MiB, 3 interleaved runs each
-//! with and without the check, 2-CPU machine at load 4-5): median publish 120 vs 134 MiB/s
-//! on the local provider (-10 %), 76 vs 91 MiB/s on S3/moto (-17 %). The alternative,
-//! hashing the in-order prefix as blocks arrive, would need the hasher state persisted per
-//! block and in-order arrival, which parallel clients do not give.
+//! are checked at PutBlock, but the whole-file digest cannot be derived from them. Each
+//! recorded block joins the upload's running digest ([`super::upload_digest`]: the in-order
+//! prefix hashed on a bulk thread, blocks that ran ahead held until their turn), and commit
+//! uses it when it hashed exactly the recorded attempt key of every block. Otherwise (a
+//! restart, a handoff, a block recorded twice, too many ahead) the owner reads every recorded
+//! block back from the provider in index order and hashes it on a bulk thread, with no lock
+//! held and the lease renewed meanwhile ([`Shard::verify_declared_digest`]). Either way the
+//! commit session then re-checks that it publishes exactly the block keys that were hashed.
+//! A mismatch answers `DigestMismatch` and changes nothing (the upload stays open). The
+//! read-back costs one provider GET of every block plus one SHA-256 pass per commit; the
+//! running digest costs the SHA-256 pass alone, spread over the upload.
 //!
 //! Invariants: a key is written at most once and never reused; every key the provider may
 //! hold is referenced by a block or revision, guarded, or collectable; a superseded or expired
@@ -279,6 +278,7 @@ impl Shard {
             // is unknown (the bytes may still land), so its guard stays.
             let (object, clock) = (shard.object.clone(), shard.clock.clone());
             let create_key = object_key.clone();
+            let kept = data.clone();
             let outcome = shard
                 .bulk
                 .run(async move {
@@ -293,7 +293,9 @@ impl Shard {
             // 3. Record. A refusal is the session's outcome, not its failure: the session
             // commits the settled guard and the caller hears the refusal.
             let clock = shard.clock.clone();
-            shard
+            let recorded_key = object_key.clone();
+            let recorded_upload = upload_id.clone();
+            let answer = shard
                 .gate
                 .write(move |w| {
                     let now = clock.now_ms();
@@ -308,7 +310,18 @@ impl Shard {
                         now,
                     )
                 })
-                .await?
+                .await?;
+            if answer.is_ok() {
+                // Recorded: the bytes join the upload's running digest (hashing is bulk work).
+                let (digests, lease) = (shard.digests.clone(), shard.cfg.upload_lease);
+                shard
+                    .bulk
+                    .run(async move {
+                        digests.recorded(&recorded_upload, index, &recorded_key, kept, lease)
+                    })
+                    .await?;
+            }
+            answer
         })
         .await
         .map_err(|e| Error::Internal(format!("block sequence task failed: {e}")))?
@@ -390,6 +403,14 @@ impl Shard {
         let Some(keys) = snapshot else {
             return Ok(None);
         };
+        let recorded: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
+        if let Some(digest) = self.digests.finish(&upload_id, &recorded) {
+            // Hashed as the blocks were recorded (see `upload_digest`): no read-back.
+            if digest.as_slice() != req.sha256.as_slice() {
+                return Err(declared_digest_mismatch());
+            }
+            return Ok(Some(recorded));
+        }
         let renew_every = self.cfg.upload_lease / 3;
         let mut renewed = tokio::time::Instant::now();
         self.extend_lease(claims.clone(), upload_id.clone()).await?;
@@ -412,10 +433,7 @@ impl Shard {
                 .await??;
         }
         if hasher.finalize().as_slice() != req.sha256.as_slice() {
-            return Err(Error::DigestMismatch(
-                "the declared sha256 does not match the uploaded bytes; nothing was published"
-                    .into(),
-            ));
+            return Err(declared_digest_mismatch());
         }
         Ok(Some(keys.into_iter().map(|(k, _)| k).collect()))
     }
@@ -543,6 +561,7 @@ impl Shard {
         let request_id = std::mem::take(&mut req.request_id);
         req.upload_token.clear();
         let mut key = RequestKey::new("", &request_id, "AbortUpload", &req);
+        self.digests.forget(&req.upload_id);
         let clock = self.clock.clone();
         let accounts = self.accounts.clone();
         self.gate
@@ -686,6 +705,12 @@ fn no_longer_readable(revision: u64) -> Error {
         "revision {revision} is no longer readable: the artifact was replaced or deleted and its \
          retired-grace period has ended"
     ))
+}
+
+fn declared_digest_mismatch() -> Error {
+    Error::DigestMismatch(
+        "the declared sha256 does not match the uploaded bytes; nothing was published".into(),
+    )
 }
 
 /// The length block `index` must have in an artifact of `size` bytes.

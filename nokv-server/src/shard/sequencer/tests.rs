@@ -1330,6 +1330,8 @@ async fn a_commit_whose_block_read_fails_answers_unavailable_and_publishes_nothi
         .put_block(writer(), block(&up, 0, b"abcd", "b0"))
         .await
         .unwrap();
+    // As after a restart: no running digest, so the commit reads the block back.
+    f.shard.forget_running_digests();
     f.faults.fail_next_reads(1);
     let err = f
         .shard
@@ -1347,6 +1349,60 @@ async fn a_commit_whose_block_read_fails_answers_unavailable_and_publishes_nothi
         .await
         .unwrap();
     assert_accounted(&f).await;
+}
+
+/// Issue 46: blocks recorded out of order join the running digest, and the commit proves the
+/// declared sha256 without reading any block back (every read would fail here). Mutation:
+/// never use the running digest (`finish` → `None`) and the commit answers `Unavailable`.
+#[tokio::test]
+async fn a_commit_proves_the_declared_digest_from_the_running_digest_without_reading_back() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 12).await;
+    for i in [2u32, 0, 1] {
+        let part = &b"abcdefghijkl"[4 * i as usize..4 * i as usize + 4];
+        f.shard
+            .put_block(writer(), block(&up, i, part, &format!("b{i}")))
+            .await
+            .unwrap();
+    }
+    f.faults.fail_next_reads(1000);
+    let done = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcdefghijkl", "c"))
+        .await
+        .unwrap();
+    assert_eq!(
+        done.entry.unwrap().sha256,
+        Sha256::digest(b"abcdefghijkl").to_vec()
+    );
+    f.faults.fail_next_reads(0);
+    assert_accounted(&f).await;
+}
+
+/// The running digest is exact: a false declared sha256 is refused by it too, and nothing is
+/// published.
+#[tokio::test]
+async fn the_running_digest_refuses_a_false_declared_sha256() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 8).await;
+    for (i, part) in [b"abcd", b"efgh"].iter().enumerate() {
+        f.shard
+            .put_block(writer(), block(&up, i as u32, *part, &format!("b{i}")))
+            .await
+            .unwrap();
+    }
+    f.faults.fail_next_reads(1000);
+    let err = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcdefgX", "c"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch(_)), "{err:?}");
+    f.faults.fail_next_reads(0);
+    assert!(matches!(
+        f.shard.stat("ws", "art").await,
+        Err(Error::NotFound(_))
+    ));
 }
 
 // ---------------------------------------------------------------------------------------------
