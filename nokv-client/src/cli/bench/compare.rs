@@ -301,7 +301,15 @@ pub async fn upload_vs_direct(
             .map_err(|e| nokv_client::ClientError::local(e.to_string()))?;
         let blocks = size.div_ceil(4 * 1024 * 1024) as u32;
         let (mut publish, mut restore, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+        // The daemon's CPU per MiB moved (its process, all threads), per direction.
+        let daemon_cpu = cpu::CpuClock::of_pid(daemon.pid());
+        let per_s = cpu::ticks_per_second();
+        let ms_per_mib = |ticks: Option<u64>| {
+            ticks.map(|t| 1000.0 * t as f64 / per_s / size_mib.max(1) as f64)
+        };
+        let (mut publish_cpu, mut restore_cpu) = (Vec::new(), Vec::new());
         for round in 0..rounds {
+            let cpu0 = daemon_cpu.ticks();
             let t = Instant::now();
             client
                 .publish_file(
@@ -312,28 +320,44 @@ pub async fn upload_vs_direct(
                 )
                 .await?;
             publish.push(size_mib as f64 / t.elapsed().as_secs_f64());
+            let cpu1 = daemon_cpu.ticks();
+            publish_cpu.extend(ms_per_mib(cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a))));
             let dest = scratch.0.join(format!("restored-{round}"));
             let t = Instant::now();
             client
                 .restore("bench", &format!("artifact-{round}"), &dest, 4, None)
                 .await?;
             restore.push(size_mib as f64 / t.elapsed().as_secs_f64());
+            let cpu2 = daemon_cpu.ticks();
+            restore_cpu.extend(ms_per_mib(cpu1.zip(cpu2).map(|(a, b)| b.saturating_sub(a))));
             let _ = std::fs::remove_file(&dest);
             direct.push(direct_put(env, &daemon.data_dir, &extra, blocks)?);
         }
         let best = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::max);
+        let least = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::min);
         let (p, r, d) = (best(&publish), best(&restore), best(&direct));
-        rows.push(vec![provider.clone(), f2(p), f2(r), f2(d), f2(p / d)]);
+        let (pc, rc) = (least(&publish_cpu), least(&restore_cpu));
+        rows.push(vec![
+            provider.clone(),
+            f2(p),
+            f2(r),
+            f2(d),
+            f2(p / d),
+            f2(pc),
+            f2(rc),
+        ]);
         results.push(json!({
             "provider": provider, "size_mib": size_mib, "rounds": rounds,
             "publish_mib_s": publish, "restore_mib_s": restore, "direct_put_mib_s": direct,
             "best_publish_mib_s": p, "best_restore_mib_s": r, "best_direct_put_mib_s": d,
             "publish_over_direct": p / d,
+            "daemon_cpu_ms_per_mib_published": publish_cpu,
+            "daemon_cpu_ms_per_mib_restored": restore_cpu,
         }));
     }
     print_table(
         &format!(
-            "upload-vs-direct: {size_mib} MiB, 4 MiB blocks, 4 in flight, no bulk cap (best of {rounds})"
+            "upload-vs-direct: {size_mib} MiB, 4 MiB blocks, 4 in flight, no bulk cap (best of {rounds}; CPU: least of {rounds})"
         ),
         &[
             "provider",
@@ -341,6 +365,8 @@ pub async fn upload_vs_direct(
             "restore MiB/s",
             "direct PUT MiB/s",
             "publish/direct",
+            "daemon CPU ms/MiB published",
+            "restored",
         ],
         &rows,
     );
