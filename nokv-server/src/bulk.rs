@@ -33,6 +33,28 @@
 //!
 //! `--bulk-mib-per-s` remains an optional hard cap (default off) on top of this: when set,
 //! a block also waits for the cap's pace, pressured or not.
+//!
+//! **Alternatives measured (issue 46, open; the experiment switch `NOKV_BULK_SCHEDULE`
+//! selects them until one wins).** The open-loop probe (`scripts/owner_upload_interference_probe.py
+//! --open-loop`: 32 sessions x 10 stat/put pairs per second beside an unpaced uploader, local
+//! provider, 2 cores), one run each, uploader speed beside the sessions as a share of its speed
+//! alone in the same run, and put p50 / p99 beside the upload over the no-upload window:
+//! * `presence` (this doc, the default): share 0.09-0.15, p50 1.06-1.11x, p99 2.7-3.4x;
+//! * `idle` — `SCHED_IDLE` bulk threads, no pacing: share 0.89, p50 4.1x, p99 6.5x. The spare
+//!   CPU does go to bulk at once, but the interactive path suffers anyway: what an upload
+//!   costs outside the bulk threads (the loopback TCP and TLS receive of the bodies, the page
+//!   cache and writeback of 170 MiB/s, the uploading client) is not governed by thread
+//!   priority. The same with the idle I/O class, with the uploading client itself at
+//!   `SCHED_IDLE`, with 6 serving threads, or without the blocks' fsync: no better;
+//! * `adaptive` — `SCHED_IDLE` plus the delay-based governor ([`governor`]): on the mean
+//!   service time it cut to its floor (share 0.09, p99 3.2x); on the median, the same
+//!   (share 0.05, p50 1.12x). Even 2 blocks a second lift put p50 by ~10 % and p99 ~2x here,
+//!   so a controller on interactive latency finds no rate that keeps the target — the cost
+//!   is per block, not per byte per second.
+//!
+//! The next step is therefore to take the per-block cost off the interactive path rather
+//! than to pace it: a data-plane listener whose connections (TLS, HTTP/2, decoding) run on
+//! the bulk runtime, so that every byte of an upload is handled at `SCHED_IDLE`.
 
 mod governor;
 
@@ -314,10 +336,17 @@ fn lower_priority(idle: bool) {
         } else if libc::setpriority(libc::PRIO_PROCESS, tid, BULK_NICE) != 0 {
             tracing::debug!("could not lower bulk thread priority");
         }
-        // ioprio_set(IOPRIO_WHO_PROCESS, tid, IOPRIO_CLASS_BE level 7): lowest best-effort.
+        // ioprio_set(IOPRIO_WHO_PROCESS, tid, ...): the idle class with SCHED_IDLE (the block
+        // layer dispatches its requests only when no best-effort one waits: mq-deadline and
+        // BFQ honour classes), else the lowest best-effort level.
         const IOPRIO_WHO_PROCESS: libc::c_long = 1;
         const IOPRIO_CLASS_BE: libc::c_long = 2;
-        let prio = (IOPRIO_CLASS_BE << 13) | 7;
+        const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+        let prio = if idle {
+            IOPRIO_CLASS_IDLE << 13
+        } else {
+            (IOPRIO_CLASS_BE << 13) | 7
+        };
         libc::syscall(
             libc::SYS_ioprio_set,
             IOPRIO_WHO_PROCESS,

@@ -3,13 +3,13 @@
 //! their own, and the only reliable witness of "slower" is the interactive requests' own
 //! service time.
 //!
-//! Every [`INTERVAL`] the governor reads the mean service time of the interactive requests
+//! Every [`INTERVAL`] the governor reads the median service time of the interactive requests
 //! that ended in it ([`crate::pressure::Pressure::take_latency`]) and compares it with the
-//! **base**: the least such mean over the last [`BASE_SECONDS`] (kept as one minimum per
+//! **base**: the least such median over the last [`BASE_SECONDS`] (kept as one minimum per
 //! second). The base is what an interval costs without interference: because every rise cuts
 //! the rate, intervals close to the base keep occurring even under a steady upload, so the base
 //! does not drift up with the load it measures.
-//! * **Within target** (mean <= base x (1 + [`TARGET`]) + [`SLACK`]): the rate grows
+//! * **Within target** (median <= base x (1 + [`TARGET`]) + [`SLACK`]): the rate grows
 //!   additively, by [`GAIN_MIB_PER_S`] per second.
 //! * **Above target**: the rate is cut to half of what bulk actually moved in the interval
 //!   (never below the floor), so one cut takes effect whatever the rate had grown to.
@@ -46,7 +46,7 @@ pub struct Governor {
     rate: Option<f64>,
     /// The floor of `rate` (bytes/s): bulk always progresses.
     floor: f64,
-    /// One minimum interval mean per second, oldest first: (second, minimum).
+    /// One minimum interval median per second, oldest first: (second, minimum).
     minima: VecDeque<(u64, Duration)>,
 }
 
@@ -56,7 +56,7 @@ pub struct Interval {
     /// Seconds since an arbitrary fixed start (buckets the base).
     pub at_secs: f64,
     pub length: Duration,
-    /// Mean service time of the interactive requests that ended in it, if any did.
+    /// Median service time of the interactive requests that ended in it, if any did.
     pub interactive: Option<Duration>,
     /// Interactive requests in flight at its end.
     pub in_flight: usize,
@@ -85,7 +85,7 @@ impl Governor {
 
     /// Decides the rate after `interval`.
     pub fn observe(&mut self, interval: Interval) {
-        let Some(mean) = interval.interactive else {
+        let Some(median) = interval.interactive else {
             if interval.in_flight == 0 {
                 self.rate = None;
             }
@@ -93,8 +93,8 @@ impl Governor {
         };
         let second = interval.at_secs.max(0.0) as u64;
         match self.minima.back_mut() {
-            Some((s, m)) if *s == second => *m = (*m).min(mean),
-            _ => self.minima.push_back((second, mean)),
+            Some((s, m)) if *s == second => *m = (*m).min(median),
+            _ => self.minima.push_back((second, median)),
         }
         while self
             .minima
@@ -106,7 +106,7 @@ impl Governor {
         let base = self.base().expect("just recorded");
         let limit = base.mul_f64(1.0 + TARGET) + SLACK;
         let secs = interval.length.as_secs_f64().max(1e-3);
-        if mean <= limit {
+        if median <= limit {
             if let Some(r) = &mut self.rate {
                 *r += GAIN_MIB_PER_S * MIB * secs;
             }
@@ -124,11 +124,11 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
-    fn interval(at: f64, mean_ms: Option<f64>, bulk_mib: f64) -> Interval {
+    fn interval(at: f64, median_ms: Option<f64>, bulk_mib: f64) -> Interval {
         Interval {
             at_secs: at,
             length: INTERVAL,
-            interactive: mean_ms.map(|m| Duration::from_secs_f64(m / 1000.0)),
+            interactive: median_ms.map(|m| Duration::from_secs_f64(m / 1000.0)),
             in_flight: 0,
             bulk_bytes: (bulk_mib * MIB) as u64,
         }
@@ -146,7 +146,7 @@ mod tests {
         let mut g = Governor::new(8.0 * MIB);
         g.observe(interval(0.00, Some(1.0), 0.0)); // base 1 ms
         assert_eq!(g.rate(), None, "within target with no limit yet: none");
-        // 10 MiB in 50 ms = 200 MiB/s moved, and the interactive mean rose to 2 ms.
+        // 10 MiB in 50 ms = 200 MiB/s moved, and the interactive median rose to 2 ms.
         g.observe(interval(0.05, Some(2.0), 10.0));
         let cut = g.rate().unwrap() / MIB;
         assert!((cut - 100.0).abs() < 1e-6, "{cut}");

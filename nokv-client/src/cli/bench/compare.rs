@@ -304,9 +304,8 @@ pub async fn upload_vs_direct(
         // The daemon's CPU per MiB moved (its process, all threads), per direction.
         let daemon_cpu = cpu::CpuClock::of_pid(daemon.pid());
         let per_s = cpu::ticks_per_second();
-        let ms_per_mib = |ticks: Option<u64>| {
-            ticks.map(|t| 1000.0 * t as f64 / per_s / size_mib.max(1) as f64)
-        };
+        let ms_per_mib =
+            |ticks: Option<u64>| ticks.map(|t| 1000.0 * t as f64 / per_s / size_mib.max(1) as f64);
         let (mut publish_cpu, mut restore_cpu) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             let cpu0 = daemon_cpu.ticks();

@@ -416,6 +416,8 @@ mod tests {
             "50",
             "--kills",
             "3",
+            "--kill-files",
+            "200",
             "--seconds",
             "2",
             "--json",
@@ -428,14 +430,15 @@ mod tests {
             moves,
             files,
             kills,
+            kill_files,
             env,
         }) = cli.command
         else {
             panic!("not bench cluster: {:?}", cli.command);
         };
         assert_eq!(
-            (clients, rounds, moves, files, kills),
-            (vec![1, 4], 2, 5, 50, 3)
+            (clients, rounds, moves, files, kills, kill_files),
+            (vec![1, 4], 2, 5, 50, 3, 200)
         );
         assert_eq!(env.seconds, 2.0);
     }
