@@ -409,6 +409,7 @@ def summarize(
     seconds: float,
     machine: dict | None = None,
     cpu: dict[str, float] | None = None,
+    block_bytes: float | None = None,
 ) -> dict:
     """Figures of one condition (one window, or several pooled): `session_records` are already
     attributed to it; `upload_records` are all the uploader's records that may overlap it and
@@ -422,6 +423,8 @@ def summarize(
     out["session_errors"] = sum(1 for r in session_records if not r["ok"])
     out["ops_per_s"] = (ok_ops / seconds) if seconds > 0 else None
     up_bytes = sum(r.get("_bytes_in", 0.0) for r in upload_records)
+    if block_bytes is not None:
+        up_bytes = block_bytes
     started = [r for r in upload_records if r.get("_started_in")]
     out["upload"] = {
         "bytes": up_bytes,
@@ -456,9 +459,15 @@ def pool(
     margin: float,
     condition: str,
     cycles: Iterable[int] | None = None,
+    blocks: Sequence[dict] = (),
 ) -> dict:
     """Pool one condition over cycles (all cycles, or only `cycles`): session samples are
-    concatenated, durations summed, uploader bytes attributed pro rata to each trimmed window."""
+    concatenated, durations summed, uploader bytes attributed pro rata to each trimmed window.
+
+    `blocks`: the uploader's per-block records (op `block`, `start` = when the block was
+    acknowledged). When there are any, the uploader's bytes in a window are the blocks
+    acknowledged in it — exact to a block, where per-artifact records of large artifacts
+    only count the artifacts that finished."""
     wanted = None if cycles is None else set(cycles)
     sess: list[dict] = []
     seconds = 0.0
@@ -478,8 +487,13 @@ def pool(
                 entry = ups.setdefault(id(u), dict(u, _bytes_in=0.0, _started_in=False))
                 entry["_bytes_in"] += share
                 entry["_started_in"] = entry["_started_in"] or started
+    block_bytes = None
+    if blocks:
+        block_bytes = float(sum(
+            r["bytes"] for r in blocks for w in mine
+            if r["ok"] and w.inner(margin)[0] <= r["start"] < w.inner(margin)[1]))
     return summarize(sess, list(ups.values()), seconds,
-                     machine_share([w.ticks for w in mine]), cpu_cores(mine))
+                     machine_share([w.ticks for w in mine]), cpu_cores(mine), block_bytes)
 
 
 def timeline(
@@ -1022,6 +1036,7 @@ class Target:
     windows: list[Window] = dataclasses.field(default_factory=list)
     session_records: list[dict] = dataclasses.field(default_factory=list)
     upload_records: list[dict] = dataclasses.field(default_factory=list)
+    block_records: list[dict] = dataclasses.field(default_factory=list)
     cycle_spans: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
     skipped_lines: int = 0
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -1177,16 +1192,19 @@ def run_cycle(args, children: Children, t: Target, cycle: int, raw: Path, log) -
         recs, skipped = parse_lines(f.read_text(errors="replace").splitlines())
         t.skipped_lines += skipped
         t.upload_records.extend(r for r in recs if r["op"] == "upload")
+        t.block_records.extend(r for r in recs if r["op"] == "block")
 
 
 def analyse(args, t: Target) -> dict:
     per, dropped = attribute(t.session_records, t.windows, args.margin)
     present = [c for c in ALL_CONDITIONS if any(w.condition == c for w in t.windows)]
-    conds = {c: pool(t.windows, per, t.upload_records, args.margin, c) for c in present}
+    conds = {c: pool(t.windows, per, t.upload_records, args.margin, c, blocks=t.block_records)
+             for c in present}
     cycles = sorted({w.cycle for w in t.windows})
     per_cycle = [
         {"cycle": cy,
-         "conditions": {c: pool(t.windows, per, t.upload_records, args.margin, c, [cy])
+         "conditions": {c: pool(t.windows, per, t.upload_records, args.margin, c, [cy],
+                                t.block_records)
                         for c in present}}
         for cy in cycles
     ]

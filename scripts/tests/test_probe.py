@@ -182,6 +182,14 @@ class PoolTest(unittest.TestCase):
         self.assertEqual(only1["put"]["n"], 1)
         self.assertAlmostEqual(only1["upload"]["bytes"], 8 * MIB)
 
+        # Per-block records, when the uploader wrote them, count exactly the blocks
+        # acknowledged inside each trimmed window (an artifact that never finished too).
+        blocks = [rec("block", 11.0, 0.0, nbytes=4 * MIB), rec("block", 19.4, 0.0, nbytes=4 * MIB),
+                  rec("block", 19.6, 0.0, nbytes=4 * MIB), rec("block", 112.0, 0.0, nbytes=MIB)]
+        by_block = probe.pool(windows, per, uploads, 0.5, "unpaced", blocks=blocks)
+        self.assertEqual(by_block["upload"]["bytes"], 9 * MIB)
+        self.assertEqual(by_block["upload"]["artifacts_started"], 3, "artifacts still counted")
+
     def test_empty_condition(self):
         c = probe.pool([], [], [], 0.5, "idle")
         self.assertEqual(c["seconds"], 0.0)

@@ -3,7 +3,8 @@
 //! started on its own schedule whatever the previous one's latency, so a slow server meets
 //! the same offered load instead of a politely slowing client);
 //! `upload` publishes artifacts back to back. Both print one JSON line per operation —
-//! `op`, `start` (Unix seconds), `latency` (seconds), `latency_ms`, `ok` — and stop after
+//! `op`, `start` (Unix seconds), `latency` (seconds), `latency_ms`, `ok` (the uploader also
+//! one `block` line with its `bytes` per block acknowledged) — and stop after
 //! `--seconds` or on SIGTERM/SIGINT, exiting 0.
 
 use std::io::Write;
@@ -115,13 +116,22 @@ pub async fn upload(
         let mut sent = 0u64;
         for i in 0u64.. {
             let (start, t) = (unix_now(), Instant::now());
+            // One `block` line per block acknowledged: the probe attributes the uploader's
+            // bytes to its windows by these (a large artifact spans several windows).
+            let progress: nokv_client::publish::Progress = std::sync::Arc::new(|bytes| {
+                emit(json!({"op": "block", "start": unix_now(), "latency": 0.0,
+                    "latency_ms": 0.0, "bytes": bytes, "ok": true}));
+            });
             let r = client
                 .publish_reader(
                     ws,
                     &format!("uploads/artifact-{}", i % 4),
                     std::io::Cursor::new(data.as_slice()),
                     size,
-                    PublishOptions::default(),
+                    PublishOptions {
+                        progress: Some(progress),
+                        ..PublishOptions::default()
+                    },
                 )
                 .await;
             let latency = t.elapsed().as_secs_f64();
