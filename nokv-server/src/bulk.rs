@@ -242,7 +242,7 @@ impl Bulk {
                 let interval = Interval {
                     at_secs: (now - g.started).as_secs_f64(),
                     length,
-                    interactive: self.pressure.take_latency().map(|(mean, _)| mean),
+                    interactive: self.pressure.take_latency().map(|(median, _)| median),
                     in_flight: self.pressure.in_flight(),
                     bulk_bytes: g.bytes,
                 };
