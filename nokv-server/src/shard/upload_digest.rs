@@ -5,7 +5,8 @@
 //! SHA-256 is not composable: the whole-file digest needs the bytes in index order. Blocks
 //! arrive with several in flight and may be recorded out of order, so each upload keeps the
 //! hasher of its in-order prefix plus the few recorded blocks that ran ahead of it (their bytes
-//! are held until their turn, at most [`AHEAD_BLOCKS`] per upload).
+//! are held until their turn: at most [`AHEAD_BLOCKS`] per upload and [`MAX_AHEAD_BYTES`]
+//! across the shard's uploads, so the memory it costs is bounded whatever the clients do).
 //!
 //! It is an optimisation with an exact fallback, never a source of truth:
 //! * it lives in memory only — after a restart, a handoff, or for an upload it gave up on
@@ -30,6 +31,10 @@ pub const AHEAD_BLOCKS: usize = 8;
 /// Uploads tracked at once per shard; past it a new upload is not tracked.
 pub const MAX_UPLOADS: usize = 64;
 
+/// Bytes of blocks held ahead across a shard's uploads: the memory this optimisation may
+/// cost, whatever the number of uploads. A block that would pass it gives its upload up.
+pub const MAX_AHEAD_BYTES: u64 = 64 << 20;
+
 /// One upload's running digest.
 #[derive(Default)]
 struct Running {
@@ -47,6 +52,8 @@ struct Running {
 #[derive(Default)]
 pub struct UploadDigests {
     uploads: Mutex<HashMap<String, Arc<Mutex<Running>>>>,
+    /// Bytes held in every upload's `ahead` (bounded by [`MAX_AHEAD_BYTES`]).
+    held: std::sync::atomic::AtomicU64,
 }
 
 impl UploadDigests {
@@ -65,39 +72,82 @@ impl UploadDigests {
         if index < next || r.ahead.contains_key(&index) {
             // Recorded again (a superseded attempt, a retry): the bytes hashed may not be the
             // bytes kept. Give up rather than reason about it.
-            r.abandon();
+            self.abandon(&mut r);
             return;
         }
-        r.ahead.insert(index, (key.to_string(), data));
+        if index > next {
+            let len = data.len() as u64;
+            if r.ahead.len() >= AHEAD_BLOCKS || !self.hold(len) {
+                self.abandon(&mut r);
+                return;
+            }
+            r.ahead.insert(index, (key.to_string(), data));
+            return;
+        }
+        r.hasher.update(&data);
+        r.keys.push(key.to_string());
         while let Some((k, bytes)) = {
             let next = r.keys.len() as u32;
             r.ahead.remove(&next)
         } {
             r.hasher.update(&bytes);
             r.keys.push(k);
+            self.release(bytes.len() as u64);
         }
-        if r.ahead.len() > AHEAD_BLOCKS {
-            r.abandon();
-        }
+    }
+
+    /// Reserves `len` bytes of the shard's ahead budget.
+    fn hold(&self, len: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                (h + len <= MAX_AHEAD_BYTES).then_some(h + len)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, len: u64) {
+        self.held
+            .fetch_sub(len, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Gives an upload up (commit reads back), returning what it held.
+    fn abandon(&self, r: &mut Running) {
+        r.abandoned = true;
+        let held: u64 = r.ahead.values().map(|(_, b)| b.len() as u64).sum();
+        r.ahead.clear();
+        self.release(held);
+    }
+
+    /// Bytes held ahead now, across the shard's uploads.
+    pub fn held(&self) -> u64 {
+        self.held.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The digest of the whole upload if it hashed exactly `keys` (the recorded attempt key of
     /// every block, in index order); `None` means: read the blocks back. Forgets the upload.
     pub fn finish(&self, upload_id: &str, keys: &[String]) -> Option<[u8; 32]> {
         let running = self.uploads.lock().remove(upload_id)?;
-        let r = std::mem::take(&mut *running.lock());
-        (!r.abandoned && r.ahead.is_empty() && r.keys == keys).then(|| r.hasher.finalize().into())
+        let mut r = std::mem::take(&mut *running.lock());
+        let complete = !r.abandoned && r.ahead.is_empty() && r.keys == keys;
+        self.abandon(&mut r);
+        complete.then(|| r.hasher.finalize().into())
     }
 
     /// Forgets an upload (aborted, expired).
     pub fn forget(&self, upload_id: &str) {
-        self.uploads.lock().remove(upload_id);
+        if let Some(running) = self.uploads.lock().remove(upload_id) {
+            self.abandon(&mut running.lock());
+        }
     }
 
     /// Forgets every upload (a test stands in for a restart with it).
     #[cfg(test)]
     pub fn forget_all(&self) {
-        self.uploads.lock().clear();
+        let ids: Vec<String> = self.uploads.lock().keys().cloned().collect();
+        for id in ids {
+            self.forget(&id);
+        }
     }
 
     /// Uploads tracked now.
@@ -113,19 +163,19 @@ impl UploadDigests {
         if uploads.len() >= MAX_UPLOADS {
             // Uploads untouched for a whole lease are abandoned by their clients (the lease
             // has expired): their digests go first.
-            uploads.retain(|_, r| r.lock().touched.is_some_and(|t| t.elapsed() < lease));
+            uploads.retain(|_, r| {
+                let mut r = r.lock();
+                let live = r.touched.is_some_and(|t| t.elapsed() < lease);
+                if !live {
+                    self.abandon(&mut r);
+                }
+                live
+            });
             if uploads.len() >= MAX_UPLOADS {
                 return None;
             }
         }
         Some(uploads.entry(upload_id.to_string()).or_default().clone())
-    }
-}
-
-impl Running {
-    fn abandon(&mut self) {
-        self.abandoned = true;
-        self.ahead.clear();
     }
 }
 
@@ -193,6 +243,30 @@ mod tests {
         }
         d.recorded("u", 0, "k0", block(0), LEASE);
         assert_eq!(d.finish("u", &keys(AHEAD_BLOCKS as u8 + 2)), None);
+    }
+
+    #[test]
+    fn blocks_held_ahead_are_bounded_per_shard_and_released_when_hashed_or_given_up() {
+        let d = UploadDigests::default();
+        let big = |i: u8| Bytes::from(vec![i; (MAX_AHEAD_BYTES / 4) as usize]);
+        // Two uploads each hold two quarter-budget blocks ahead: the budget is full.
+        for u in ["a", "b"] {
+            d.recorded(u, 1, "k1", big(1), LEASE);
+            d.recorded(u, 2, "k2", big(2), LEASE);
+        }
+        assert_eq!(d.held(), MAX_AHEAD_BYTES);
+        // A third upload's block ahead would pass it: that upload is given up, nothing held.
+        d.recorded("c", 1, "k1", big(1), LEASE);
+        assert_eq!(d.held(), MAX_AHEAD_BYTES);
+        d.recorded("c", 0, "k0", big(0), LEASE);
+        assert_eq!(d.finish("c", &keys(2)), None);
+        // Block 0 of `a` arrives: its blocks ahead are hashed and their bytes released.
+        d.recorded("a", 0, "k0", big(0), LEASE);
+        assert_eq!(d.held(), MAX_AHEAD_BYTES / 2);
+        assert!(d.finish("a", &keys(3)).is_some());
+        // `b` is forgotten (aborted): what it held is released.
+        d.forget("b");
+        assert_eq!(d.held(), 0);
     }
 
     #[test]
