@@ -524,6 +524,9 @@ async fn a_commit_verified_before_the_fence_is_refused_by_its_commit_session() {
         })
         .await
         .unwrap();
+    // The window under test is the read-back's: without a running digest (as after a
+    // restart) the commit reads the block back, at bulk priority, after extending the lease.
+    f.shard.forget_running_digests();
     let releases = hold_bulk(&f).await;
     let shard = f.shard.clone();
     let req = pb::CommitUploadRequest {
