@@ -317,7 +317,7 @@ impl Shard {
                 shard
                     .bulk
                     .run(async move {
-                        digests.recorded(&recorded_upload, index, &recorded_key, kept, lease)
+                        digests.recorded(&recorded_upload, index, &recorded_key, &kept, lease)
                     })
                     .await?;
             }
@@ -404,18 +404,17 @@ impl Shard {
             return Ok(None);
         };
         let recorded: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
-        if let Some(digest) = self.digests.finish(&upload_id, &recorded) {
-            // Hashed as the blocks were recorded (see `upload_digest`): no read-back.
-            if digest.as_slice() != req.sha256.as_slice() {
-                return Err(declared_digest_mismatch());
-            }
-            return Ok(Some(recorded));
-        }
+        // The prefix hashed as the blocks were recorded (see `upload_digest`): only the blocks
+        // after it are read back — none when they were recorded in order.
+        let prefix = self.digests.finish(&upload_id, &recorded);
+        let mut hasher = prefix.hasher;
+        let rest = &keys[prefix.blocks..];
         let renew_every = self.cfg.upload_lease / 3;
         let mut renewed = tokio::time::Instant::now();
-        self.extend_lease(claims.clone(), upload_id.clone()).await?;
-        let mut hasher = Sha256::new();
-        for (k, length) in &keys {
+        if !rest.is_empty() {
+            self.extend_lease(claims.clone(), upload_id.clone()).await?;
+        }
+        for (k, length) in rest {
             if renewed.elapsed() >= renew_every {
                 self.extend_lease(claims.clone(), upload_id.clone()).await?;
                 renewed = tokio::time::Instant::now();
@@ -435,7 +434,7 @@ impl Shard {
         if hasher.finalize().as_slice() != req.sha256.as_slice() {
             return Err(declared_digest_mismatch());
         }
-        Ok(Some(keys.into_iter().map(|(k, _)| k).collect()))
+        Ok(Some(recorded))
     }
 
     /// Publishes atomically: every block recorded → one session creates the immutable

@@ -1351,14 +1351,15 @@ async fn a_commit_whose_block_read_fails_answers_unavailable_and_publishes_nothi
     assert_accounted(&f).await;
 }
 
-/// Issue 46: blocks recorded out of order join the running digest, and the commit proves the
+/// Issue 46: blocks recorded in order join the running digest, and the commit proves the
 /// declared sha256 without reading any block back (every read would fail here). Mutation:
-/// never use the running digest (`finish` → `None`) and the commit answers `Unavailable`.
+/// never use the running digest (`finish` → the empty prefix) and the commit answers
+/// `Unavailable`.
 #[tokio::test]
 async fn a_commit_proves_the_declared_digest_from_the_running_digest_without_reading_back() {
     let f = fixture(4, Duration::from_secs(60));
     let up = begin(&f, "art", 12).await;
-    for i in [2u32, 0, 1] {
+    for i in [0u32, 1, 2] {
         let part = &b"abcdefghijkl"[4 * i as usize..4 * i as usize + 4];
         f.shard
             .put_block(writer(), block(&up, i, part, &format!("b{i}")))
@@ -1376,6 +1377,31 @@ async fn a_commit_proves_the_declared_digest_from_the_running_digest_without_rea
         Sha256::digest(b"abcdefghijkl").to_vec()
     );
     f.faults.fail_next_reads(0);
+    assert_accounted(&f).await;
+}
+
+/// Blocks recorded out of order: the prefix ends at the first one ahead of its turn and the
+/// commit hashes the rest from the provider, continuing the same digest.
+#[tokio::test]
+async fn a_commit_after_blocks_recorded_out_of_order_reads_back_the_rest_and_publishes() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 16).await;
+    for i in [0u32, 2, 1, 3] {
+        let part = &b"abcdefghijklmnop"[4 * i as usize..4 * i as usize + 4];
+        f.shard
+            .put_block(writer(), block(&up, i, part, &format!("b{i}")))
+            .await
+            .unwrap();
+    }
+    let done = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcdefghijklmnop", "c"))
+        .await
+        .unwrap();
+    assert_eq!(
+        done.entry.unwrap().sha256,
+        Sha256::digest(b"abcdefghijklmnop").to_vec()
+    );
     assert_accounted(&f).await;
 }
 
