@@ -13,17 +13,17 @@
 //!    record the request outcome.
 //!
 //! **CommitUpload proves the declared whole-file sha256 before it publishes.** Block digests
-//! are checked at PutBlock, but the whole-file digest cannot be derived from them. Each
-//! recorded block joins the upload's running digest ([`super::upload_digest`]: the in-order
-//! prefix hashed on a bulk thread, blocks that ran ahead held until their turn), and commit
-//! uses it when it hashed exactly the recorded attempt key of every block. Otherwise (a
-//! restart, a handoff, a block recorded twice, too many ahead) the owner reads every recorded
-//! block back from the provider in index order and hashes it on a bulk thread, with no lock
-//! held and the lease renewed meanwhile ([`Shard::verify_declared_digest`]). Either way the
-//! commit session then re-checks that it publishes exactly the block keys that were hashed.
-//! A mismatch answers `DigestMismatch` and changes nothing (the upload stays open). The
-//! read-back costs one provider GET of every block plus one SHA-256 pass per commit; the
-//! running digest costs the SHA-256 pass alone, spread over the upload.
+//! are checked at PutBlock, but the whole-file digest cannot be derived from them. Each block
+//! recorded in its turn extends the upload's running digest ([`super::upload_digest`]: the
+//! in-order prefix, hashed on a bulk thread from the request's bytes); commit continues from
+//! that prefix when it hashed exactly the recorded attempt keys of the first blocks, and reads
+//! back from the provider only the blocks after it — every block after a restart, a handoff
+//! or a block recorded twice, none when the blocks were recorded in order. The read-back hashes
+//! on a bulk thread, with no lock held and the lease renewed meanwhile
+//! ([`Shard::verify_declared_digest`]). Either way the commit session then re-checks that it
+//! publishes exactly the block keys that were hashed. A mismatch answers `DigestMismatch` and
+//! changes nothing (the upload stays open). A block read back costs one provider GET; the
+//! SHA-256 pass is paid once per byte either way.
 //!
 //! Invariants: a key is written at most once and never reused; every key the provider may
 //! hold is referenced by a block or revision, guarded, or collectable; a superseded or expired
