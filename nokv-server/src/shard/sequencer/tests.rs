@@ -94,6 +94,17 @@ fn commit(up: &pb::BeginUploadResponse, body: &[u8], rid: &str) -> pb::CommitUpl
     }
 }
 
+/// Puts the 4-byte blocks of `body` in the order of `indices` (a fixture with block size 4).
+async fn put_blocks(f: &Fixture, up: &pb::BeginUploadResponse, body: &[u8], indices: &[u32]) {
+    for &i in indices {
+        let part = &body[4 * i as usize..4 * i as usize + 4];
+        f.shard
+            .put_block(writer(), block(up, i, part, &format!("b{i}")))
+            .await
+            .unwrap();
+    }
+}
+
 fn small_write(path: &str) -> pb::WriteRequest {
     pb::WriteRequest {
         workspace: "ws".into(),
@@ -585,12 +596,7 @@ async fn an_unknown_writers_guard_outlives_the_delete_of_its_late_bytes() {
 async fn a_commit_whose_declared_sha256_does_not_match_the_bytes_is_refused_and_changes_nothing() {
     let f = fixture(4, Duration::from_secs(60));
     let up = begin(&f, "art", 8).await;
-    for (i, part) in [b"abcd", b"efgh"].iter().enumerate() {
-        f.shard
-            .put_block(writer(), block(&up, i as u32, *part, &format!("b{i}")))
-            .await
-            .unwrap();
-    }
+    put_blocks(&f, &up, b"abcdefgh", &[0, 1]).await;
     // Every block digest matches; only the whole-file digest is false.
     let err = f
         .shard
@@ -1359,13 +1365,7 @@ async fn a_commit_whose_block_read_fails_answers_unavailable_and_publishes_nothi
 async fn a_commit_proves_the_declared_digest_from_the_running_digest_without_reading_back() {
     let f = fixture(4, Duration::from_secs(60));
     let up = begin(&f, "art", 12).await;
-    for i in [0u32, 1, 2] {
-        let part = &b"abcdefghijkl"[4 * i as usize..4 * i as usize + 4];
-        f.shard
-            .put_block(writer(), block(&up, i, part, &format!("b{i}")))
-            .await
-            .unwrap();
-    }
+    put_blocks(&f, &up, b"abcdefghijkl", &[0, 1, 2]).await;
     f.faults.fail_next_reads(1000);
     let done = f
         .shard
@@ -1386,13 +1386,7 @@ async fn a_commit_proves_the_declared_digest_from_the_running_digest_without_rea
 async fn a_commit_after_blocks_recorded_out_of_order_reads_back_the_rest_and_publishes() {
     let f = fixture(4, Duration::from_secs(60));
     let up = begin(&f, "art", 16).await;
-    for i in [0u32, 2, 1, 3] {
-        let part = &b"abcdefghijklmnop"[4 * i as usize..4 * i as usize + 4];
-        f.shard
-            .put_block(writer(), block(&up, i, part, &format!("b{i}")))
-            .await
-            .unwrap();
-    }
+    put_blocks(&f, &up, b"abcdefghijklmnop", &[0, 2, 1, 3]).await;
     let done = f
         .shard
         .commit_upload(writer(), commit(&up, b"abcdefghijklmnop", "c"))
@@ -1411,12 +1405,7 @@ async fn a_commit_after_blocks_recorded_out_of_order_reads_back_the_rest_and_pub
 async fn the_running_digest_refuses_a_false_declared_sha256() {
     let f = fixture(4, Duration::from_secs(60));
     let up = begin(&f, "art", 8).await;
-    for (i, part) in [b"abcd", b"efgh"].iter().enumerate() {
-        f.shard
-            .put_block(writer(), block(&up, i as u32, *part, &format!("b{i}")))
-            .await
-            .unwrap();
-    }
+    put_blocks(&f, &up, b"abcdefgh", &[0, 1]).await;
     f.faults.fail_next_reads(1000);
     let err = f
         .shard
