@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod linearizability;
+mod watchdog;
 
 /// How long the daemon may take to print its listening line (covers a cold debug build's
 /// first start, with TLS key generation).
@@ -33,6 +34,9 @@ const SERVICE_READY_DEADLINE: Duration = Duration::from_secs(30);
 /// How long [`Daemon::wait_for_log_line`] waits for its line (bounds a daemon that never logs
 /// it, so the test fails instead of hanging).
 const LOG_LINE_DEADLINE: Duration = Duration::from_secs(60);
+/// How long one CLI or one-shot server command may run before it is killed and the test
+/// fails (the slowest, a publish or restore of a few MiB through a failover, takes seconds).
+const COMMAND_DEADLINE: Duration = Duration::from_secs(300);
 /// Interval between readiness probes of an external service.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Bound on a graceful stop, so a daemon that ignores SIGTERM fails the test instead of hanging it.
@@ -113,7 +117,10 @@ fn wait_with_deadline(mut child: Child, deadline: Duration, what: &str) -> ExitS
         let _ = tx.send(child.wait());
     });
     match rx.recv_timeout(deadline) {
-        Ok(status) => status.expect("wait for child"),
+        Ok(status) => {
+            watchdog::unregister(pid);
+            status.expect("wait for child")
+        }
         Err(_) => {
             send_signal(pid, "KILL");
             panic!("{what} (pid {pid}) did not exit within {deadline:?}");
@@ -392,6 +399,11 @@ impl Daemon {
             std::fs::File::create(path).ok()
         });
         let stderr_drain = spawn_drain(stderr, stderr_log.clone(), None, copy);
+        watchdog::register(
+            child.id(),
+            &format!("nokv-server on {}", dir.display()),
+            Some(stderr_log.clone()),
+        );
         // The guard exists before readiness is awaited so a panic while waiting kills the child.
         let daemon = Daemon {
             child: Some(child),
@@ -579,7 +591,9 @@ impl Daemon {
     pub fn kill9(mut self) -> ExitStatus {
         let mut child = self.child.take().expect("daemon running");
         child.kill().expect("SIGKILL nokv-server");
-        child.wait().expect("wait for nokv-server")
+        let status = child.wait().expect("wait for nokv-server");
+        watchdog::unregister(child.id());
+        status
     }
 
     /// Runs the `nokv` CLI against this daemon through its `client.toml`.
@@ -696,7 +710,7 @@ pub fn cli_with_config(
             let _ = pipe.write_all(&bytes);
         })
     });
-    let out = child.wait_with_output().expect("wait for nokv");
+    let out = output_within(child, COMMAND_DEADLINE, &format!("nokv {}", args.join(" ")));
     if let Some(w) = writer {
         w.join().expect("stdin writer thread");
     }
@@ -707,13 +721,46 @@ pub fn cli_with_config(
     }
 }
 
+/// Collects a short-lived command's output; past `deadline` it is SIGKILLed and the test
+/// panics naming it, so a hung command fails its test instead of hanging the run.
+fn output_within(child: Child, deadline: Duration, what: &str) -> std::process::Output {
+    let pid = child.id();
+    watchdog::register(pid, what, None);
+    let (done, finished) = mpsc::channel::<()>();
+    let killer = thread::spawn(move || {
+        let expired = finished.recv_timeout(deadline) == Err(mpsc::RecvTimeoutError::Timeout);
+        if expired {
+            send_signal(pid, "KILL");
+        }
+        expired
+    });
+    let out = child.wait_with_output().expect("wait for command");
+    let _ = done.send(());
+    let expired = killer.join().expect("command killer thread");
+    watchdog::unregister(pid);
+    if expired {
+        panic!(
+            "{what} (pid {pid}) did not finish within {deadline:?}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
 /// Runs a one-shot `nokv-server` subcommand (e.g. `cluster init`), not a daemon, to its end.
 pub fn server_command(args: &[&str]) -> CliOutput {
-    let out = Command::new(bin("nokv-server"))
+    let child = Command::new(bin("nokv-server"))
         .args(args)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run nokv-server");
+    let out = output_within(
+        child,
+        COMMAND_DEADLINE,
+        &format!("nokv-server {}", args.join(" ")),
+    );
     CliOutput {
         status: out.status.code().unwrap_or(-1),
         stdout: out.stdout,
@@ -728,6 +775,7 @@ impl Drop for Daemon {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            watchdog::unregister(child.id());
             if thread::panicking() {
                 let log = self
                     .stderr_log
@@ -811,6 +859,7 @@ impl ServiceProcess {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        watchdog::register(child.id(), name, None);
         ServiceProcess {
             name,
             child,
@@ -845,6 +894,7 @@ impl Drop for ServiceProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        watchdog::unregister(self.child.id());
     }
 }
 

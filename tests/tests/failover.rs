@@ -31,6 +31,12 @@ const WRITES_BEFORE: usize = 120;
 const WRITES_AFTER: usize = 120;
 /// Two blocks: an artifact is more than one provider write.
 const ARTIFACT_LEN: usize = 5 * 1024 * 1024;
+/// Bound on one client write: a write that gets no answer counts as unknown (not
+/// acknowledged) instead of blocking its writer — and the test — for good.
+const WRITE_DEADLINE: Duration = Duration::from_secs(60);
+/// Bound on the dead node's shards serving writes again after the kill (a failing failover
+/// fails the test with what it saw instead of hanging it).
+const RESUME_DEADLINE: Duration = Duration::from_secs(240);
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -118,13 +124,15 @@ impl Writers {
                     while !stop.load(Ordering::SeqCst) {
                         let path = format!("w{w}/{k}.txt");
                         let body = format!("writer {w} write {k} to {ws}").into_bytes();
-                        let written = rt.block_on(client.write(nokv_proto::v1::WriteRequest {
+                        let write = client.write(nokv_proto::v1::WriteRequest {
                             workspace: ws.clone(),
                             path: path.clone(),
                             data: body.clone().into(),
                             ..Default::default()
-                        }));
-                        if written.is_ok() {
+                        });
+                        let written = rt
+                            .block_on(async { tokio::time::timeout(WRITE_DEADLINE, write).await });
+                        if matches!(written, Ok(Ok(_))) {
                             let acked = Acked {
                                 at: Instant::now(),
                                 ws: ws.clone(),
@@ -158,12 +166,30 @@ impl Writers {
             .collect()
     }
 
-    fn finish(self) -> Vec<Acked> {
+    fn finish(mut self) -> Vec<Acked> {
         self.stop.store(true, Ordering::SeqCst);
-        for t in self.threads {
+        for t in std::mem::take(&mut self.threads) {
             t.join().unwrap();
         }
         self.acks.try_iter().collect()
+    }
+}
+
+impl Drop for Writers {
+    /// A failing test stops its writers too (they would otherwise write until the process
+    /// ends).
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Sets its flag when dropped — also while a panic unwinds — so a thread the scope must join
+/// (the publisher) stops, and a failing test fails instead of waiting for it forever.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 
@@ -267,6 +293,7 @@ fn kill_owner_under(wipe: bool, faults: Option<&str>) {
     let (acked, published_before, published_after, failover) = thread::scope(|s| {
         let via = all_endpoints.clone();
         let publishing = s.spawn(|| publisher(&c, via, artifact_ws.clone(), &stop_publishing));
+        let _stop = StopOnDrop(&stop_publishing);
         let mut acked = writers.take(WRITES_BEFORE);
         // One committed artifact at least before the kill, and one in flight across it.
         let first = Instant::now();
@@ -323,6 +350,11 @@ fn kill_owner_under(wipe: bool, faults: Option<&str>) {
             .filter(|ws| on_victim(ws))
             .any(|ws| since.get(ws).copied().unwrap_or(0) < WRITES_AFTER / names.len())
         {
+            assert!(
+                killed.elapsed() < RESUME_DEADLINE,
+                "the dead node's workspaces did not resume writing within {RESUME_DEADLINE:?}: \
+                 acknowledged since the kill per workspace {since:?}, victim shards {victim_shards:?}"
+            );
             let a = writers.take(1).pop().expect("one");
             if a.at > killed {
                 *since.entry(a.ws.clone()).or_default() += 1;
