@@ -34,34 +34,35 @@
 //! `--bulk-mib-per-s` remains an optional hard cap (default off) on top of this: when set,
 //! a block also waits for the cap's pace, pressured or not.
 //!
-//! **Alternatives measured (issue 46, open; the experiment switch `NOKV_BULK_SCHEDULE`
-//! selects them until one wins).** The open-loop probe (`scripts/owner_upload_interference_probe.py
-//! --open-loop`: 32 sessions x 10 stat/put pairs per second beside an unpaced uploader, local
-//! provider, 2 cores), one run each, uploader speed beside the sessions as a share of its speed
-//! alone in the same run, and put p50 / p99 beside the upload over the no-upload window:
-//! * `presence` (this doc, the default): share 0.09-0.15, p50 1.06-1.11x, p99 2.7-3.4x;
-//! * `idle` — `SCHED_IDLE` bulk threads, no pacing: share 0.89, p50 4.1x, p99 6.5x. The spare
-//!   CPU does go to bulk at once, but the interactive path suffers anyway: what an upload
-//!   costs outside the bulk threads (the loopback TCP and TLS receive of the bodies, the page
-//!   cache and writeback of 170 MiB/s, the uploading client) is not governed by thread
-//!   priority. The same with the idle I/O class, with the uploading client itself at
-//!   `SCHED_IDLE`, with 6 serving threads, or without the blocks' fsync: no better;
-//! * `adaptive` — `SCHED_IDLE` plus the delay-based governor ([`governor`]): on the mean
-//!   service time it cut to its floor (share 0.09, p99 3.2x); on the median, the same
-//!   (share 0.05, p50 1.12x). Even 2 blocks a second lift put p50 by ~10 % and p99 ~2x here,
-//!   so a controller on interactive latency finds no rate that keeps the target — the cost
-//!   is per block, not per byte per second.
+//! **Alternatives measured (issue 46).** The open-loop probe
+//! (`scripts/owner_upload_interference_probe.py --open-loop`: 32 sessions x 10 stat/put pairs
+//! per second beside an unpaced uploader, local provider, 2 cores), uploader speed beside the
+//! sessions as a share of its speed alone in the same run, and put p50 / p99 beside the upload
+//! over the no-upload window:
+//! * presence pacing (this doc, kept): share 0.09-0.15, p50 1.06-1.11x, p99 2.7-3.4x;
+//! * `SCHED_IDLE` bulk threads, no pacing: share 0.89, p50 4.1x, p99 6.5x. The spare CPU does
+//!   go to bulk at once, but the interactive path suffers anyway: what an upload costs outside
+//!   the bulk threads (the loopback TCP and TLS receive of the bodies, the page cache and
+//!   writeback of 170 MiB/s, the uploading client) is not governed by thread priority. The
+//!   same with the idle I/O class, with the uploading client itself at `SCHED_IDLE`, with 6
+//!   serving threads, or without the blocks' fsync: no better;
+//! * `SCHED_IDLE` plus a delay-based (LEDBAT-style AIMD) governor on the interactive median
+//!   service time: it cut to its floor (share 0.05-0.09, p50 1.12x, p99 3.2x). Even 2 blocks a
+//!   second lift put p50 by ~10 % and p99 ~2x here, so a controller on interactive latency
+//!   finds no rate that keeps the target: the cost is per block, not per byte per second;
+//! * a data-plane listener served on the `SCHED_IDLE` runtime (the uploader's connection —
+//!   TLS, HTTP/2, decoding — handled entirely at idle priority), no pacing: share 0.89, stat
+//!   p50 1.18x but put p50 3.6x, p99 9.5x. With the data dir on tmpfs instead of the disk the
+//!   same gives put p50 1.02x (share 0.45, p99 still ~10x): what remains on the local provider
+//!   is the disk — the small writes' fsyncs queue behind the upload's writeback, which no
+//!   thread priority reaches (buffered writeback is issued by the kernel's flushers).
 //!
-//! The next step is therefore to take the per-block cost off the interactive path rather
-//! than to pace it: a data-plane listener whose connections (TLS, HTTP/2, decoding) run on
-//! the bulk runtime, so that every byte of an upload is handled at `SCHED_IDLE`.
-
-mod governor;
+//! So on 2 cores the bars of issue 46 (uploader >= 50 % of alone with put p50 <= 1.1x and p99
+//! <= 1.5x) are not met by any schedule measured; presence pacing stays because it is the only
+//! one that keeps the interactive median, which is what an agent's tool loop feels.
 
 use std::future::Future;
 use std::time::Duration;
-
-use governor::{Governor, Interval};
 
 use crate::error::{Error, Result};
 use crate::pressure::Pressure;
@@ -93,38 +94,6 @@ pub struct Bulk {
     /// Admission: blocks hashed or written at once. Past the machine's spare cores more
     /// parallel bulk work only steals CPU and disk from interactive requests.
     permits: std::sync::Arc<tokio::sync::Semaphore>,
-    /// How bulk yields (experiment switch `NOKV_BULK_SCHEDULE`, see [`Schedule`]).
-    schedule: Schedule,
-    governed: parking_lot::Mutex<Governed>,
-}
-
-/// How bulk work yields to interactive work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Schedule {
-    /// Paced by the presence of interactive requests (nice 10 threads).
-    Presence,
-    /// `SCHED_IDLE` threads, no pacing.
-    Idle,
-    /// `SCHED_IDLE` threads paced by the delay-based governor.
-    Adaptive,
-}
-
-impl Schedule {
-    fn from_env() -> Schedule {
-        match std::env::var("NOKV_BULK_SCHEDULE").as_deref() {
-            Ok("idle") => Schedule::Idle,
-            Ok("adaptive") => Schedule::Adaptive,
-            _ => Schedule::Presence,
-        }
-    }
-}
-
-/// The governor and the interval it is measuring.
-struct Governed {
-    governor: Governor,
-    started: tokio::time::Instant,
-    interval_start: tokio::time::Instant,
-    bytes: u64,
 }
 
 impl Bulk {
@@ -142,15 +111,12 @@ impl Bulk {
         pressure: std::sync::Arc<Pressure>,
         cpus: usize,
     ) -> std::io::Result<Bulk> {
-        let schedule = Schedule::from_env();
-        let idle = schedule != Schedule::Presence;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("nokv-bulk")
-            .on_thread_start(move || lower_priority(idle))
+            .on_thread_start(lower_priority)
             .enable_all()
             .build()?;
-        let now = tokio::time::Instant::now();
         Ok(Bulk {
             runtime: Some(runtime),
             pace: mib_per_s.filter(|r| *r > 0.0).map(|r| {
@@ -163,13 +129,6 @@ impl Bulk {
             pressure,
             pressured_next: parking_lot::Mutex::new(tokio::time::Instant::now()),
             cpus: cpus.max(1),
-            schedule,
-            governed: parking_lot::Mutex::new(Governed {
-                governor: Governor::new(FLOOR_MIB_PER_CPU * cpus.max(1) as f64 * MIB),
-                started: now,
-                interval_start: now,
-                bytes: 0,
-            }),
         })
     }
 
@@ -187,14 +146,7 @@ impl Bulk {
         m.bulk_bytes.inc_by(bytes);
         let waiting = std::time::Instant::now();
         let mut waited = false;
-        let depth = match self.schedule {
-            Schedule::Presence => self.pressure.depth(),
-            Schedule::Idle => 0,
-            Schedule::Adaptive => {
-                waited = self.governed_admit(bytes).await;
-                0
-            }
-        };
+        let depth = self.pressure.depth();
         if depth > 0 {
             let start = {
                 let mut next = self.pressured_next.lock();
@@ -229,44 +181,6 @@ impl Bulk {
             m.bulk_admission_wait
                 .observe(waiting.elapsed().as_secs_f64());
         }
-    }
-
-    /// Paces a block by the governor's rate, first closing its interval if one has passed.
-    /// Returns whether the block waited.
-    async fn governed_admit(&self, bytes: u64) -> bool {
-        let now = tokio::time::Instant::now();
-        let start = {
-            let mut g = self.governed.lock();
-            let length = now - g.interval_start;
-            if length >= governor::INTERVAL {
-                let interval = Interval {
-                    at_secs: (now - g.started).as_secs_f64(),
-                    length,
-                    interactive: self.pressure.take_latency().map(|(median, _)| median),
-                    in_flight: self.pressure.in_flight(),
-                    bulk_bytes: g.bytes,
-                };
-                g.governor.observe(interval);
-                g.interval_start = now;
-                g.bytes = 0;
-            }
-            g.bytes += bytes;
-            let Some(rate) = g.governor.rate() else {
-                return false;
-            };
-            let mut next = self.pressured_next.lock();
-            let (start, following) = schedule(*next, now, bytes, rate);
-            *next = following;
-            start
-        };
-        if start <= now {
-            return false;
-        }
-        tokio::select! {
-            () = tokio::time::sleep_until(start) => {}
-            () = self.pressure.quiet() => {}
-        }
-        true
     }
 
     /// Runs `work` on a bulk thread and waits for it.
@@ -324,34 +238,21 @@ pub fn pressured_rate(depth: usize, cpus: usize) -> f64 {
 
 /// Applies to the calling thread only: on Linux, the scheduling policy, nice and I/O priority
 /// are per thread.
-fn lower_priority(idle: bool) {
+fn lower_priority() {
     // SAFETY: plain syscalls on the current thread with valid arguments.
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        let param = libc::sched_param { sched_priority: 0 };
-        if idle {
-            if libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_IDLE, &param) != 0 {
-                tracing::debug!("could not move a bulk thread to SCHED_IDLE");
-            }
-        } else if libc::setpriority(libc::PRIO_PROCESS, tid, BULK_NICE) != 0 {
+        if libc::setpriority(libc::PRIO_PROCESS, tid, BULK_NICE) != 0 {
             tracing::debug!("could not lower bulk thread priority");
         }
-        // ioprio_set(IOPRIO_WHO_PROCESS, tid, ...): the idle class with SCHED_IDLE (the block
-        // layer dispatches its requests only when no best-effort one waits: mq-deadline and
-        // BFQ honour classes), else the lowest best-effort level.
+        // ioprio_set(IOPRIO_WHO_PROCESS, tid, best-effort class, lowest level 7).
         const IOPRIO_WHO_PROCESS: libc::c_long = 1;
         const IOPRIO_CLASS_BE: libc::c_long = 2;
-        const IOPRIO_CLASS_IDLE: libc::c_long = 3;
-        let prio = if idle {
-            IOPRIO_CLASS_IDLE << 13
-        } else {
-            (IOPRIO_CLASS_BE << 13) | 7
-        };
         libc::syscall(
             libc::SYS_ioprio_set,
             IOPRIO_WHO_PROCESS,
             tid as libc::c_long,
-            prio,
+            (IOPRIO_CLASS_BE << 13) | 7,
         );
     }
 }

@@ -37,72 +37,6 @@ pub struct Pressure {
     quiet: Duration,
     /// Woken whenever the in-flight count drops to zero.
     idle: tokio::sync::Notify,
-    /// Service times of the interactive requests that ended since the last
-    /// [`Pressure::take_latency`], as a histogram. Bulk work's delay-based governor reads
-    /// their median (see [`crate::bulk`]).
-    latency: LatencyHistogram,
-}
-
-/// Buckets per doubling of the service time: a median is known to within 2^(1/8) = 9 %.
-const PER_OCTAVE: u32 = 8;
-/// The first bucket holds everything under 2^LOWEST_LOG2 ns (8 µs); the last, everything over
-/// 2^(LOWEST_LOG2 + OCTAVES) ns (~134 ms).
-const LOWEST_LOG2: u32 = 13;
-const OCTAVES: u32 = 14;
-const BUCKETS: usize = (PER_OCTAVE * OCTAVES) as usize + 2;
-
-/// A lock-free log-scale histogram of service times: recording is one atomic add, so the
-/// interactive path pays nothing measurable for it.
-#[derive(Debug)]
-struct LatencyHistogram([AtomicU64; BUCKETS]);
-
-impl Default for LatencyHistogram {
-    fn default() -> Self {
-        LatencyHistogram(std::array::from_fn(|_| AtomicU64::new(0)))
-    }
-}
-
-impl LatencyHistogram {
-    fn bucket(ns: u64) -> usize {
-        let ns = ns.max(1) as f64;
-        let pos = (ns.log2() - f64::from(LOWEST_LOG2)) * f64::from(PER_OCTAVE);
-        if pos < 0.0 {
-            0
-        } else {
-            (pos as usize + 1).min(BUCKETS - 1)
-        }
-    }
-
-    /// The service time at the middle of bucket `i`.
-    fn value(i: usize) -> Duration {
-        let log2 = f64::from(LOWEST_LOG2) + (i as f64 - 0.5) / f64::from(PER_OCTAVE);
-        Duration::from_nanos(log2.exp2() as u64)
-    }
-
-    fn record(&self, took: Duration) {
-        self.0[Self::bucket(took.as_nanos() as u64)].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The median and the count since the last call, emptying the histogram.
-    fn take_median(&self) -> Option<(Duration, u64)> {
-        let counts: Vec<u64> = self
-            .0
-            .iter()
-            .map(|b| b.swap(0, Ordering::Relaxed))
-            .collect();
-        let total: u64 = counts.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        let mut seen = 0;
-        for (i, c) in counts.iter().enumerate() {
-            seen += c;
-            if 2 * seen >= total {
-                return Some((Self::value(i), total));
-            }
-        }
-        unreachable!("the counts sum to the total")
-    }
 }
 
 impl Default for Pressure {
@@ -113,7 +47,6 @@ impl Default for Pressure {
             epoch: Instant::now(),
             quiet: QUIET,
             idle: tokio::sync::Notify::new(),
-            latency: LatencyHistogram::default(),
         }
     }
 }
@@ -121,12 +54,11 @@ impl Default for Pressure {
 /// One interactive request in flight; leaving (drop) records its end.
 #[must_use = "the request counts only while the guard lives"]
 #[derive(Debug)]
-pub struct InteractiveGuard(Arc<Pressure>, Instant);
+pub struct InteractiveGuard(Arc<Pressure>);
 
 impl Drop for InteractiveGuard {
     fn drop(&mut self) {
         let p = &self.0;
-        p.latency.record(self.1.elapsed());
         // The end is stored before the count drops, so whoever sees the count at zero also
         // sees this end (SeqCst on both).
         let since = p.epoch.elapsed().as_nanos() as u64 + 1;
@@ -153,16 +85,7 @@ impl Pressure {
     /// Counts one interactive request until the guard is dropped.
     pub fn enter(self: &Arc<Self>) -> InteractiveGuard {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        InteractiveGuard(self.clone(), Instant::now())
-    }
-
-    /// The median service time of the interactive requests that ended since the last call
-    /// (to within 9 %), and how many there were (`None`: none ended). The buckets are read
-    /// one by one, so a request ending meanwhile may land in the next interval: a signal,
-    /// not an account. The median, not the mean: one slow request in an interval is noise a
-    /// controller must not chase; half of them slower is the interference it must stop.
-    pub fn take_latency(&self) -> Option<(Duration, u64)> {
-        self.latency.take_median()
+        InteractiveGuard(self.clone())
     }
 
     /// Interactive requests in flight now.
@@ -371,41 +294,6 @@ mod tests {
         assert_eq!(pressure.in_flight(), 0);
         assert_eq!(pressure.depth_at(now), 1);
         assert_eq!(pressure.depth_at(now + HOUR), 0);
-    }
-
-    #[test]
-    fn the_signal_is_the_median_to_within_a_bucket_and_ignores_a_slow_minority() {
-        let h = LatencyHistogram::default();
-        for _ in 0..60 {
-            h.record(Duration::from_micros(800));
-        }
-        for _ in 0..40 {
-            h.record(Duration::from_millis(40));
-        }
-        let (median, n) = h.take_median().unwrap();
-        assert_eq!(n, 100);
-        let ratio = median.as_secs_f64() / 800e-6;
-        assert!((0.91..1.10).contains(&ratio), "median {median:?}");
-        // Beyond both ends: clamped into the first and last buckets, never lost.
-        h.record(Duration::from_nanos(1));
-        h.record(Duration::from_secs(10));
-        assert_eq!(h.take_median().unwrap().1, 2);
-    }
-
-    #[test]
-    fn the_latency_signal_is_the_service_time_of_the_requests_ended_since_it_was_read() {
-        let pressure = Pressure::new();
-        assert_eq!(pressure.take_latency(), None, "nothing ended yet");
-        drop(pressure.enter());
-        drop(pressure.enter());
-        let (mean, n) = pressure.take_latency().unwrap();
-        assert_eq!(n, 2);
-        assert!(mean < Duration::from_secs(1));
-        assert_eq!(
-            pressure.take_latency(),
-            None,
-            "taken: the next interval starts empty"
-        );
     }
 
     #[tokio::test]
