@@ -132,6 +132,11 @@ impl Writers {
                         });
                         let written = rt
                             .block_on(async { tokio::time::timeout(WRITE_DEADLINE, write).await });
+                        if written.is_err() {
+                            // Printed with the failure, if any: a server that never answers
+                            // is a finding of its own.
+                            eprintln!("failover: {ws}:{path} got no answer in {WRITE_DEADLINE:?}");
+                        }
                         if matches!(written, Ok(Ok(_))) {
                             let acked = Acked {
                                 at: Instant::now(),
