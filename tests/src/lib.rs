@@ -98,6 +98,16 @@ fn require_program(name: &str) -> PathBuf {
     find_program(name).unwrap_or_else(|| panic!("{name} not installed: run scripts/test.sh"))
 }
 
+/// Sets its flag when dropped — also while a panic unwinds — so a loop a `thread::scope`
+/// must join stops, and a failing test fails instead of waiting for that loop forever.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Sends SIGTERM (or another signal) by pid via the `kill` utility, keeping the crate libc-free.
 fn send_signal(pid: u32, signal: &str) {
     let status = Command::new("kill")

@@ -291,6 +291,7 @@ fn sigterm_on_a_node_hands_its_shards_to_the_others_while_a_client_loop_through_
             }
             (k, failures, longest)
         });
+        let _stop = nokv_tests::StopOnDrop(&stop);
         let round = |what: &str| {
             rounds
                 .recv_timeout(LOOP_PROGRESS_DEADLINE)

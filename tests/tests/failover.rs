@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use nokv_client::Client;
 use nokv_tests::cluster::{Cluster, Node, path_str};
-use nokv_tests::pseudo_random_bytes;
+use nokv_tests::{StopOnDrop, pseudo_random_bytes};
 use serde_json::Value;
 
 /// Writing clients.
@@ -185,16 +185,6 @@ impl Drop for Writers {
     /// ends).
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Sets its flag when dropped — also while a panic unwinds — so a thread the scope must join
-/// (the publisher) stops, and a failing test fails instead of waiting for it forever.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
     }
 }
 
