@@ -49,13 +49,15 @@ impl<B> fmt::Debug for Bounded<B> {
 }
 
 impl<B: Bounds> Bounded<B> {
-    /// `n` if it lies within `B`'s range; otherwise the refusal, naming the argument.
-    pub fn new(n: &serde_json::Number) -> Result<Self, String> {
-        match n.as_u64() {
-            Some(v) if v >= B::MIN && B::MAX.is_none_or(|max| v <= max) => {
-                Ok(Bounded(v, PhantomData))
+    /// `v` if it is a whole number within `B`'s range; otherwise the refusal, naming the
+    /// argument and the range (a string or a fraction included: serde's own message for those
+    /// names neither).
+    pub fn new(v: &serde_json::Value) -> Result<Self, String> {
+        match v.as_u64() {
+            Some(n) if n >= B::MIN && B::MAX.is_none_or(|max| n <= max) => {
+                Ok(Bounded(n, PhantomData))
             }
-            _ => Err(format!("{} must be {}, not {n}", B::NAME, Self::range())),
+            _ => Err(format!("{} must be {}, not {v}", B::NAME, Self::range())),
         }
     }
 
@@ -70,8 +72,8 @@ impl<B: Bounds> Bounded<B> {
 
 impl<'de, B: Bounds> Deserialize<'de> for Bounded<B> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let n = serde_json::Number::deserialize(d)?;
-        Bounded::new(&n).map_err(serde::de::Error::custom)
+        let v = serde_json::Value::deserialize(d)?;
+        Bounded::new(&v).map_err(serde::de::Error::custom)
     }
 }
 
