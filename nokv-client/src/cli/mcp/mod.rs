@@ -327,3 +327,6 @@ pub async fn run(client: Result<Client, ClientError>, args: McpArgs) -> Result<(
     service.waiting().await.map_err(|e| mcp(e.to_string()))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
