@@ -45,6 +45,19 @@ TOOLS = {
     "nokv_stat", "nokv_read", "nokv_write", "nokv_edit", "nokv_append", "nokv_list",
     "nokv_find", "nokv_grep", "nokv_delete", "nokv_publish", "nokv_restore", "nokv_health",
 }
+# Every numeric argument and its (minimum, maximum) — None: no maximum. Where the daemon bounds
+# a value these are the daemon's (nokv-server: LIST_MAX, GREP_MAX_MATCHES, GREP_MAX_CONTEXT).
+NUMERIC_BOUNDS = {
+    ("nokv_read", "offset"): (0, None),
+    ("nokv_read", "limit"): (1, None),
+    ("nokv_write", "if_generation"): (0, None),
+    ("nokv_edit", "if_generation"): (1, None),
+    ("nokv_delete", "if_generation"): (1, None),
+    ("nokv_list", "limit"): (1, 1000),
+    ("nokv_find", "limit"): (1, 1000),
+    ("nokv_grep", "max_matches"): (1, 10000),
+    ("nokv_grep", "context_lines"): (0, 10),
+}
 WRITING_TOOLS = {"nokv_write", "nokv_edit", "nokv_append", "nokv_delete", "nokv_publish"}
 LOCAL_FILE_TOOLS = {"nokv_publish", "nokv_restore"}
 
@@ -172,6 +185,18 @@ class McpServerTest(unittest.TestCase):
                     await s.initialize()
                     yield s
 
+    @contextlib.asynccontextmanager
+    async def bare_session(self, env: dict):
+        """`nokv mcp` with nothing but `env` and the MCP client's default environment (PATH,
+        HOME, USER, ...: no NOKV_* variable), started in the test's directory."""
+        params = StdioServerParameters(command=str(CLI_BIN), args=["mcp"], env=env,
+                                       cwd=str(self.dir))
+        with open(self.dir / "mcp.stderr.log", "a") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                async with ClientSession(read, write, read_timeout_seconds=120) as s:
+                    await s.initialize()
+                    yield s
+
     async def ok(self, s, tool: str, args: dict) -> dict:
         r = await s.call_tool(tool, args)
         self.assertFalse(r.is_error, f"{tool} failed: {text_of(r)}")
@@ -267,11 +292,10 @@ class McpServerTest(unittest.TestCase):
                                                          "new": "= 3"}, "MatchCount")
                 self.assertIn("occurs 2 times", text)
                 e2 = await self.ok(s, "nokv_edit", {"path": "ed/a.py", "old": "z = 2",
-                                                    "new": "z = 3",
-                                                    "expected_generation": gen})
+                                                    "new": "z = 3", "if_generation": gen})
                 self.assertGreater(e2["generation"], gen)
                 await self.fails(s, "nokv_edit", {"path": "ed/a.py", "old": "z = 3",
-                                                  "new": "z = 4", "expected_generation": gen},
+                                                  "new": "z = 4", "if_generation": gen},
                                  "GenerationMismatch")
                 r = await self.ok(s, "nokv_read", {"path": "ed/a.py"})
                 self.assertEqual(r["content"], "x = 1\ny = 1\nz = 3\n")
@@ -492,12 +516,155 @@ class McpServerTest(unittest.TestCase):
         tools, text = asyncio.run(go())
         for t in tools:
             self.assertNotIn("workspace", t.input_schema.get("properties", {}), t.name)
+            self.assertNotIn("workspace", t.input_schema.get("required", []), t.name)
         self.assertIn("pinned", text)
+
+    def test_without_a_pinned_workspace_every_tool_requires_a_workspace_string(self):
+        async def go():
+            async with self.session() as s:
+                tools = (await s.list_tools()).tools
+                # The runtime agrees with the schema: a call without one is refused.
+                text = await self.fails(s, "nokv_stat", {"path": "x"}, "Usage")
+                return tools, text
+
+        tools, text = asyncio.run(go())
+        self.assertEqual({t.name for t in tools}, TOOLS)
+        for t in tools:
+            self.assertIn("workspace", t.input_schema.get("required", []), t.name)
+            self.assertEqual(t.input_schema["properties"]["workspace"]["type"], "string", t.name)
+        self.assertIn("workspace", text)
+
+    def test_every_tool_names_the_generation_it_must_still_have_if_generation_and_nothing_else(self):
+        async def go():
+            async with self.session() as s:
+                return (await s.list_tools()).tools
+
+        tools = {t.name: t for t in asyncio.run(go())}
+        for name in ("nokv_write", "nokv_edit", "nokv_delete"):
+            self.assertIn("if_generation", tools[name].input_schema["properties"], name)
+        for t in tools.values():
+            self.assertNotIn("expected_generation", json.dumps(t.input_schema), t.name)
+            self.assertNotIn("expected_generation", t.description, t.name)
+
+    def test_edit_takes_if_generation_and_still_accepts_expected_generation_as_its_alias(self):
+        async def go():
+            async with self.session("--workspace", "agent") as s:
+                e = await self.ok(s, "nokv_write", {"path": "alias/a.txt",
+                                                    "content": "a = 1\nb = 1\n"})
+                gen = e["generation"]
+                e2 = await self.ok(s, "nokv_edit", {"path": "alias/a.txt", "old": "a = 1",
+                                                    "new": "a = 2", "if_generation": gen})
+                # The old name: honoured, stale generations refused as with the new one.
+                await self.fails(s, "nokv_edit", {"path": "alias/a.txt", "old": "b = 1",
+                                                  "new": "b = 9", "expected_generation": gen},
+                                 "GenerationMismatch")
+                e3 = await self.ok(s, "nokv_edit", {"path": "alias/a.txt", "old": "b = 1",
+                                                    "new": "b = 2",
+                                                    "expected_generation": e2["generation"]})
+                await self.fails(s, "nokv_edit", {"path": "alias/a.txt", "old": "a = 2",
+                                                  "new": "a = 9", "if_generation": gen},
+                                 "GenerationMismatch")
+                # Both names at once is one argument given twice.
+                both = await self.fails(s, "nokv_edit", {
+                    "path": "alias/a.txt", "old": "a = 2", "new": "a = 3",
+                    "if_generation": e3["generation"],
+                    "expected_generation": e3["generation"]}, "InvalidArgument")
+                r = await self.ok(s, "nokv_read", {"path": "alias/a.txt"})
+                return e3, both, r
+
+        e3, both, r = asyncio.run(go())
+        self.assertIn("if_generation", both)
+        self.assertEqual(r["content"], "a = 2\nb = 2\n")
+        self.assertEqual(r["entry"]["generation"], e3["generation"])
+
+    def test_every_numeric_argument_publishes_its_minimum_and_maximum(self):
+        async def go():
+            async with self.session() as s:
+                return (await s.list_tools()).tools
+
+        found = {}
+        for t in asyncio.run(go()):
+            for prop, schema in t.input_schema["properties"].items():
+                types = schema.get("type")
+                types = types if isinstance(types, list) else [types]
+                if "integer" in types or "number" in types:
+                    found[(t.name, prop)] = (schema.get("minimum"), schema.get("maximum"))
+        self.assertEqual(found, NUMERIC_BOUNDS)
+
+    def test_numeric_arguments_at_their_bounds_reach_the_daemon_and_past_them_are_refused(self):
+        async def go():
+            async with self.session("--workspace", "agent") as s:
+                await self.ok(s, "nokv_write", {"path": "bounds/f.txt", "content": "x\n"})
+                # The schema's maxima are accepted by the daemon itself.
+                await self.ok(s, "nokv_list", {"prefix": "bounds/", "limit": 1000})
+                await self.ok(s, "nokv_find", {"glob": "bounds/**", "limit": 1000})
+                await self.ok(s, "nokv_grep", {"regex": "x", "path_glob": "bounds/**",
+                                               "max_matches": 10000, "context_lines": 10})
+                await self.ok(s, "nokv_read", {"path": "bounds/f.txt", "limit": 1})
+                refusals = []
+                for tool, args in [
+                    ("nokv_list", {"limit": 0}),
+                    ("nokv_list", {"limit": 1001}),
+                    ("nokv_find", {"glob": "**", "limit": 1001}),
+                    ("nokv_grep", {"regex": "x", "max_matches": 0}),
+                    ("nokv_grep", {"regex": "x", "max_matches": 10001}),
+                    ("nokv_grep", {"regex": "x", "context_lines": 11}),
+                    ("nokv_grep", {"regex": "x", "context_lines": -1}),
+                    ("nokv_read", {"path": "bounds/f.txt", "limit": 0}),
+                    ("nokv_read", {"path": "bounds/f.txt", "offset": 1.5}),
+                    ("nokv_edit", {"path": "bounds/f.txt", "old": "x", "new": "y",
+                                   "if_generation": 0}),
+                    ("nokv_delete", {"path": "bounds/f.txt", "if_generation": 0}),
+                    ("nokv_list", {"limit": "100"}),
+                    ("nokv_list", {"limit": 2 ** 70}),
+                ]:
+                    text = await self.fails(s, tool, args, "InvalidArgument")
+                    refusals.append((tool, args, text))
+                # The session survived every refusal, and nothing was changed.
+                r = await self.ok(s, "nokv_read", {"path": "bounds/f.txt"})
+                return refusals, r
+
+        refusals, r = asyncio.run(go())
+        for tool, args, text in refusals:
+            (prop,) = [k for k in args if (tool, k) in NUMERIC_BOUNDS]
+            lo, hi = NUMERIC_BOUNDS[(tool, prop)]
+            self.assertIn(prop, text, (tool, args))
+            self.assertIn(f"from {lo} to {hi}" if hi is not None else f"at least {lo}", text,
+                          (tool, args))
+        self.assertEqual(r["content"], "x\n")
+
+    def test_without_a_usable_configuration_the_server_answers_and_every_call_says_what_to_fix(self):
+        home = self.dir / "empty-home"
+        home.mkdir()
+        missing = self.dir / "no-such-config.toml"
+
+        async def go(env):
+            async with self.bare_session(env) as s:
+                names = {t.name for t in (await s.list_tools()).tools}
+                stat = await s.call_tool("nokv_stat", {"workspace": "agent", "path": "x"})
+                health = await s.call_tool("nokv_health", {"workspace": "agent"})
+                return names, stat, health
+
+        for env, named in [({"HOME": str(home)}, "NOKV_CA"),
+                           ({"HOME": str(home), "NOKV_CONFIG": str(missing)}, str(missing))]:
+            names, stat, health = asyncio.run(go(env))
+            self.assertEqual(names, TOOLS, env)
+            for r in (stat, health):
+                text = text_of(r)
+                self.assertTrue(r.is_error, text)
+                self.assertEqual(r.structured_content["error"]["reason"], "NotConfigured", text)
+                self.assertTrue(text.startswith("NotConfigured: "), text)
+                # The problem: the missing setting, or the missing file.
+                self.assertIn(named, text)
+                # The fix: which settings to give, and where.
+                for setting in ("NOKV_ENDPOINT", "NOKV_CA", "NOKV_TOKEN", "NOKV_CONFIG",
+                                "restart"):
+                    self.assertIn(setting, text)
 
     def test_health_says_whether_it_made_the_admin_check_or_the_route_check(self):
         async def go():
             async with self.session(token=self.admin) as s:
-                admin = await self.ok(s, "nokv_health", {})
+                admin = await self.ok(s, "nokv_health", {"workspace": "agent"})
             async with self.session("--workspace", "agent") as s:
                 route = await self.ok(s, "nokv_health", {})
             return admin, route

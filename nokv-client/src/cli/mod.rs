@@ -375,6 +375,15 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
     if let Command::Bench(cmd) = cli.command {
         return bench::run(cmd, out, async || Client::connect(&cfg.resolve()?).await).await;
     }
+    if let Command::Mcp(args) = cli.command {
+        // An agent host shows a server that exits as "Connection closed" and nothing more:
+        // a configuration problem is served as every tool call's answer instead (see mcp).
+        let client = match cfg.resolve() {
+            Ok(cfg) => Client::connect(&cfg).await,
+            Err(e) => Err(e),
+        };
+        return mcp::run(client, args).await;
+    }
     if let Command::Workspace(cmd) = &cli.command {
         cmd.confirmed()?;
     }
@@ -497,6 +506,6 @@ async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), 
         }
         Command::Admin(AdminCommand::Quota(cmd)) => admin::quota(client, out, cmd).await,
         Command::Workspace(cmd) => workspaces::run(client, out, cmd).await,
-        Command::Mcp(args) => mcp::run(client.clone(), args).await,
+        Command::Mcp(_) => unreachable!("handled in run"),
     }
 }

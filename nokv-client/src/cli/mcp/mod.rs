@@ -5,9 +5,15 @@
 //! stdout carries the protocol and nothing else: logs go to stderr (the CLI's subscriber
 //! writes there), and no tool prints. Protocol version negotiation is the `rmcp` SDK's.
 //!
+//! A configuration that cannot be used (no CA, `NOKV_CONFIG` naming a missing file, a token
+//! that is not one) does not stop the server: a host shows a server that exits as nothing
+//! more than "Connection closed", so it answers `initialize` and `tools/list` as usual and
+//! every tool call with a `NotConfigured` tool error that names the problem and how to fix it.
+//!
 //! Three switches shape what a model can do, decided when the host starts the server:
 //! * `--workspace WS` pins the workspace: the `workspace` argument disappears from every
-//!   schema and a call naming another workspace is refused (`Usage`).
+//!   schema and a call naming another workspace is refused (`Usage`). Without it, `workspace`
+//!   is a required argument of every tool.
 //! * `--read-only` removes the tools that change the workspace from the tool list, and a call
 //!   to one anyway is a tool error with reason `ReadOnly` (a host may call a tool it cached
 //!   from an earlier session). `nokv_restore` goes too (it writes a file on this machine)
@@ -33,6 +39,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool_handler};
+use serde_json::{Value, json};
 
 /// The tools that change a workspace: absent in `--read-only` mode.
 const WRITING_TOOLS: [&str; 5] = [
@@ -46,7 +53,7 @@ const WRITING_TOOLS: [&str; 5] = [
 const INSTRUCTIONS: &str = "nokv stores agent workspaces: small text files (read, write, \
     edit, append, grep, find) and large artifacts (publish a local file, restore it to a local \
     file). Every entry has a generation that grows on each change: pass the generation you read \
-    back (if_generation, expected_generation) so a concurrent change is refused \
+    back as if_generation so a concurrent change is refused \
     (GenerationMismatch) instead of overwritten. Prefer nokv_edit over rewriting a file, and \
     nokv_grep / nokv_find over listing and reading everything. A failed call's text starts \
     with its reason (NotFound, GenerationMismatch, MatchCount, PermissionDenied, ...) and a \
@@ -85,7 +92,9 @@ const LOCAL_FILE_TOOLS: [&str; 2] = ["nokv_publish", HOST_WRITING_TOOL];
 /// The MCP server: the SDK client plus what the host fixed at start.
 #[derive(Clone)]
 pub struct NokvMcp {
-    client: Client,
+    /// The client, or why the configuration gave none: then every tool call is refused with
+    /// [`reply::NOT_CONFIGURED`] (see [`not_configured`]).
+    client: Result<Client, ClientError>,
     pinned: Option<String>,
     read_only: bool,
     /// True if nokv_restore is refused (read-only without --allow-restore).
@@ -96,8 +105,10 @@ pub struct NokvMcp {
 }
 
 impl NokvMcp {
-    /// The server; fails if the `--local-root` directory cannot be opened.
-    pub fn new(client: Client, args: McpArgs) -> Result<NokvMcp, ClientError> {
+    /// The server; fails if the `--local-root` directory cannot be opened. `client` is the
+    /// configured client or the configuration's problem, which the server reports on every
+    /// tool call instead of failing here.
+    pub fn new(client: Result<Client, ClientError>, args: McpArgs) -> Result<NokvMcp, ClientError> {
         let local_root = match args.local_root {
             Some(p) if p.as_os_str() == "none" => None,
             Some(p) => Some(local_root::LocalRoot::open(&p)?),
@@ -121,10 +132,17 @@ impl NokvMcp {
                 tool_router.remove_route(name);
             }
         }
-        if args.workspace.is_some() {
-            for route in tool_router.map.values_mut() {
-                drop_workspace_argument(&mut route.attr);
+        for route in tool_router.map.values_mut() {
+            match args.workspace {
+                Some(_) => drop_workspace_argument(&mut route.attr),
+                None => require_workspace_argument(&mut route.attr),
             }
+        }
+        if let Err(e) = &client {
+            tracing::warn!(
+                error = %e,
+                "no usable configuration: every tool call will be refused with NotConfigured"
+            );
         }
         Ok(NokvMcp {
             client,
@@ -134,6 +152,15 @@ impl NokvMcp {
             local_root: local_root.map(Arc::new),
             tool_router,
         })
+    }
+
+    /// The client. Without one, [`ServerHandler::call_tool`] refuses every call before a tool
+    /// runs, so a tool never meets this error in practice; it is here so that no tool can
+    /// reach a server without a configuration.
+    fn client(&self) -> Result<&Client, ClientError> {
+        self.client
+            .as_ref()
+            .map_err(|e| ClientError::usage(not_configured(e)))
     }
 
     /// The local root, or the refusal of a local-file tool under `--local-root none`.
@@ -187,6 +214,43 @@ fn drop_workspace_argument(tool: &mut Tool) {
     tool.input_schema = Arc::new(schema);
 }
 
+/// Makes `workspace` a required string in a tool's input schema: the server is not pinned,
+/// so every call must name one (the field is an `Option` in [`params`] for the pinned case
+/// only, which removes it).
+fn require_workspace_argument(tool: &mut Tool) {
+    let mut schema = (*tool.input_schema).clone();
+    if let Some(Value::Object(props)) = schema.get_mut("properties")
+        && let Some(Value::Object(ws)) = props.get_mut("workspace")
+    {
+        ws.insert("type".into(), json!("string"));
+    }
+    match schema.get_mut("required") {
+        Some(Value::Array(required)) => {
+            if !required.iter().any(|v| v == "workspace") {
+                required.insert(0, json!("workspace"));
+            }
+        }
+        _ => {
+            schema.insert("required".into(), json!(["workspace"]));
+        }
+    }
+    tool.input_schema = Arc::new(schema);
+}
+
+/// The text of every tool call's refusal when the configuration gave no client: the problem,
+/// where the settings come from and what to change. The reader is the model, which can only
+/// pass it on: the fix is in the host's entry for this server, and needs a restart.
+fn not_configured(problem: &ClientError) -> String {
+    format!(
+        "nokv mcp has no usable configuration, so no tool can reach a nokv server: {problem}. \
+         Fix it where the agent host starts this server (its MCP server entry) and restart \
+         the server: set NOKV_ENDPOINT (https://HOST:PORT), NOKV_CA (the CA certificate file) \
+         and NOKV_TOKEN in its environment, or NOKV_CONFIG=DATA_DIR/client.toml (the file \
+         nokv-server writes into its data directory), or pass --endpoint, --ca and --token. \
+         A token is issued with `nokv-server token issue`."
+    )
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for NokvMcp {
     fn get_info(&self) -> ServerConfig {
@@ -229,6 +293,9 @@ impl ServerHandler for NokvMcp {
         {
             return Ok(refused.into());
         }
+        if let Err(problem) = &self.client {
+            return Ok(reply::refused(reply::NOT_CONFIGURED, not_configured(problem)).into());
+        }
         let call = ToolCallContext::new(self, request, context);
         Ok(match self.tool_router.call(call).await? {
             // rmcp answers arguments that do not fit the tool's schema itself, with a bare
@@ -249,8 +316,9 @@ impl ServerHandler for NokvMcp {
     }
 }
 
-/// Serves MCP on stdin/stdout until the host closes stdin.
-pub async fn run(client: Client, args: McpArgs) -> Result<(), ClientError> {
+/// Serves MCP on stdin/stdout until the host closes stdin. `client` is the configured client,
+/// or the configuration's problem, which every tool call then reports (see [`NokvMcp`]).
+pub async fn run(client: Result<Client, ClientError>, args: McpArgs) -> Result<(), ClientError> {
     let mcp = |e: String| ClientError::local(format!("MCP: {e}"));
     let service = NokvMcp::new(client, args)?
         .serve(rmcp::transport::stdio())
@@ -259,3 +327,6 @@ pub async fn run(client: Client, args: McpArgs) -> Result<(), ClientError> {
     service.waiting().await.map_err(|e| mcp(e.to_string()))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -18,6 +18,9 @@ pub const LOCAL_REFUSED: &str = "LocalRefused";
 /// The reason of a call whose `local_path` leads out of `nokv mcp --local-root` (an absolute
 /// path outside it, `..` above it, a symbolic link leading out); the message names the rule.
 pub const OUTSIDE_LOCAL_ROOT: &str = "OutsideLocalRoot";
+/// The reason of every tool call of a server started without a usable configuration (no CA,
+/// a missing config file, ...); the message names the problem and how to fix it.
+pub const NOT_CONFIGURED: &str = "NotConfigured";
 /// The reason of a call whose arguments do not fit the tool's schema (a missing `path`, a
 /// string where a number goes), like the daemon's for bad input.
 pub const INVALID_ARGUMENT: &str = "InvalidArgument";

@@ -116,7 +116,7 @@ impl NokvMcp {
         answer(
             async {
                 let ws = self.workspace(a.workspace)?;
-                let e = self.client.stat(&ws, &a.path).await?;
+                let e = self.client()?.stat(&ws, &a.path).await?;
                 Ok(reply::ok(entry_line(&e), entry_json(&e)))
             }
             .await,
@@ -136,7 +136,7 @@ impl NokvMcp {
         answer(
             async {
                 let ws = self.workspace(a.workspace)?;
-                let r = self.client.read(&ws, &a.path).await?;
+                let r = self.client()?.read(&ws, &a.path).await?;
                 let entry = r.entry.unwrap_or_default();
                 if entry.kind == pb::EntryKind::Artifact as i32 {
                     return Ok(reply::refused(
@@ -150,8 +150,8 @@ impl NokvMcp {
                 }
                 let text = String::from_utf8_lossy(&r.data);
                 let lossy = matches!(text, std::borrow::Cow::Owned(_));
-                let offset = a.offset.unwrap_or(0);
-                let (content, total) = line_window(&text, offset, a.limit);
+                let offset = a.offset.map_or(0, |o| o.get());
+                let (content, total) = line_window(&text, offset, a.limit.map(|l| l.get()));
                 let shown = content.split_inclusive('\n').count() as u64;
                 let range = if shown == 0 {
                     format!("no lines shown of {total}")
@@ -199,7 +199,7 @@ impl NokvMcp {
         answer(
             async {
                 let ws = self.workspace(a.workspace)?;
-                let (mode, if_generation) = match (a.mode, a.if_generation) {
+                let (mode, if_generation) = match (a.mode, a.if_generation.map(|g| g.get())) {
                     (None, None) | (Some(WriteMode::Upsert), None) => (pb::WriteMode::Upsert, 0),
                     (Some(WriteMode::CreateOnly), None) => (pb::WriteMode::CreateOnly, 0),
                     (None | Some(WriteMode::IfGeneration), Some(g)) => {
@@ -218,7 +218,7 @@ impl NokvMcp {
                     }
                 };
                 let e = self
-                    .client
+                    .client()?
                     .write(pb::WriteRequest {
                         workspace: ws,
                         path: a.path,
@@ -243,8 +243,8 @@ impl NokvMcp {
             atomically on the server (no read-modify-write race). Cheaper and safer than \
             rewriting the file with nokv_write. Errors: MatchCount if `old` occurs 0 times (the \
             text differs from the file: read it again) or more than once (include more \
-            surrounding lines to make it unique); GenerationMismatch if expected_generation is \
-            given and the file changed; NotFound. Returns the new generation.",
+            surrounding lines to make it unique); GenerationMismatch if if_generation is given \
+            and the file changed since; NotFound. Returns the new generation.",
         annotations(destructive_hint = true)
     )]
     async fn edit(&self, Parameters(a): Parameters<EditArgs>) -> CallToolResult {
@@ -252,13 +252,13 @@ impl NokvMcp {
             async {
                 let ws = self.workspace(a.workspace)?;
                 let e = self
-                    .client
+                    .client()?
                     .edit(pb::EditRequest {
                         workspace: ws,
                         path: a.path,
                         old: a.old,
                         new: a.new,
-                        expected_generation: a.expected_generation.unwrap_or(0),
+                        expected_generation: a.if_generation.map_or(0, |g| g.get()),
                         request_id: String::new(),
                     })
                     .await?;
@@ -284,7 +284,7 @@ impl NokvMcp {
             async {
                 let ws = self.workspace(a.workspace)?;
                 let e = self
-                    .client
+                    .client()?
                     .append(pb::AppendRequest {
                         workspace: ws,
                         path: a.path,
@@ -313,11 +313,11 @@ impl NokvMcp {
             async {
                 let ws = self.workspace(a.workspace)?;
                 let page = self
-                    .client
+                    .client()?
                     .list(
                         &ws,
                         a.prefix.as_deref().unwrap_or(""),
-                        a.limit.unwrap_or(100),
+                        a.limit.map_or(100, |l| l.get() as u32),
                         a.cursor.as_deref().unwrap_or(""),
                     )
                     .await?;
@@ -346,11 +346,11 @@ impl NokvMcp {
             async {
                 let ws = self.workspace(a.workspace)?;
                 let page = self
-                    .client
+                    .client()?
                     .find(
                         &ws,
                         &a.glob,
-                        a.limit.unwrap_or(0),
+                        a.limit.map_or(0, |l| l.get() as u32),
                         a.cursor.as_deref().unwrap_or(""),
                     )
                     .await?;
@@ -380,14 +380,14 @@ impl NokvMcp {
         answer(
             async {
                 let ws = self.workspace(a.workspace)?;
-                let context = a.context_lines.unwrap_or(0);
+                let context = a.context_lines.map_or(0, |c| c.get() as u32);
                 let (matches, summary) = self
-                    .client
+                    .client()?
                     .grep(pb::GrepRequest {
                         workspace: ws,
                         regex: a.regex,
                         path_glob: a.path_glob.unwrap_or_default(),
-                        max_matches: a.max_matches.unwrap_or(0),
+                        max_matches: a.max_matches.map_or(0, |m| m.get() as u32),
                         context_lines: context,
                         ignore_case: a.ignore_case.unwrap_or(false),
                         include_artifacts: a.include_artifacts.unwrap_or(false),
@@ -413,11 +413,11 @@ impl NokvMcp {
             async {
                 let ws = self.workspace(a.workspace)?;
                 let generation = self
-                    .client
+                    .client()?
                     .delete(pb::DeleteRequest {
                         workspace: ws.clone(),
                         path: a.path.clone(),
-                        if_generation: a.if_generation.unwrap_or(0),
+                        if_generation: a.if_generation.map_or(0, |g| g.get()),
                         request_id: String::new(),
                     })
                     .await?;
@@ -479,7 +479,7 @@ impl NokvMcp {
                     }
                 };
                 let p = self
-                    .client
+                    .client()?
                     .publish_open(
                         &ws,
                         &a.path,
@@ -557,7 +557,7 @@ impl NokvMcp {
                 let dest =
                     Destination::in_dir(target.dir, target.name, PathBuf::from(&a.local_path))?;
                 let r = self
-                    .client
+                    .client()?
                     .restore_to(&ws, &a.path, &dest, PARALLEL, None)
                     .await?;
                 let m = &r.manifest;
@@ -595,10 +595,10 @@ impl NokvMcp {
         answer(
             async {
                 let ws = self.workspace_if_any(a.workspace)?;
-                match self.client.health().await {
+                match self.client()?.health().await {
                     Ok(h) => Ok(admin_health(&h)),
                     Err(e) if e.is("PermissionDenied") => match ws {
-                        Some(ws) => route_check(&self.client, &ws).await,
+                        Some(ws) => route_check(self.client()?, &ws).await,
                         None => Err(ClientError {
                             message: format!(
                                 "{}; the token is not an admin token: name a workspace to \
