@@ -62,7 +62,14 @@ fn every_subcommand_help_describes_its_arguments_sets_the_connection_options_apa
     let mut all = Vec::new();
     subcommands(Vec::new(), &mut all);
     let names: Vec<String> = all.iter().map(|p| p.join(" ")).collect();
-    for expected in ["put", "ls", "restore", "admin quota set", "bench session", "mcp"] {
+    for expected in [
+        "put",
+        "ls",
+        "restore",
+        "admin quota set",
+        "bench session",
+        "mcp",
+    ] {
         assert!(names.iter().any(|n| n == expected), "{expected}: {names:?}");
     }
     for path in &all {
@@ -81,7 +88,10 @@ fn every_subcommand_help_describes_its_arguments_sets_the_connection_options_apa
                 || arguments
                     .get(i + 1)
                     .is_some_and(|next| !next.trim_start().starts_with(['<', '[']));
-            assert!(described, "nokv {name}: undescribed argument {line:?}\n{text}");
+            assert!(
+                described,
+                "nokv {name}: undescribed argument {line:?}\n{text}"
+            );
         }
         for target in ["<TARGET>", "[TARGET]"] {
             if let Some(line) = arguments.iter().find(|l| l.contains(target)) {
@@ -111,7 +121,9 @@ fn every_subcommand_help_describes_its_arguments_sets_the_connection_options_apa
         assert!(
             !examples.is_empty()
                 && examples.len() <= 3
-                && examples.iter().all(|l| l.starts_with("  ") && l.contains("nokv ")),
+                && examples
+                    .iter()
+                    .all(|l| l.starts_with("  ") && l.contains("nokv ")),
             "nokv {name}: the help does not end with one or two example commands\n{text}"
         );
         assert!(
@@ -137,7 +149,10 @@ fn ls_and_find_take_a_bare_workspace_as_its_root_and_ls_prints_a_header_in_human
     }
     let rows: Vec<&str> = lines.collect();
     assert_eq!(rows.len(), 2, "{human}");
-    assert!(rows[0].ends_with("b.txt") && rows[0].starts_with("file"), "{human}");
+    assert!(
+        rows[0].ends_with("b.txt") && rows[0].starts_with("file"),
+        "{human}"
+    );
     assert!(rows[1].ends_with("notes/a.md"), "{human}");
 
     // The same listing as `demo:`; JSON has no header, only entries.
@@ -196,7 +211,10 @@ fn stat_explains_generation_and_revision_in_human_output_and_json_keeps_plain_fi
     assert!(revision.contains("nothing to pass back"), "{revision}");
 
     let doc = d.cli(&["--json", "stat", "demo:a.bin"]).assert_ok().json();
-    assert!(doc["generation"].is_u64() && doc["revision"].is_u64(), "{doc}");
+    assert!(
+        doc["generation"].is_u64() && doc["revision"].is_u64(),
+        "{doc}"
+    );
 }
 
 #[test]
@@ -224,10 +242,18 @@ fn quota_set_takes_the_servers_size_units_and_warns_when_the_quota_is_already_be
     for bad in ["10MB", "1.5GiB", "lots"] {
         let out = set(bad);
         assert_eq!(out.status, 2, "{bad}: {}", out.stderr);
-        assert!(out.stderr.contains("GiB"), "says which units: {}", out.stderr);
+        assert!(
+            out.stderr.contains("GiB"),
+            "says which units: {}",
+            out.stderr
+        );
     }
     let get = d.cli(&["--json", "admin", "quota", "get", "demo"]);
-    assert_eq!(get.assert_ok().json()["quota"], 1024, "bad sizes changed nothing");
+    assert_eq!(
+        get.assert_ok().json()["quota"],
+        1024,
+        "bad sizes changed nothing"
+    );
 }
 
 /// `nokv ARGS` with stdout on a pseudo-terminal (util-linux `script`), against `d`. Returns
@@ -280,7 +306,10 @@ fn get_keeps_binary_bytes_off_a_terminal_unless_forced_and_never_checks_a_pipe()
             shown.contains("not UTF-8") && shown.contains("--force"),
             "{target}: {shown}"
         );
-        assert!(!shown.contains('\u{fffd}'), "{target}: nothing binary shown");
+        assert!(
+            !shown.contains('\u{fffd}'),
+            "{target}: nothing binary shown"
+        );
         let (status, shown) = on_terminal(&d, &["get", target, "--force"]);
         assert_eq!(status, 0, "{target} --force: {shown}");
     }
