@@ -28,11 +28,13 @@ pub enum BenchCommand {
         after_help = "Examples:\n  nokv bench session --workspace probe-1 --seconds 30\n  nokv bench session --workspace probe-1 --rate 2"
     )]
     Session {
+        /// Workspace to stat and write files in.
         #[arg(long)]
         workspace: String,
         /// Stop after this many seconds (default: run until SIGTERM/SIGINT).
         #[arg(long)]
         seconds: Option<f64>,
+        /// Size of each written file, in bytes.
         #[arg(long, default_value_t = 4096)]
         file_size: usize,
         /// Open loop: start a stat/write pair this many times per second on average, with a
@@ -46,13 +48,16 @@ pub enum BenchCommand {
         after_help = "Examples:\n  nokv bench upload --workspace probe-up --size-mib 16 --seconds 30\n  nokv bench upload --workspace probe-up --pace 50"
     )]
     Upload {
+        /// Workspace to publish the artifacts into.
         #[arg(long)]
         workspace: String,
+        /// Size of each artifact, in MiB.
         #[arg(long, default_value_t = 16)]
         size_mib: u64,
         /// Average MiB/s to pace to (default: unpaced).
         #[arg(long)]
         pace: Option<f64>,
+        /// Stop after this many seconds (default: run until SIGTERM/SIGINT).
         #[arg(long)]
         seconds: Option<f64>,
     },
@@ -102,11 +107,13 @@ pub enum BenchCommand {
     UploadVsDirect {
         #[command(flatten)]
         env: EnvArgs,
+        /// Size of the published file, in MiB.
         #[arg(long, default_value_t = 64)]
         size_mib: u64,
         /// Providers to measure: local, s3 (moto, started by the bench).
         #[arg(long, value_delimiter = ',', default_value = "local,s3")]
         providers: Vec<String>,
+        /// Rounds per provider (the best is reported).
         #[arg(long, default_value_t = 2)]
         rounds: u32,
     },
