@@ -126,17 +126,16 @@ pub async fn audit(client: &Client, out: Output) -> Result<(), ClientError> {
                "node_manifests": a.node_manifests}),
         || {
             let mut text = format!(
-                "{} objects: {} referenced · {} guarded · {} collectable · {} unaccounted · \
-                 {} live-but-collectable · {} checkpoints · {} log segments · {} on other \
-                 nodes' shards",
-                a.objects,
+                "{}: {} referenced · {} guarded · {} collectable · {} unaccounted · \
+                 {} live-but-collectable · {} · {} · {} on other nodes' shards",
+                plural(a.objects, "object"),
                 a.referenced,
                 a.guarded,
                 a.collectable,
                 a.unaccounted,
                 a.violations,
-                a.checkpoints,
-                a.log_segments,
+                plural(a.checkpoints, "checkpoint"),
+                plural(a.log_segments, "log segment"),
                 a.other_shards
             );
             for k in &a.unaccounted_keys {
@@ -424,9 +423,9 @@ pub async fn inventory_start(client: &Client, out: Output) -> Result<(), ClientE
         .collect();
     out.emit(json!({"started": r.started, "shards": shards}), || {
         format!(
-            "inventory started on {} of {} shards (the others were already scanning)\n\n{}",
+            "inventory started on {} of {} (the others were already scanning)\n\n{}",
             r.started,
-            r.shards.len(),
+            plural(r.shards.len() as u64, "shard"),
             inventory_rows(&r.shards)
         )
     });
@@ -447,10 +446,10 @@ pub async fn inventory_status(client: &Client, out: Output) -> Result<(), Client
                "quarantined": r.quarantined, "shards": shards}),
         || {
             format!(
-                "inventory {} · {} pages · {} objects seen · {} quarantined · oldest completed scan {}\n\n{}",
+                "inventory {} · {} · {} seen · {} quarantined · oldest completed scan {}\n\n{}",
                 if r.running { "running" } else { "idle" },
-                r.pages,
-                r.objects_seen,
+                plural(r.pages, "page"),
+                plural(r.objects_seen, "object"),
                 r.quarantined,
                 completed_at(r.last_completed_ms),
                 inventory_rows(&r.shards)
@@ -569,8 +568,11 @@ pub async fn retry(client: &Client, out: Output, operation_id: &str) -> Result<(
                "attempts": r.attempts, "last_error": r.last_error}),
         || {
             let mut text = format!(
-                "{}: {} (state {}, {} attempts)",
-                r.operation_id, r.result, r.state, r.attempts
+                "{}: {} (state {}, {})",
+                r.operation_id,
+                r.result,
+                r.state,
+                plural(r.attempts, "attempt")
             );
             if !r.last_error.is_empty() {
                 text.push_str(&format!("; last error: {}", r.last_error));
@@ -687,9 +689,10 @@ fn reservations_text(h: &pb::HealthResponse) -> String {
     );
     for s in h.shards.iter().filter(|s| !s.reservations_match) {
         text.push_str(&format!(
-            "\nMISMATCH shard {}: {} reservations but {} unresolved uploads; investigate, do not \
-             fix by hand",
-            s.shard, s.reservations, s.unresolved_uploads
+            "\nMISMATCH shard {}: {} but {}; investigate, do not fix by hand",
+            s.shard,
+            plural(s.reservations, "reservation"),
+            plural(s.unresolved_uploads, "unresolved upload")
         ));
     }
     text
