@@ -72,6 +72,92 @@ impl DirLock {
     }
 }
 
+/// Whether a data directory held anything before this start: looked at before the lock is
+/// taken (which creates it), acted on only once the lock is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Before {
+    /// The directory did not exist.
+    Missing,
+    /// It existed and was empty.
+    Empty,
+    /// It held something (a node's files, or whatever the operator put there).
+    Used,
+}
+
+impl Before {
+    pub fn of(data_dir: &Path) -> Before {
+        match std::fs::read_dir(data_dir) {
+            Ok(mut entries) => match entries.next() {
+                None => Before::Empty,
+                Some(_) => Before::Used,
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Before::Missing,
+            // Unreadable: never treated as fresh, so nothing is ever removed from it.
+            Err(_) => Before::Used,
+        }
+    }
+}
+
+/// A data directory this start found missing or empty: if the start fails before the daemon
+/// serves (a port in use, a bad provider setting), dropping the guard removes what the start
+/// put there — the directory itself if it created it, else its contents — so no fresh CA key,
+/// cluster secret or admin token is left behind by a daemon that never ran. [`FreshDir::keep`]
+/// disarms it once the daemon serves.
+///
+/// Invariant: it exists only while the caller holds the directory's [`DirLock`] and is
+/// dropped before it, so nothing another process wrote is removed: a start that found the
+/// directory fresh but lost the lock race never builds one.
+#[derive(Debug)]
+pub struct FreshDir {
+    dir: PathBuf,
+    before: Before,
+    armed: bool,
+}
+
+impl FreshDir {
+    /// The guard for `data_dir`, or `None` if it held something before this start (then it is
+    /// never touched).
+    pub fn new(data_dir: &Path, before: Before, _held: &DirLock) -> Option<FreshDir> {
+        (before != Before::Used).then(|| FreshDir {
+            dir: data_dir.to_path_buf(),
+            before,
+            armed: true,
+        })
+    }
+
+    /// The daemon serves: what it wrote stays.
+    pub fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for FreshDir {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let removed = match self.before {
+            Before::Missing => std::fs::remove_dir_all(&self.dir),
+            _ => std::fs::read_dir(&self.dir).and_then(|entries| {
+                entries.into_iter().try_for_each(|e| {
+                    let e = e?;
+                    if e.file_type()?.is_dir() {
+                        std::fs::remove_dir_all(e.path())
+                    } else {
+                        std::fs::remove_file(e.path())
+                    }
+                })
+            }),
+        };
+        if let Err(e) = removed {
+            eprintln!(
+                "nokv-server: could not remove what this failed start wrote in {}: {e}",
+                self.dir.display()
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +174,49 @@ mod tests {
         );
         drop(first);
         DirLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn a_failed_start_removes_a_data_dir_it_created_or_found_empty_and_never_a_used_one() {
+        let root = tempfile::tempdir().unwrap();
+        let missing = root.path().join("new");
+        let before = Before::of(&missing);
+        assert_eq!(before, Before::Missing);
+        let lock = DirLock::acquire(&missing).unwrap();
+        std::fs::create_dir(missing.join("tls")).unwrap();
+        std::fs::write(missing.join("tls").join("ca.key"), b"secret").unwrap();
+        drop(FreshDir::new(&missing, before, &lock));
+        drop(lock);
+        assert!(!missing.exists(), "the created directory is gone");
+
+        let empty = root.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let before = Before::of(&empty);
+        assert_eq!(before, Before::Empty);
+        let lock = DirLock::acquire(&empty).unwrap();
+        std::fs::write(empty.join("cluster.secret"), b"secret").unwrap();
+        drop(FreshDir::new(&empty, before, &lock));
+        drop(lock);
+        assert_eq!(
+            std::fs::read_dir(&empty).unwrap().count(),
+            0,
+            "emptied, kept"
+        );
+
+        let used = root.path().join("used");
+        std::fs::create_dir(&used).unwrap();
+        std::fs::write(used.join("mine"), b"x").unwrap();
+        let before = Before::of(&used);
+        assert_eq!(before, Before::Used);
+        let lock = DirLock::acquire(&used).unwrap();
+        assert!(FreshDir::new(&used, before, &lock).is_none());
+
+        // A start that serves keeps what it wrote.
+        let kept = root.path().join("kept");
+        let before = Before::of(&kept);
+        let lock = DirLock::acquire(&kept).unwrap();
+        FreshDir::new(&kept, before, &lock).unwrap().keep();
+        drop(lock);
+        assert!(kept.join(LOCK_FILE).exists());
     }
 }

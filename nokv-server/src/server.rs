@@ -78,7 +78,10 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
 pub async fn run(settings: Settings) -> Result<(), ServeError> {
     // First, before anything in the data dir is written: a second daemon on the same
     // directory must be refused before it can touch the running one's files.
+    let before = crate::dir_lock::Before::of(&settings.data_dir);
     let _lock = crate::dir_lock::DirLock::acquire(&settings.data_dir)?;
+    // Declared after the lock, so dropped (on a failed start) while the lock is still held.
+    let fresh = crate::dir_lock::FreshDir::new(&settings.data_dir, before, &_lock);
     let material = match &settings.tls_dir {
         Some(dir) => crate::cluster_tls::load(
             dir,
@@ -300,6 +303,10 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
     // Before the listening line, which tools wait for: by then this line is out too.
     if let Some((bound, _)) = &metrics {
         println!("nokv-server metrics on http://{bound}/metrics");
+    }
+    // Started: a data dir this start created is the node's now.
+    if let Some(fresh) = fresh {
+        fresh.keep();
     }
     println!("nokv-server listening on {endpoint}");
     println!(

@@ -280,9 +280,15 @@ fn publishing_over_an_artifact_bumps_the_generation_and_restores_the_new_content
     );
     assert_same_bytes(&get(&d, "ws:rel/app.tar"), &v2, "get after republish");
 
-    // Restoring over an existing DEST replaces it with the current content.
+    // Restoring over an existing DEST with --force replaces it with the current content.
     std::fs::write(&dest, b"stale").unwrap();
-    restore(&d, "ws:rel/app.tar", &dest);
+    d.cli(&[
+        "restore",
+        "ws:rel/app.tar",
+        dest.to_str().unwrap(),
+        "--force",
+    ])
+    .assert_ok();
     assert_same_bytes(&std::fs::read(&dest).unwrap(), &v2, "restore over a file");
 }
 

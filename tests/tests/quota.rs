@@ -55,7 +55,7 @@ async fn an_operator_sets_a_workspace_quota_that_refuses_writes_and_uploads_past
     assert!(text.contains("quota 10 B"), "{text}");
 
     // Bad input is refused and changes nothing.
-    let bad = d.cli(&["admin", "quota", "set", "ws", "10MiB"]);
+    let bad = d.cli(&["admin", "quota", "set", "ws", "10MB"]);
     assert_eq!(bad.status, 2, "{}", bad.stderr);
     let writer = d.token("ws", "write", None);
     d.cli_with_env(

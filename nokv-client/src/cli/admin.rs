@@ -5,7 +5,7 @@ use nokv_client::{Client, ClientError};
 use nokv_proto::v1 as pb;
 use serde_json::{Value, json};
 
-use super::output::{Output, human_bytes};
+use super::output::{Output, human_bytes, plural};
 
 pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
     let h = client.health().await?;
@@ -15,7 +15,7 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
         .map(|s| {
             json!({"shard": s.shard, "owned": s.owned, "entries": s.entries,
                    "open_uploads": s.open_uploads, "guards": s.guards,
-                   "unknown_guards": s.unknown_guards, "guards_unknown": s.unknown_guards,
+                   "guards_unknown": s.unknown_guards,
                    "guards_finished": s.guards_finished, "collectable": s.collectable,
                    "unresolved_uploads": s.unresolved_uploads,
                    "dead_letters": s.dead_letters, "serving": s.serving,
@@ -26,8 +26,7 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
         .collect();
     let mut doc = json!({"status": h.status, "version": h.version, "node": h.node,
                "provider": h.provider, "shard_count": h.shard_count,
-               "uptime_ms": h.uptime_ms, "unknown_guards": h.unknown_guards,
-               "guards_unknown": h.unknown_guards, "guards_finished": h.guards_finished,
+               "uptime_ms": h.uptime_ms, "guards_unknown": h.unknown_guards, "guards_finished": h.guards_finished,
                "collectable": h.collectable, "unresolved_uploads": h.unresolved_uploads,
                "dead_letters": h.dead_letters,
                "quarantined": h.quarantined,
@@ -44,28 +43,32 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
         || {
             let entries: u64 = h.shards.iter().map(|s| s.entries).sum();
             let mut text = format!(
-                "{} · nokv-server {} · node {} · provider {} · {} shards · {} entries · \
-                 {} unresolved uploads · guards {} unknown / {} finished · {} collectable · \
-                 {} dead letters · up {}s",
+                "{} · nokv-server {} · node {} · provider {} · {} · {} · {} · \
+                 guards {} unknown / {} finished{} · {} collectable · {} · up {}s",
                 h.status,
                 h.version,
                 h.node,
                 h.provider,
-                h.shard_count,
-                entries,
-                h.unresolved_uploads,
+                plural(h.shard_count, "shard"),
+                plural(entries, "entry"),
+                plural(h.unresolved_uploads, "unresolved upload"),
                 h.unknown_guards,
                 h.guards_finished,
+                guards_note(h.unknown_guards),
                 h.collectable,
-                h.dead_letters,
+                plural(h.dead_letters, "dead letter"),
                 h.uptime_ms / 1000
             );
             text.push_str(&format!(" · {} quarantined", h.quarantined));
             if h.metadata_durability == "provider" {
                 text.push_str(&format!(
-                    "\nmetadata durability: provider · log stream {} · {} segments · {} PUTs \
+                    "\nmetadata durability: provider · log stream {} · {} · {} \
                      ({:.1}/s since start) · {} bytes",
-                    h.log_stream, h.log_segments, h.log_puts, h.log_puts_per_s, h.log_bytes
+                    h.log_stream,
+                    plural(h.log_segments, "segment"),
+                    plural(h.log_puts, "PUT"),
+                    h.log_puts_per_s,
+                    h.log_bytes
                 ));
             } else if !h.metadata_durability.is_empty() {
                 text.push_str(&format!("\nmetadata durability: {}", h.metadata_durability));
@@ -94,6 +97,18 @@ pub async fn health(client: &Client, out: Output) -> Result<(), ClientError> {
     Ok(())
 }
 
+/// What the unknown-guard count asks of the reader: nothing. A guard's writer outcome is
+/// unknown while its block write is in flight or after its writer died; the reconciler
+/// settles each on its own (retried with back-off), so only a count that stays up for hours
+/// is worth a look (docs/operations.md).
+fn guards_note(unknown: u64) -> &'static str {
+    if unknown == 0 {
+        ""
+    } else {
+        " (writes in flight or being cleaned up; settled automatically, no action needed)"
+    }
+}
+
 /// Operations per state as a JSON object with sorted keys.
 fn operations_json(ops: &std::collections::HashMap<String, u64>) -> Value {
     let sorted: std::collections::BTreeMap<_, _> = ops.iter().collect();
@@ -111,17 +126,16 @@ pub async fn audit(client: &Client, out: Output) -> Result<(), ClientError> {
                "node_manifests": a.node_manifests}),
         || {
             let mut text = format!(
-                "{} objects: {} referenced · {} guarded · {} collectable · {} unaccounted · \
-                 {} live-but-collectable · {} checkpoints · {} log segments · {} on other \
-                 nodes' shards",
-                a.objects,
+                "{}: {} referenced · {} guarded · {} collectable · {} unaccounted · \
+                 {} live-but-collectable · {} · {} · {} on other nodes' shards",
+                plural(a.objects, "object"),
                 a.referenced,
                 a.guarded,
                 a.collectable,
                 a.unaccounted,
                 a.violations,
-                a.checkpoints,
-                a.log_segments,
+                plural(a.checkpoints, "checkpoint"),
+                plural(a.log_segments, "log segment"),
                 a.other_shards
             );
             for k in &a.unaccounted_keys {
@@ -409,9 +423,9 @@ pub async fn inventory_start(client: &Client, out: Output) -> Result<(), ClientE
         .collect();
     out.emit(json!({"started": r.started, "shards": shards}), || {
         format!(
-            "inventory started on {} of {} shards (the others were already scanning)\n\n{}",
+            "inventory started on {} of {} (the others were already scanning)\n\n{}",
             r.started,
-            r.shards.len(),
+            plural(r.shards.len() as u64, "shard"),
             inventory_rows(&r.shards)
         )
     });
@@ -432,10 +446,10 @@ pub async fn inventory_status(client: &Client, out: Output) -> Result<(), Client
                "quarantined": r.quarantined, "shards": shards}),
         || {
             format!(
-                "inventory {} · {} pages · {} objects seen · {} quarantined · oldest completed scan {}\n\n{}",
+                "inventory {} · {} · {} seen · {} quarantined · oldest completed scan {}\n\n{}",
                 if r.running { "running" } else { "idle" },
-                r.pages,
-                r.objects_seen,
+                plural(r.pages, "page"),
+                plural(r.objects_seen, "object"),
                 r.quarantined,
                 completed_at(r.last_completed_ms),
                 inventory_rows(&r.shards)
@@ -554,8 +568,11 @@ pub async fn retry(client: &Client, out: Output, operation_id: &str) -> Result<(
                "attempts": r.attempts, "last_error": r.last_error}),
         || {
             let mut text = format!(
-                "{}: {} (state {}, {} attempts)",
-                r.operation_id, r.result, r.state, r.attempts
+                "{}: {} (state {}, {})",
+                r.operation_id,
+                r.result,
+                r.state,
+                plural(r.attempts, "attempt")
             );
             if !r.last_error.is_empty() {
                 text.push_str(&format!("; last error: {}", r.last_error));
@@ -665,16 +682,17 @@ fn add_reservations(doc: &mut Value, h: &pb::HealthResponse) {
 /// reservations differ from its unresolved uploads (they must be equal).
 fn reservations_text(h: &pb::HealthResponse) -> String {
     let mut text = format!(
-        "\nreserved {} by {} reservations ({} unresolved uploads)",
+        "\nreserved {} by {} ({})",
         human_bytes(h.reserved_bytes),
-        h.reservations,
-        h.unresolved_uploads
+        plural(h.reservations, "reservation"),
+        plural(h.unresolved_uploads, "unresolved upload")
     );
     for s in h.shards.iter().filter(|s| !s.reservations_match) {
         text.push_str(&format!(
-            "\nMISMATCH shard {}: {} reservations but {} unresolved uploads; investigate, do not \
-             fix by hand",
-            s.shard, s.reservations, s.unresolved_uploads
+            "\nMISMATCH shard {}: {} but {}; investigate, do not fix by hand",
+            s.shard,
+            plural(s.reservations, "reservation"),
+            plural(s.unresolved_uploads, "unresolved upload")
         ));
     }
     text
@@ -685,15 +703,25 @@ fn reservations_text(h: &pb::HealthResponse) -> String {
 pub enum QuotaCommand {
     /// Set workspace WS's byte quota, or remove it with `none`. BeginUpload reserves an
     /// artifact's bytes against it and small-file writes count against it; past it they are
-    /// refused with QuotaExceeded. A quota below current usage removes nothing.
+    /// refused with QuotaExceeded. A quota below current usage removes nothing (a warning
+    /// says so on stderr).
+    #[command(after_help = "Examples:\n  nokv admin quota set demo 10GiB\n  \
+        nokv admin quota set demo none")]
     Set {
+        /// The workspace.
         workspace: String,
-        /// Bytes (a plain integer), or `none` for no quota.
-        #[arg(value_parser = parse_quota)]
+        /// The quota: bytes, with an optional unit as the server's size flags take it (B,
+        /// K/KiB, M/MiB, G/GiB, T/TiB: binary multiples, case-insensitive; e.g. 10GiB,
+        /// 512MiB, 1048576), or `none` for no quota.
+        #[arg(value_parser = parse_quota, value_name = "SIZE|none")]
         bytes: QuotaValue,
     },
     /// Show workspace WS's quota, used bytes and reserved bytes.
-    Get { workspace: String },
+    #[command(after_help = "Examples:\n  nokv admin quota get demo")]
+    Get {
+        /// The workspace.
+        workspace: String,
+    },
 }
 
 /// A quota argument: bytes, or none.
@@ -704,20 +732,70 @@ fn parse_quota(s: &str) -> Result<QuotaValue, String> {
     if s.eq_ignore_ascii_case("none") {
         return Ok(QuotaValue(None));
     }
-    s.parse::<u64>()
+    parse_size(s)
         .map(|b| QuotaValue(Some(b)))
-        .map_err(|_| format!("{s:?} is neither a number of bytes nor `none`"))
+        .map_err(|e| format!("{e}; or `none` for no quota"))
+}
+
+/// A byte size as the server's flags take it (`nokv-server`'s `memory::parse_size`, which the
+/// client cannot import): digits with an optional unit `B`, `K`/`KiB`, `M`/`MiB`, `G`/`GiB`,
+/// `T`/`TiB` (binary multiples, case-insensitive, a space allowed before the unit).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 10GiB, 512MiB, 1048576)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        other => {
+            return Err(format!(
+                "{s:?}: unknown size unit {other:?} (use KiB, MiB, GiB, TiB)"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// `nokv admin quota set|get`: JSON `{"workspace","quota" (null = none),"used_bytes",
-/// "reserved_bytes","reservations"}`.
+/// "reserved_bytes","reservations"}`. `set` warns on stderr when the new quota is already
+/// below what the workspace uses.
 pub async fn quota(client: &Client, out: Output, cmd: QuotaCommand) -> Result<(), ClientError> {
     let q = match cmd {
-        QuotaCommand::Set { workspace, bytes } => client.set_quota(&workspace, bytes.0).await?,
+        QuotaCommand::Set { workspace, bytes } => {
+            let q = client.set_quota(&workspace, bytes.0).await?;
+            if let Some(warning) = below_usage(&q) {
+                eprintln!("nokv: warning: {warning}");
+            }
+            q
+        }
         QuotaCommand::Get { workspace } => client.get_quota(&workspace).await?,
     };
     out.emit(quota_json(&q), || quota_text(&q));
     Ok(())
+}
+
+/// The warning for a quota already below the workspace's usage (used plus reserved bytes).
+fn below_usage(q: &pb::QuotaResponse) -> Option<String> {
+    let quota = q.quota?;
+    let usage = q.used_bytes.saturating_add(q.reserved_bytes);
+    (quota < usage).then(|| {
+        format!(
+            "the new quota of workspace {} ({}) is below what it already uses ({} used + {} \
+             reserved by open uploads): nothing is removed, but every write that adds bytes \
+             is refused with QuotaExceeded until usage drops below the quota",
+            q.workspace,
+            human_bytes(quota),
+            human_bytes(q.used_bytes),
+            human_bytes(q.reserved_bytes)
+        )
+    })
 }
 
 fn quota_json(q: &pb::QuotaResponse) -> Value {
@@ -730,11 +808,11 @@ fn quota_text(q: &pb::QuotaResponse) -> String {
         format!("{} ({b} bytes)", human_bytes(b))
     });
     format!(
-        "workspace {} · quota {quota} · used {} · reserved {} by {} uploads",
+        "workspace {} · quota {quota} · used {} · reserved {} by {}",
         q.workspace,
         human_bytes(q.used_bytes),
         human_bytes(q.reserved_bytes),
-        q.reservations
+        plural(q.reservations, "upload")
     )
 }
 
@@ -743,11 +821,42 @@ mod quota_tests {
     use super::*;
 
     #[test]
-    fn a_quota_argument_is_a_byte_count_or_none_and_anything_else_is_refused() {
+    fn a_quota_argument_is_a_size_with_the_servers_units_or_none_and_anything_else_is_refused() {
         assert_eq!(parse_quota("1048576"), Ok(QuotaValue(Some(1048576))));
         assert_eq!(parse_quota("none"), Ok(QuotaValue(None)));
-        assert!(parse_quota("10MiB").is_err());
-        assert!(parse_quota("-1").is_err());
+        assert_eq!(parse_quota("10MiB"), Ok(QuotaValue(Some(10 << 20))));
+        assert_eq!(parse_quota("10GiB"), Ok(QuotaValue(Some(10 << 30))));
+        assert_eq!(parse_quota("1g"), Ok(QuotaValue(Some(1 << 30))));
+        assert_eq!(parse_quota("2 TiB"), Ok(QuotaValue(Some(2 << 40))));
+        assert_eq!(parse_quota("512K"), Ok(QuotaValue(Some(512 << 10))));
+        assert_eq!(parse_quota("7B"), Ok(QuotaValue(Some(7))));
+        for bad in ["-1", "10MB", "1.5GiB", "GiB", "", "lots", "99999999999TiB"] {
+            assert!(parse_quota(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn a_quota_below_used_plus_reserved_bytes_is_warned_about_and_none_never_is() {
+        let q = |quota: Option<u64>, used, reserved| pb::QuotaResponse {
+            workspace: "demo".into(),
+            quota,
+            used_bytes: used,
+            reserved_bytes: reserved,
+            ..Default::default()
+        };
+        let w = below_usage(&q(Some(10), 8, 4)).expect("10 < 8 + 4");
+        assert!(w.contains("demo") && w.contains("QuotaExceeded"), "{w}");
+        assert!(
+            below_usage(&q(Some(12), 8, 4)).is_none(),
+            "equal is not below"
+        );
+        assert!(below_usage(&q(None, 8, 4)).is_none());
+    }
+
+    #[test]
+    fn unknown_guards_say_that_nobody_needs_to_act() {
+        assert_eq!(guards_note(0), "");
+        assert!(guards_note(1).contains("no action needed"));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use nokv_proto::v1 as pb;
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-use super::output::{Output, entry_json, human_bytes};
+use super::output::{Output, entry_json, human_bytes, plural};
 use super::target::Target;
 
 /// Find's page size when the caller set no `--limit` (the server's maximum: fewest round
@@ -92,14 +92,14 @@ pub async fn find(
     t: &Target,
     limit: Option<u32>,
 ) -> Result<(), ClientError> {
+    // A bare workspace (or `WS:`) means every path in it.
+    let glob = if t.path.is_empty() { "**" } else { &t.path };
     let want = limit.map_or(usize::MAX, |n| n as usize);
     let page_size = limit.map_or(FIND_PAGE, |n| n.min(FIND_PAGE));
     let mut entries = Vec::new();
     let mut cursor = String::new();
     loop {
-        let page = client
-            .find(&t.workspace, &t.path, page_size, &cursor)
-            .await?;
+        let page = client.find(&t.workspace, glob, page_size, &cursor).await?;
         entries.extend(page.entries);
         cursor = page.next_cursor;
         if cursor.is_empty() || entries.len() >= want {
@@ -165,8 +165,10 @@ pub async fn grep(client: &Client, out: Output, a: GrepArgs) -> Result<(), Clien
     if !out.json && !summary.truncated_by.is_empty() {
         // On stderr, so stdout stays grep's format for pipes.
         eprintln!(
-            "nokv: grep stopped early ({}) after {} matches in {} files",
-            summary.truncated_by, summary.matches, summary.files_scanned
+            "nokv: grep stopped early ({}) after {} in {}",
+            summary.truncated_by,
+            plural(summary.matches, "match"),
+            plural(summary.files_scanned, "file")
         );
     }
     out.emit(grep_json(&matches, &summary), || {

@@ -1,6 +1,9 @@
 //! Artifact commands: publish and restore, and streaming an artifact for `get`.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use nokv_client::publish::PublishOptions;
@@ -8,7 +11,9 @@ use nokv_client::{Client, ClientError};
 use serde_json::json;
 
 use super::crash_point;
-use super::output::{Output, entry_human, entry_json, human_bytes};
+use super::output::{
+    Output, TextCheck, binary_to_terminal, entry_human, entry_json, human_bytes, plural,
+};
 use super::progress::Bar;
 use super::spool::spool_stdin;
 use super::target::Target;
@@ -91,15 +96,33 @@ pub async fn publish_file(
             String::new()
         };
         format!(
-            "published {t} ({}, {} blocks{resumed}, revision {}, generation {}) at {mib_s:.1} MiB/s\n  sha256 {}",
+            "published {t} ({}, {}{resumed}, revision {}, generation {}) at {mib_s:.1} MiB/s\n  sha256 {}",
             human_bytes(entry.size),
-            entry.block_count,
+            plural(entry.block_count, "block"),
             entry.revision,
             entry.generation,
             hex::encode(&entry.sha256)
         )
     });
     Ok(())
+}
+
+/// What `restore` does when DEST exists already (an interrupted restore's `DEST.partial` is
+/// not DEST: it is resumed whatever the choice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clobber {
+    /// The default: refused (exit 2) before anything is downloaded, naming --force.
+    Refuse,
+    /// `--no-clobber`: nothing is done and the command succeeds (exit 0), saying so.
+    Skip,
+    /// `--force`: DEST is replaced by the verified restore (atomically, by a rename).
+    Replace,
+}
+
+/// Whether `dest` is an existing DEST in the sense of [`Clobber`]: anything but a directory
+/// (a directory is refused by the restore itself, whatever the choice).
+fn dest_exists(dest: &Path) -> bool {
+    dest.symlink_metadata().is_ok_and(|m| !m.is_dir())
 }
 
 pub async fn restore(
@@ -109,7 +132,23 @@ pub async fn restore(
     dest: &Path,
     parallel: usize,
     quiet: bool,
+    clobber: Clobber,
 ) -> Result<(), ClientError> {
+    if clobber != Clobber::Replace && dest_exists(dest) {
+        if clobber == Clobber::Refuse {
+            return Err(ClientError::usage(format!(
+                "{} exists; pass --force to replace it, or --no-clobber to leave it and \
+                 succeed",
+                dest.display()
+            )));
+        }
+        out.emit(
+            json!({"workspace": t.workspace, "path": t.path, "dest": dest.display().to_string(),
+                   "skipped": true}),
+            || format!("{} exists; left as it is (--no-clobber)", dest.display()),
+        );
+        return Ok(());
+    }
     let size = client.manifest(&t.workspace, &t.path).await?.size;
     let bar = Bar::new(size, quiet, out.json, "restore");
     let started = Instant::now();
@@ -125,13 +164,14 @@ pub async fn restore(
             "workspace": t.workspace, "path": t.path, "dest": dest.display().to_string(),
             "size": m.size, "sha256": hex::encode(&m.sha256), "revision": m.revision,
             "block_count": m.blocks.len(), "resumed_blocks": r.resumed_blocks, "mib_per_s": mib_s,
+            "skipped": false,
         }),
         || {
             format!(
-                "restored {t} -> {} ({}, {} blocks verified{}) at {mib_s:.1} MiB/s",
+                "restored {t} -> {} ({}, {} verified{}) at {mib_s:.1} MiB/s",
                 dest.display(),
                 human_bytes(m.size),
-                m.blocks.len(),
+                plural(m.blocks.len() as u64, "block"),
                 if r.resumed_blocks > 0 {
                     format!(", {} resumed", r.resumed_blocks)
                 } else {
@@ -143,6 +183,47 @@ pub async fn restore(
     Ok(())
 }
 
+/// Stdout as a terminal sees it: the bytes pass through only while they are UTF-8 text (see
+/// [`TextCheck`]); the first chunk that is not fails the write, before it is written.
+struct TerminalText<W> {
+    inner: W,
+    check: TextCheck,
+    /// Bytes of the caller's current buffer already checked but not yet accepted by `inner`
+    /// (a retried write passes the rest of the same buffer: it is not checked twice).
+    ahead: usize,
+    refused: bool,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for TerminalText<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        if this.ahead == 0 {
+            if !this.check.feed(buf) {
+                this.refused = true;
+                return Poll::Ready(Err(std::io::Error::other("not UTF-8 text")));
+            }
+            this.ahead = buf.len();
+        }
+        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            this.ahead = this.ahead.saturating_sub(n);
+        }
+        written
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// `nokv get` of an artifact: to a file via an atomic restore, to stdout as a verified
 /// stream.
 pub async fn get(
@@ -150,15 +231,34 @@ pub async fn get(
     out: Output,
     t: &Target,
     dest: Option<PathBuf>,
+    force: bool,
 ) -> Result<(), ClientError> {
     match dest {
-        Some(d) if d.as_os_str() != "-" => restore(client, out, t, &d, 4, true).await,
-        _ => {
+        // A file named on the command line is replaced, as for a small file.
+        Some(d) if d.as_os_str() != "-" => {
+            restore(client, out, t, &d, 4, true, Clobber::Replace).await
+        }
+        _ if force || !std::io::stdout().is_terminal() => {
             let mut stdout = tokio::io::stdout();
             client
                 .read_artifact_to(&t.workspace, &t.path, &mut stdout, 4)
                 .await?;
             Ok(())
+        }
+        _ => {
+            let mut stdout = TerminalText {
+                inner: tokio::io::stdout(),
+                check: TextCheck::default(),
+                ahead: 0,
+                refused: false,
+            };
+            match client
+                .read_artifact_to(&t.workspace, &t.path, &mut stdout, 4)
+                .await
+            {
+                Err(_) if stdout.refused => Err(binary_to_terminal(&t.to_string())),
+                r => r.map(drop),
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-use super::output::{Output, human_bytes};
+use super::output::{Output, human_bytes, plural};
 
 pub async fn backup(
     client: &Client,
@@ -62,11 +62,11 @@ pub async fn backup(
                "shards": shards}),
         || {
             format!(
-                "backup written to {}: {} ({bytes} bytes), {} of {} shards\nsha256 {sha256}",
+                "backup written to {}: {} ({bytes} bytes), {} of {}\nsha256 {sha256}",
                 dest.display(),
                 human_bytes(bytes),
                 shards.len(),
-                summary.shard_count
+                plural(summary.shard_count, "shard")
             )
         },
     );

@@ -1,6 +1,6 @@
 //! Small-file commands: put, get, stat, ls, rm, and admin health.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use nokv_client::sdk::{INLINE_MAX, new_request_id};
@@ -9,7 +9,10 @@ use nokv_proto::v1 as pb;
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 
-use super::output::{Output, entry_human, entry_json, human_bytes, kind_name};
+use super::output::{
+    Output, TextCheck, binary_to_terminal, entry_human, entry_json, format_ms, human_bytes,
+    kind_name,
+};
 use super::spool::{Spool, spool};
 use super::target::Target;
 
@@ -116,13 +119,17 @@ pub async fn get(
     out: Output,
     t: &Target,
     file: Option<PathBuf>,
+    force: bool,
 ) -> Result<(), ClientError> {
     let r = client.read(&t.workspace, &t.path).await?;
     let entry = r.entry.unwrap_or_default();
     if entry.kind == pb::EntryKind::Artifact as i32 {
-        return super::artifacts::get(client, out, t, file).await;
+        return super::artifacts::get(client, out, t, file, force).await;
     }
     if is_stdio(&file) {
+        if refuse_on_terminal(std::io::stdout().is_terminal(), force, &r.data) {
+            return Err(binary_to_terminal(&t.to_string()));
+        }
         let mut stdout = std::io::stdout().lock();
         stdout
             .write_all(&r.data)
@@ -144,6 +151,16 @@ pub async fn get(
         },
     );
     Ok(())
+}
+
+/// `get` to stdout: bytes that are not UTF-8 text are refused when stdout is a terminal,
+/// unless `--force`.
+fn refuse_on_terminal(terminal: bool, force: bool, data: &[u8]) -> bool {
+    if !terminal || force {
+        return false;
+    }
+    let mut check = TextCheck::default();
+    !(check.feed(data) && check.complete())
 }
 
 pub async fn stat(client: &Client, out: Output, t: &Target) -> Result<(), ClientError> {
@@ -175,27 +192,35 @@ pub async fn ls(
             "entries": entries.iter().map(entry_json).collect::<Vec<_>>(),
             "next_cursor": cursor,
         }),
-        || {
-            let mut s = entries
-                .iter()
-                .map(|e| {
-                    format!(
-                        "{:<8} {:>10} {:>5}  {}",
-                        kind_name(e.kind),
-                        e.size,
-                        e.generation,
-                        e.path
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-            if !cursor.is_empty() {
-                s.push_str(&format!("\n(more: --cursor {cursor})"));
-            }
-            s
-        },
+        || ls_text(&entries, &cursor),
     );
     Ok(())
+}
+
+/// `ls`'s human text: a header, then one row per entry (size in bytes, modification time in
+/// UTC), and the cursor of the next page when one page was asked for.
+fn ls_text(entries: &[pb::Entry], cursor: &str) -> String {
+    let mut s = format!(
+        "{:<8} {:>12} {:>10}  {:<23}  PATH",
+        "KIND", "SIZE", "GENERATION", "MODIFIED"
+    );
+    for e in entries {
+        s.push_str(&format!(
+            "\n{:<8} {:>12} {:>10}  {:<23}  {}",
+            kind_name(e.kind),
+            e.size,
+            e.generation,
+            format_ms(e.modified_ms),
+            e.path
+        ));
+    }
+    if entries.is_empty() {
+        s.push_str("\n(no entries)");
+    }
+    if !cursor.is_empty() {
+        s.push_str(&format!("\n(more: --cursor {cursor})"));
+    }
+    s
 }
 
 pub async fn rm(
@@ -220,4 +245,50 @@ pub async fn rm(
         || format!("deleted {t} (generation {generation})"),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn get_refuses_binary_bytes_only_on_a_terminal_and_only_without_force() {
+        let binary = [0x89, b'P', b'N', b'G', 0xff, 0];
+        assert!(refuse_on_terminal(true, false, &binary));
+        assert!(!refuse_on_terminal(true, true, &binary), "--force");
+        assert!(
+            !refuse_on_terminal(false, false, &binary),
+            "a pipe or a file"
+        );
+        assert!(
+            !refuse_on_terminal(true, false, "héllo\n".as_bytes()),
+            "text"
+        );
+        assert!(!refuse_on_terminal(true, false, b""), "nothing");
+    }
+
+    #[test]
+    fn ls_text_starts_with_a_header_naming_each_column() {
+        let e = pb::Entry {
+            path: "notes/a.md".into(),
+            kind: pb::EntryKind::File as i32,
+            size: 12,
+            generation: 3,
+            ..Default::default()
+        };
+        let text = ls_text(&[e], "");
+        let mut lines = text.lines();
+        let header = lines.next().unwrap();
+        for column in ["KIND", "SIZE", "GENERATION", "MODIFIED", "PATH"] {
+            assert!(header.contains(column), "{header}");
+        }
+        let row = lines.next().unwrap();
+        assert!(
+            row.starts_with("file") && row.ends_with("notes/a.md"),
+            "{row}"
+        );
+        // The columns line up: the path starts where the header's PATH does.
+        assert_eq!(row.find("notes/a.md"), header.find("PATH"), "{text}");
+        assert!(ls_text(&[], "").contains("(no entries)"));
+    }
 }

@@ -79,9 +79,13 @@ pub fn entry_json(e: &pb::Entry) -> Value {
     v
 }
 
+/// `stat`'s text. The two version numbers are explained where they are shown: `generation`
+/// is what a user passes back (`--if-generation`), `revision` only identifies an artifact's
+/// stored content.
 pub fn entry_human(e: &pb::Entry) -> String {
     let mut s = format!(
-        "{}:{}\n  kind        {}\n  size        {} ({})\n  sha256      {}\n  generation  {}\n  modified    {}",
+        "{}:{}\n  kind        {}\n  size        {} ({})\n  sha256      {}\n  generation  {}  \
+         (grows with every change to this path; what --if-generation takes)\n  modified    {}",
         e.workspace,
         e.path,
         kind_name(e.kind),
@@ -93,11 +97,64 @@ pub fn entry_human(e: &pb::Entry) -> String {
     );
     if e.kind == pb::EntryKind::Artifact as i32 {
         s.push_str(&format!(
-            "\n  revision    {}\n  blocks      {}",
+            "\n  revision    {}  (the stored content this path points at; internal, nothing \
+             to pass back)\n  blocks      {}",
             e.revision, e.block_count
         ));
     }
     s
+}
+
+/// `1 block`, `2 blocks`: a count with its noun, singular for one.
+pub fn plural(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    match (n, noun) {
+        (1, _) => format!("1 {noun}"),
+        (_, "entry") => format!("{n} entries"),
+        (_, "match") => format!("{n} matches"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
+/// Whether bytes bound for a terminal are text: valid UTF-8 across any number of chunks (a
+/// character split between two chunks is carried over). `get` refuses to print anything
+/// else to a terminal unless `--force`: binary output can leave the terminal in a state
+/// that needs a reset.
+#[derive(Debug, Default)]
+pub struct TextCheck {
+    /// The incomplete character at the end of the last chunk (at most 3 bytes).
+    carry: Vec<u8>,
+}
+
+impl TextCheck {
+    /// Feeds the next chunk; false once the bytes so far cannot be UTF-8.
+    pub fn feed(&mut self, chunk: &[u8]) -> bool {
+        let mut joined = std::mem::take(&mut self.carry);
+        joined.extend_from_slice(chunk);
+        match std::str::from_utf8(&joined) {
+            Ok(_) => true,
+            // Cut off mid-character: the rest may come with the next chunk.
+            Err(e) if e.error_len().is_none() => {
+                self.carry = joined[e.valid_up_to()..].to_vec();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The whole body was fed: false if it ended mid-character.
+    pub fn complete(&self) -> bool {
+        self.carry.is_empty()
+    }
+}
+
+/// The refusal of binary bytes to a terminal (a usage error: the command, as typed, would
+/// print bytes the terminal cannot show).
+pub fn binary_to_terminal(what: &str) -> ClientError {
+    ClientError::usage(format!(
+        "{what} is not UTF-8 text and stdout is a terminal: not printed; write it to a file \
+         (`nokv get {what} FILE`), pipe it, or pass --force to print it anyway"
+    ))
 }
 
 pub fn human_bytes(n: u64) -> String {
@@ -146,5 +203,32 @@ mod tests {
         assert_eq!(format_ms(1_798_675_200_000), "2026-12-31 00:00:00 UTC");
         assert_eq!(human_bytes(4096), "4.0 KiB");
         assert_eq!(human_bytes(12), "12 B");
+    }
+
+    #[test]
+    fn text_for_a_terminal_is_utf8_even_when_a_character_is_split_between_chunks() {
+        let text = "grüße, 世界\n".as_bytes();
+        let mut whole = TextCheck::default();
+        assert!(whole.feed(text) && whole.complete());
+        for cut in 0..text.len() {
+            let mut split = TextCheck::default();
+            assert!(split.feed(&text[..cut]), "cut at {cut}");
+            assert!(split.feed(&text[cut..]) && split.complete(), "cut at {cut}");
+        }
+        let mut binary = TextCheck::default();
+        assert!(!binary.feed(&[0x7f, b'E', b'L', b'F', 2, 1, 0xff, 0]));
+        let mut truncated = TextCheck::default();
+        assert!(truncated.feed(&"ü".as_bytes()[..1]) && !truncated.complete());
+        assert!(TextCheck::default().complete(), "empty is text");
+    }
+
+    #[test]
+    fn one_of_a_thing_is_singular_and_every_other_count_plural() {
+        assert_eq!(plural(1u32, "block"), "1 block");
+        assert_eq!(plural(0u32, "block"), "0 blocks");
+        assert_eq!(plural(2u64, "block"), "2 blocks");
+        assert_eq!(plural(1u64, "entry"), "1 entry");
+        assert_eq!(plural(3u64, "entry"), "3 entries");
+        assert_eq!(plural(2u64, "match"), "2 matches");
     }
 }

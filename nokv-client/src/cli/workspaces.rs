@@ -6,14 +6,16 @@ use nokv_client::{Client, ClientError};
 use nokv_proto::v1 as pb;
 use serde_json::json;
 
-use super::output::Output;
+use super::output::{Output, plural};
 
 #[derive(Debug, Subcommand)]
 pub enum WorkspaceCommand {
     /// Delete a workspace: every entry and artifact in it, and its open uploads. Mutations
     /// of it are refused from the moment the deletion starts; once it completes, the name
     /// can be used again as a fresh, empty workspace. Needs --yes.
+    #[command(after_help = "Examples:\n  nokv workspace delete scratch --yes")]
     Delete {
+        /// The workspace to delete (its name alone, no `:`).
         workspace: String,
         /// Confirm the deletion (without it nothing is sent and the command exits 2).
         #[arg(long)]
@@ -64,8 +66,9 @@ pub async fn run(client: &Client, out: Output, cmd: WorkspaceCommand) -> Result<
                        "retired_revisions_released": r.retired_revisions_released}),
                 || {
                     format!(
-                        "deleted workspace {workspace} ({} entries, {} open uploads ended)",
-                        r.entries_removed, r.uploads_ended
+                        "deleted workspace {workspace} ({}, {} ended)",
+                        plural(r.entries_removed, "entry"),
+                        plural(r.uploads_ended, "open upload")
                     )
                 },
             );

@@ -194,8 +194,9 @@ impl Shard {
                     require_open_and_live(&upload, now)?;
                     let block_count = upload.block_count;
                     if index >= block_count {
+                        let s = if block_count == 1 { "" } else { "s" };
                         return Err(Error::InvalidArgument(format!(
-                            "block index {index} is out of range (upload has {block_count} blocks)"
+                            "block index {index} is out of range (upload has {block_count} block{s})"
                         )));
                     }
                     let expected_len = block_len(upload.size, index, block_size);

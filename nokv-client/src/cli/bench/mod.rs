@@ -24,12 +24,17 @@ use load::BenchEnv;
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// An agent's tool loop (stat a file, write a 4 KiB file), one JSON line per operation.
+    #[command(
+        after_help = "Examples:\n  nokv bench session --workspace probe-1 --seconds 30\n  nokv bench session --workspace probe-1 --rate 2"
+    )]
     Session {
+        /// Workspace to stat and write files in.
         #[arg(long)]
         workspace: String,
         /// Stop after this many seconds (default: run until SIGTERM/SIGINT).
         #[arg(long)]
         seconds: Option<f64>,
+        /// Size of each written file, in bytes.
         #[arg(long, default_value_t = 4096)]
         file_size: usize,
         /// Open loop: start a stat/write pair this many times per second on average, with a
@@ -39,19 +44,28 @@ pub enum BenchCommand {
         rate: Option<f64>,
     },
     /// Publish artifacts back to back, one JSON line per artifact.
+    #[command(
+        after_help = "Examples:\n  nokv bench upload --workspace probe-up --size-mib 16 --seconds 30\n  nokv bench upload --workspace probe-up --pace 50"
+    )]
     Upload {
+        /// Workspace to publish the artifacts into.
         #[arg(long)]
         workspace: String,
+        /// Size of each artifact, in MiB.
         #[arg(long, default_value_t = 16)]
         size_mib: u64,
         /// Average MiB/s to pace to (default: unpaced).
         #[arg(long)]
         pace: Option<f64>,
+        /// Stop after this many seconds (default: run until SIGTERM/SIGINT).
         #[arg(long)]
         seconds: Option<f64>,
     },
     /// 4 KiB durable writes, nokv vs etcd, at each client count (default 1 and 8), with the
     /// server's and the client's CPU time per operation.
+    #[command(
+        after_help = "Examples:\n  nokv bench put-vs-etcd\n  nokv bench put-vs-etcd --clients 1,8,64 --metadata-durability provider"
+    )]
     PutVsEtcd {
         #[command(flatten)]
         env: EnvArgs,
@@ -68,6 +82,9 @@ pub enum BenchCommand {
     /// (`nokv-server store-bench`, no RPC), a bare TLS RPC (the transport's ceiling), a
     /// refused 4 KiB write (everything but the store), the nokv put,
     /// etcd's put in plaintext and over TLS, each with server and client CPU per operation.
+    #[command(
+        after_help = "Examples:\n  nokv bench limits\n  nokv bench limits --clients 1,8 --seconds 10"
+    )]
     Limits {
         #[command(flatten)]
         env: EnvArgs,
@@ -76,24 +93,35 @@ pub enum BenchCommand {
         clients: Vec<usize>,
     },
     /// nokv Stat p50 vs a bare unary RPC on the same TLS channel.
+    #[command(
+        after_help = "Examples:\n  nokv bench stat-vs-rpc\n  nokv bench stat-vs-rpc --seconds 10"
+    )]
     StatVsRpc {
         #[command(flatten)]
         env: EnvArgs,
     },
     /// Publish through the owner vs direct provider PUTs of the same blocks.
+    #[command(
+        after_help = "Examples:\n  nokv bench upload-vs-direct --providers local\n  nokv bench upload-vs-direct --size-mib 256 --rounds 3"
+    )]
     UploadVsDirect {
         #[command(flatten)]
         env: EnvArgs,
+        /// Size of the published file, in MiB.
         #[arg(long, default_value_t = 64)]
         size_mib: u64,
         /// Providers to measure: local, s3 (moto, started by the bench).
         #[arg(long, value_delimiter = ',', default_value = "local,s3")]
         providers: Vec<String>,
+        /// Rounds per provider (the best is reported).
         #[arg(long, default_value_t = 2)]
         rounds: u32,
     },
     /// Small-write ops/s at 1, 8 and 64 concurrent sessions, etcd at the same counts in the
     /// same run, with the nokv/etcd ratio and CPU time per operation.
+    #[command(
+        after_help = "Examples:\n  nokv bench scaling\n  nokv bench scaling --metadata-durability provider"
+    )]
     Scaling {
         #[command(flatten)]
         env: EnvArgs,
@@ -104,6 +132,9 @@ pub enum BenchCommand {
     /// Cluster mode's costs: put p50 of a one-node cluster vs the embedded daemon (alternating
     /// rounds), then shard handoff times between two nodes. Starts etcd, moto and the daemons.
     /// With --json, prints one JSON document instead of the tables.
+    #[command(
+        after_help = "Examples:\n  nokv bench cluster\n  nokv --json bench cluster --kills 0"
+    )]
     Cluster {
         #[command(flatten)]
         env: EnvArgs,
@@ -132,6 +163,9 @@ pub enum BenchCommand {
     /// edit done by the server vs the same loop done client-side (list + read every file + a
     /// local regex, then a conditional write), at each session count: p50/p99 per tool.
     /// Starts its own daemon. With --json, prints one JSON document instead of the table.
+    #[command(
+        after_help = "Examples:\n  nokv bench agent-loop\n  nokv bench agent-loop --sessions 1,8,32 --files 500"
+    )]
     AgentLoop {
         #[command(flatten)]
         env: EnvArgs,
@@ -146,6 +180,9 @@ pub enum BenchCommand {
         file_size: usize,
     },
     /// Every comparison above but cluster, in one run.
+    #[command(
+        after_help = "Examples:\n  nokv bench all\n  nokv bench all --seconds 10 --out bench-out"
+    )]
     All {
         #[command(flatten)]
         env: EnvArgs,
