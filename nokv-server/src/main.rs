@@ -192,9 +192,10 @@ fn restore_backup(data_dir: &std::path::Path, file: &std::path::Path) -> ExitCod
         Ok(r) => {
             let shards: Vec<String> = r.shards.iter().map(u32::to_string).collect();
             println!(
-                "restored {} of {} shards ({}) from {} ({} bytes) into {}",
+                "restored {} of {} shard{} ({}) from {} ({} bytes) into {}",
                 r.shards.len(),
                 r.shard_count,
+                if r.shard_count == 1 { "" } else { "s" },
                 shards.join(","),
                 file.display(),
                 r.bytes,

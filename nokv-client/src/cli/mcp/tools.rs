@@ -563,11 +563,11 @@ impl NokvMcp {
                 let m = &r.manifest;
                 Ok(reply::ok(
                     format!(
-                        "restored {ws}:{} -> {} ({}, {} blocks verified, revision {})",
+                        "restored {ws}:{} -> {} ({}, {} verified, revision {})",
                         a.path,
                         a.local_path,
                         human_bytes(m.size),
-                        m.blocks.len(),
+                        crate::cli::output::plural(m.blocks.len() as u64, "block"),
                         m.revision
                     ),
                     json!({
