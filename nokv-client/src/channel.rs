@@ -39,7 +39,7 @@ pub(crate) fn bearer(token: Option<&str>) -> Bearer {
 
 pub(crate) fn read_ca(cfg: &ResolvedConfig) -> Result<Certificate> {
     let ca = std::fs::read(&cfg.ca)
-        .map_err(|e| ClientError::local(format!("{}: {e}", cfg.ca.display())))?;
+        .map_err(|e| ClientError::local(format!("CA file {}: {e}", cfg.ca.display())))?;
     Ok(Certificate::from_pem(ca))
 }
 

@@ -250,6 +250,11 @@ impl Client {
         let mut attempt = 1;
         let mut hops = 0;
         let mut target = self.router.target(workspace);
+        // Endpoints that refused this call's connection while no endpoint had ever answered.
+        let mut refused: Vec<String> = Vec::new();
+        // Whether an earlier attempt of this call may have been applied: a later refusal
+        // does not make the outcome known again.
+        let mut maybe_sent = false;
         loop {
             let conn = self.router.conn(&target)?;
             let result = call(conn).await;
@@ -257,11 +262,35 @@ impl Client {
                 Err(s) => Hint::of(s),
                 Ok(_) => None,
             };
-            let result = result.map_err(ClientError::from);
+            let result = result.map_err(|s| match ClientError::from(s) {
+                e if e.reason == Reason::Refused && !target.is_empty() => {
+                    crate::error::refused(&target)
+                }
+                e => e,
+            });
             let result = match result {
                 Ok(_) if self.faults.take(method) => Err(LostResponses::error(method)),
                 other => other,
             };
+            if !matches!(&result, Err(e) if e.is_transport()) {
+                self.router.answered();
+            }
+            let result = result.map_err(|e| {
+                let e = if maybe_sent && e.reason == Reason::Refused {
+                    ClientError {
+                        reason: Reason::Transport,
+                        message: format!(
+                            "{}; an earlier attempt may have been applied",
+                            e.message
+                        ),
+                        ..e
+                    }
+                } else {
+                    e
+                };
+                maybe_sent |= e.outcome_unknown();
+                e
+            });
             match result {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is("NotOwner") => {
@@ -284,14 +313,26 @@ impl Client {
                         }
                     }
                 }
+                // Nothing has ever answered and this endpoint refuses connections: a wrong
+                // endpoint or a server that is not running, known at once — no backoff, no
+                // second try of it; the other configured endpoints are still tried once.
+                Err(e) if e.reason == Reason::Refused && !self.router.has_answered() => {
+                    refused.push(target.clone());
+                    self.router.unreachable(&target);
+                    target = self.router.target(workspace);
+                    if refused.contains(&target) {
+                        return Err(refused_everywhere(e, &refused));
+                    }
+                    tracing::debug!(error = %e, next = %target, "connection refused: next endpoint");
+                }
                 Err(e) if e.is_retryable() && attempt < self.retry.attempts => {
                     tracing::debug!(attempt, error = %e, "retrying with the same request id");
-                    if e.reason == Reason::Transport {
+                    if e.is_transport() {
                         self.router.unreachable(&target);
                         target = self.router.target(workspace);
                     }
                     // A fresh endpoint is tried at once; a full round of them backs off.
-                    if e.reason != Reason::Transport
+                    if !e.is_transport()
                         || (attempt as usize).is_multiple_of(self.router.endpoint_count())
                     {
                         tokio::time::sleep(backoff).await;
@@ -299,7 +340,7 @@ impl Client {
                     }
                     attempt += 1;
                 }
-                Err(e) if e.reason == Reason::Transport && self.router.endpoint_count() > 1 => {
+                Err(e) if e.is_transport() && self.router.endpoint_count() > 1 => {
                     // Forgotten even on the last attempt: the caller's next call must not go
                     // back to an endpoint that did not answer (with one attempt per call, the
                     // caller's loop is the retry).
@@ -651,6 +692,21 @@ impl Client {
             })
             .await?;
         Ok(r.into_inner())
+    }
+}
+
+/// The error of a call that every endpoint refused (`last` is the last refusal): one
+/// endpoint's refusal as it is, several named together.
+fn refused_everywhere(last: ClientError, refused: &[String]) -> ClientError {
+    if refused.len() < 2 {
+        return last;
+    }
+    ClientError {
+        message: format!(
+            "cannot connect to any of {} (connection refused): is nokv-server running?",
+            refused.join(", ")
+        ),
+        ..last
     }
 }
 

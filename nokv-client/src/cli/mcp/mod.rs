@@ -229,8 +229,9 @@ impl ServerHandler for NokvMcp {
         {
             return Ok(refused.into());
         }
+        let tool = request.name.to_string();
         let call = ToolCallContext::new(self, request, context);
-        Ok(match self.tool_router.call(call).await? {
+        Ok(match reply::for_tool(&tool, self.tool_router.call(call)).await? {
             // rmcp answers arguments that do not fit the tool's schema itself, with a bare
             // text; it gets the shape of every other refusal, typed `InvalidArgument`.
             CallToolResponse::Complete(r)
