@@ -135,9 +135,24 @@ impl ClientConfig {
     /// the CA file must be readable, the token must be one.
     pub fn resolve_with_sources(self) -> Result<(ResolvedConfig, Sources), ConfigError> {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let mut endpoint = pick(self.endpoint, "--endpoint", env("NOKV_ENDPOINT"), "NOKV_ENDPOINT");
-        let mut ca = pick(self.ca, "--ca", env("NOKV_CA").map(PathBuf::from), "NOKV_CA");
-        let mut token = pick(self.token, "--token", std::env::var("NOKV_TOKEN").ok(), "NOKV_TOKEN");
+        let mut endpoint = pick(
+            self.endpoint,
+            "--endpoint",
+            env("NOKV_ENDPOINT"),
+            "NOKV_ENDPOINT",
+        );
+        let mut ca = pick(
+            self.ca,
+            "--ca",
+            env("NOKV_CA").map(PathBuf::from),
+            "NOKV_CA",
+        );
+        let mut token = pick(
+            self.token,
+            "--token",
+            std::env::var("NOKV_TOKEN").ok(),
+            "NOKV_TOKEN",
+        );
         let file = match env("NOKV_CONFIG") {
             Some(p) => Some((PathBuf::from(p), Source::Env("NOKV_CONFIG"))),
             None => env("HOME")
@@ -279,5 +294,69 @@ impl ResolvedConfig {
         } else {
             list
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources(token: Option<Source>, token_empty: bool) -> Sources {
+        Sources {
+            endpoint: Source::Env("NOKV_ENDPOINT"),
+            ca: Source::File(PathBuf::from("/d/client.toml")),
+            token,
+            token_empty,
+            file: Some((PathBuf::from("/d/client.toml"), Source::Env("NOKV_CONFIG"))),
+        }
+    }
+
+    fn server(reason: &str, message: &str) -> ClientError {
+        ClientError {
+            reason: Reason::Server(reason.into()),
+            code: None,
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn each_error_about_a_setting_names_where_that_setting_came_from() {
+        let s = sources(Some(Source::Flag("--token")), false);
+        let refused = crate::error::refused("https://h:1");
+        assert!(
+            s.explain(refused)
+                .message
+                .ends_with("is nokv-server running? (endpoint from NOKV_ENDPOINT)")
+        );
+        let denied = s.explain(server("PermissionDenied", "x"));
+        assert_eq!(denied.message, "x (token from --token)");
+        let local = s.explain(ClientError::local("disk full"));
+        assert_eq!(
+            local.message, "disk full",
+            "unrelated errors are left alone"
+        );
+        let e = ConfigError::CaFile {
+            path: "/x.pem".into(),
+            from: Source::Flag("--ca"),
+            why: "No such file or directory (os error 2)".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "CA file (--ca) /x.pem: No such file or directory (os error 2)"
+        );
+        assert_eq!(ClientError::from(e).reason, Reason::Usage);
+    }
+
+    #[test]
+    fn an_unauthenticated_call_without_a_token_says_where_one_comes_from() {
+        let none = sources(None, false).explain(server("Unauthenticated", "missing bearer token"));
+        assert!(none.message.contains(NO_TOKEN_NOTE), "{}", none.message);
+        let empty = sources(Some(Source::Env("NOKV_TOKEN")), true)
+            .explain(server("Unauthenticated", "missing bearer token"));
+        assert!(
+            empty.message.contains(EMPTY_TOKEN_NOTE),
+            "{}",
+            empty.message
+        );
     }
 }

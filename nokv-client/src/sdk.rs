@@ -279,10 +279,7 @@ impl Client {
                 let e = if maybe_sent && e.reason == Reason::Refused {
                     ClientError {
                         reason: Reason::Transport,
-                        message: format!(
-                            "{}; an earlier attempt may have been applied",
-                            e.message
-                        ),
+                        message: format!("{}; an earlier attempt may have been applied", e.message),
                         ..e
                     }
                 } else {

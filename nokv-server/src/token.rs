@@ -86,7 +86,11 @@ impl Claims {
             Role::Write => "write",
             Role::Admin => "admin",
         };
-        let noun = if patterns.len() == 1 { "workspace" } else { "workspaces" };
+        let noun = if patterns.len() == 1 {
+            "workspace"
+        } else {
+            "workspaces"
+        };
         format!("{noun} {} with role {role}", patterns.join(", "))
     }
 }
@@ -245,7 +249,10 @@ mod tests {
         let Err(Error::PermissionDenied(why)) = c.require("other", Role::Read) else {
             panic!("refused");
         };
-        assert!(why.ends_with(r#"it covers workspace "team-*" with role read"#), "{why}");
+        assert!(
+            why.ends_with(r#"it covers workspace "team-*" with role read"#),
+            "{why}"
+        );
         assert!(matches!(
             c.require("team-a", Role::Write),
             Err(Error::PermissionDenied(_))

@@ -167,7 +167,9 @@ mod tests {
     use super::*;
 
     fn hint_in(tool: &str, reason: &str, refused: bool) -> Option<&'static str> {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         rt.block_on(for_tool(tool, async { hint(reason, refused) }))
     }
 
@@ -178,13 +180,23 @@ mod tests {
             assert!(hint_in(tool, "Transport", false).unwrap().contains(unknown));
             assert!(!hint_in(tool, "Transport", true).unwrap().contains(unknown));
         }
-        for tool in ["nokv_read", "nokv_stat", "nokv_grep", "nokv_publish", "nokv_restore"] {
+        for tool in [
+            "nokv_read",
+            "nokv_stat",
+            "nokv_grep",
+            "nokv_publish",
+            "nokv_restore",
+        ] {
             for refused in [false, true] {
                 let h = hint_in(tool, "Transport", refused).unwrap();
                 assert!(!h.contains(unknown), "{tool}: {h}");
             }
         }
-        assert!(hint_in("nokv_read", "Transport", true).unwrap().contains("nothing was sent"));
+        assert!(
+            hint_in("nokv_read", "Transport", true)
+                .unwrap()
+                .contains("nothing was sent")
+        );
     }
 
     #[test]
