@@ -313,13 +313,18 @@ impl Client {
                 // Nothing has ever answered and this endpoint refuses connections: a wrong
                 // endpoint or a server that is not running, known at once — no backoff, no
                 // second try of it; the other configured endpoints are still tried once.
-                Err(e) if e.reason == Reason::Refused && !self.router.has_answered() => {
+                Err(e)
+                    if e.reason == Reason::Refused
+                        && !self.router.has_answered()
+                        && attempt < self.retry.attempts =>
+                {
                     refused.push(target.clone());
                     self.router.unreachable(&target);
                     target = self.router.target(workspace);
                     if refused.contains(&target) {
                         return Err(refused_everywhere(e, &refused));
                     }
+                    attempt += 1;
                     tracing::debug!(error = %e, next = %target, "connection refused: next endpoint");
                 }
                 Err(e) if e.is_retryable() && attempt < self.retry.attempts => {
