@@ -229,26 +229,26 @@ impl ServerHandler for NokvMcp {
         {
             return Ok(refused.into());
         }
+        // The hints of a tool's errors depend on the tool (a read can always be repeated).
         let tool = request.name.to_string();
         let call = ToolCallContext::new(self, request, context);
-        Ok(
-            match reply::for_tool(&tool, self.tool_router.call(call)).await? {
-                // rmcp answers arguments that do not fit the tool's schema itself, with a bare
-                // text; it gets the shape of every other refusal, typed `InvalidArgument`.
-                CallToolResponse::Complete(r)
-                    if r.is_error == Some(true) && r.structured_content.is_none() =>
-                {
-                    let text: Vec<&str> = r
-                        .content
-                        .iter()
-                        .filter_map(|c| c.as_text())
-                        .map(|t| t.text.as_str())
-                        .collect();
-                    reply::refused(reply::INVALID_ARGUMENT, text.join(" ")).into()
-                }
-                other => other,
-            },
-        )
+        let response = reply::for_tool(&tool, self.tool_router.call(call)).await?;
+        Ok(match response {
+            // rmcp answers arguments that do not fit the tool's schema itself, with a bare
+            // text; it gets the shape of every other refusal, typed `InvalidArgument`.
+            CallToolResponse::Complete(r)
+                if r.is_error == Some(true) && r.structured_content.is_none() =>
+            {
+                let text: Vec<&str> = r
+                    .content
+                    .iter()
+                    .filter_map(|c| c.as_text())
+                    .map(|t| t.text.as_str())
+                    .collect();
+                reply::refused(reply::INVALID_ARGUMENT, text.join(" ")).into()
+            }
+            other => other,
+        })
     }
 }
 
