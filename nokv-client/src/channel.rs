@@ -44,7 +44,8 @@ pub(crate) fn read_ca(cfg: &ResolvedConfig) -> Result<Certificate> {
 }
 
 /// A TLS channel to the (first) configured endpoint, trusting only the configured CA. The
-/// connection is made lazily, so a server that is briefly down is covered by the retry policy.
+/// connection is made lazily, so a server that is briefly down is covered by the retry policy
+/// (except a refused first connection: see [`crate::sdk::Client::retrying_for`]).
 pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
     tls_channel(&cfg.endpoints()[0], read_ca(cfg)?)
 }

@@ -140,7 +140,9 @@ impl LostResponses {
 
 impl Client {
     /// Builds a TLS channel to the endpoint, trusting only the configured CA. The connection
-    /// is made lazily, so a server that is briefly down is covered by the retry policy.
+    /// is made lazily, so a server that is briefly down is covered by the retry policy — once
+    /// it has answered: a refused connection before any answer fails at once (a wrong endpoint
+    /// or a server that is not running; see [`Client::retrying_for`]).
     /// A token that cannot travel in a header is refused here rather than dropped, so a call
     /// never goes out silently without the credentials the caller gave.
     pub async fn connect(cfg: &ResolvedConfig) -> Result<Client> {
@@ -236,6 +238,13 @@ impl Client {
     /// [`MAX_HOPS`] times); an unreachable endpoint hands over to the next configured one.
     /// Every attempt resends the same request, so the server's request-id replay keeps a
     /// retried mutation from applying twice.
+    ///
+    /// A refused connection sent nothing ([`Reason::Refused`]: the outcome is known). Before
+    /// any endpoint of this client has answered, it means a wrong endpoint or a server that is
+    /// not running: each configured endpoint is tried once, without backoff, and the call
+    /// fails naming them. After an answer, it is a restarting server and is retried like any
+    /// transient failure. A refusal after an attempt whose outcome is unknown is reported as
+    /// `Transport` (unknown), never as known.
     pub async fn retrying_for<T, F, Fut>(
         &self,
         method: &'static str,
