@@ -39,12 +39,13 @@ pub(crate) fn bearer(token: Option<&str>) -> Bearer {
 
 pub(crate) fn read_ca(cfg: &ResolvedConfig) -> Result<Certificate> {
     let ca = std::fs::read(&cfg.ca)
-        .map_err(|e| ClientError::local(format!("{}: {e}", cfg.ca.display())))?;
+        .map_err(|e| ClientError::local(format!("CA file {}: {e}", cfg.ca.display())))?;
     Ok(Certificate::from_pem(ca))
 }
 
 /// A TLS channel to the (first) configured endpoint, trusting only the configured CA. The
-/// connection is made lazily, so a server that is briefly down is covered by the retry policy.
+/// connection is made lazily, so a server that is briefly down is covered by the retry policy
+/// (except a refused first connection: see [`crate::sdk::Client::retrying_for`]).
 pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
     tls_channel(&cfg.endpoints()[0], read_ca(cfg)?)
 }

@@ -9,8 +9,13 @@ pub enum Reason {
     /// A server reason such as `NotFound`, `GenerationMismatch` or `DataCorrupted` (stored
     /// bytes failed their recorded digest; not retryable).
     Server(String),
-    /// The client could not reach or speak to the server.
+    /// The client could not reach or speak to the server, and a request may have been sent:
+    /// the outcome of a mutation is unknown.
     Transport,
+    /// The connection was refused (nothing listens at the endpoint): no request was sent, so
+    /// the outcome is known — nothing was applied. Its name is still `Transport` (scripts and
+    /// hosts match that name); the variant lets the retry loop fail fast and hints be exact.
+    Refused,
     /// Local configuration or I/O.
     Local,
     /// Downloaded bytes do not match their recorded digest.
@@ -59,7 +64,7 @@ impl ClientError {
     pub fn reason_name(&self) -> &str {
         match &self.reason {
             Reason::Server(r) => r,
-            Reason::Transport => "Transport",
+            Reason::Transport | Reason::Refused => "Transport",
             Reason::Local => "Local",
             Reason::Integrity => "DigestMismatch",
             Reason::Usage => "Usage",
@@ -91,6 +96,12 @@ impl ClientError {
         self.reason_name() == reason
     }
 
+    /// The call failed below the server: no answer ([`Reason::Transport`]) or no connection
+    /// at all ([`Reason::Refused`]).
+    pub fn is_transport(&self) -> bool {
+        matches!(self.reason, Reason::Transport | Reason::Refused)
+    }
+
     /// Retryable with the same request id: the server was unavailable, or the outcome is
     /// unknown because the call never got an answer, or the server's block-memory budget was
     /// in use (`ResourceExhausted`: nothing was done; unlike `QuotaExceeded`, which shares the
@@ -102,7 +113,7 @@ impl ClientError {
         let transient = matches!(
             self.code,
             Some(Code::Unavailable) | Some(Code::DeadlineExceeded) | Some(Code::Cancelled)
-        ) || (self.code == Some(Code::Unknown) && self.reason == Reason::Transport);
+        ) || (self.code == Some(Code::Unknown) && self.is_transport());
         transient && !matches!(&self.reason, Reason::Server(r) if r != "Unavailable")
     }
 }
@@ -135,10 +146,49 @@ fn untrusted(why: String) -> ClientError {
     }
 }
 
+/// The I/O failure of connecting, in an error's source chain (the TCP connect of a lazily
+/// connected channel), else `None`.
+fn connect_failure<'a>(
+    mut e: Option<&'a (dyn std::error::Error + 'static)>,
+) -> Option<&'a std::io::Error> {
+    while let Some(err) = e {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        e = err.source();
+    }
+    None
+}
+
+/// A refused connection. The endpoint is not known here: the retry loop, which knows it,
+/// names it ([`crate::sdk::Client::retrying_for`]).
+pub(crate) fn refused(endpoint: &str) -> ClientError {
+    ClientError {
+        reason: Reason::Refused,
+        code: Some(Code::Unavailable),
+        message: format!(
+            "cannot connect to {endpoint} (connection refused): is nokv-server running?"
+        ),
+    }
+}
+
 impl From<Status> for ClientError {
     fn from(s: Status) -> Self {
         if let Some(why) = untrusted_certificate(std::error::Error::source(&s)) {
             return untrusted(why);
+        }
+        if s.metadata().get("nokv-reason").is_none()
+            && let Some(io) = connect_failure(std::error::Error::source(&s))
+        {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return refused("the endpoint");
+            }
+            // Other connect failures (a timeout, no route) keep their cause in the text.
+            return ClientError {
+                reason: Reason::Transport,
+                code: Some(s.code()),
+                message: format!("{:?}: {}: {io}", s.code(), s.message()),
+            };
         }
         let reason = s
             .metadata()

@@ -38,9 +38,9 @@ pub(crate) async fn reader_sha256<R: AsyncRead + Unpin>(
 
 /// Whether a failed publish under a receipt leaves its upload open for a rerun to resume
 /// instead of aborting it: only when the failure's outcome is unknown (the network or the
-/// server went away — exactly the failures a rerun is for).
+/// server went away, or stopped accepting connections — exactly the failures a rerun is for).
 pub(crate) fn keep_open_after(receipt: Option<&str>, e: &ClientError) -> bool {
-    receipt.is_some() && e.outcome_unknown()
+    receipt.is_some() && (e.outcome_unknown() || e.is_transport())
 }
 
 /// Refuses a publish whose source changed between the hashing pass and the sending pass: the

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use nokv_proto::MAX_MESSAGE;
 use nokv_proto::v1 as pb;
@@ -143,6 +143,10 @@ pub struct Router {
     bearer: Bearer,
     conns: Mutex<HashMap<String, Conn>>,
     pub(crate) cache: Mutex<RouteCache>,
+    /// Whether any endpoint has ever answered a call of this client. Until one has, a refused
+    /// connection means a wrong endpoint or a server that is not running, and is not retried;
+    /// after, it is a server restarting, and is retried like any transient failure.
+    answered: AtomicBool,
 }
 
 impl Router {
@@ -160,7 +164,18 @@ impl Router {
             bearer,
             conns: Mutex::new(conns),
             cache: Mutex::default(),
+            answered: AtomicBool::new(false),
         }
+    }
+
+    /// Records that a server answered a call (with a result or a server's error).
+    pub fn answered(&self) {
+        self.answered.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a server has ever answered a call of this client.
+    pub fn has_answered(&self) -> bool {
+        self.answered.load(Ordering::Relaxed)
     }
 
     /// The configured endpoints, in the order they are tried.

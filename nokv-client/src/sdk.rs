@@ -140,7 +140,9 @@ impl LostResponses {
 
 impl Client {
     /// Builds a TLS channel to the endpoint, trusting only the configured CA. The connection
-    /// is made lazily, so a server that is briefly down is covered by the retry policy.
+    /// is made lazily, so a server that is briefly down is covered by the retry policy — once
+    /// it has answered: a refused connection before any answer fails at once (a wrong endpoint
+    /// or a server that is not running; see [`Client::retrying_for`]).
     /// A token that cannot travel in a header is refused here rather than dropped, so a call
     /// never goes out silently without the credentials the caller gave.
     pub async fn connect(cfg: &ResolvedConfig) -> Result<Client> {
@@ -236,6 +238,13 @@ impl Client {
     /// [`MAX_HOPS`] times); an unreachable endpoint hands over to the next configured one.
     /// Every attempt resends the same request, so the server's request-id replay keeps a
     /// retried mutation from applying twice.
+    ///
+    /// A refused connection sent nothing ([`Reason::Refused`]: the outcome is known). Before
+    /// any endpoint of this client has answered, it means a wrong endpoint or a server that is
+    /// not running: each configured endpoint is tried once, without backoff, and the call
+    /// fails naming them. After an answer, it is a restarting server and is retried like any
+    /// transient failure. A refusal after an attempt whose outcome is unknown is reported as
+    /// `Transport` (unknown), never as known.
     pub async fn retrying_for<T, F, Fut>(
         &self,
         method: &'static str,
@@ -250,6 +259,11 @@ impl Client {
         let mut attempt = 1;
         let mut hops = 0;
         let mut target = self.router.target(workspace);
+        // Endpoints that refused this call's connection while no endpoint had ever answered.
+        let mut refused: Vec<String> = Vec::new();
+        // Whether an earlier attempt of this call may have been applied: a later refusal
+        // does not make the outcome known again.
+        let mut maybe_sent = false;
         loop {
             let conn = self.router.conn(&target)?;
             let result = call(conn).await;
@@ -257,11 +271,32 @@ impl Client {
                 Err(s) => Hint::of(s),
                 Ok(_) => None,
             };
-            let result = result.map_err(ClientError::from);
+            let result = result.map_err(|s| match ClientError::from(s) {
+                e if e.reason == Reason::Refused && !target.is_empty() => {
+                    crate::error::refused(&target)
+                }
+                e => e,
+            });
             let result = match result {
                 Ok(_) if self.faults.take(method) => Err(LostResponses::error(method)),
                 other => other,
             };
+            if !matches!(&result, Err(e) if e.is_transport()) {
+                self.router.answered();
+            }
+            let result = result.map_err(|e| {
+                let e = if maybe_sent && e.reason == Reason::Refused {
+                    ClientError {
+                        reason: Reason::Transport,
+                        message: format!("{}; an earlier attempt may have been applied", e.message),
+                        ..e
+                    }
+                } else {
+                    e
+                };
+                maybe_sent |= e.outcome_unknown();
+                e
+            });
             match result {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is("NotOwner") => {
@@ -284,14 +319,31 @@ impl Client {
                         }
                     }
                 }
+                // Nothing has ever answered and this endpoint refuses connections: a wrong
+                // endpoint or a server that is not running, known at once — no backoff, no
+                // second try of it; the other configured endpoints are still tried once.
+                Err(e)
+                    if e.reason == Reason::Refused
+                        && !self.router.has_answered()
+                        && attempt < self.retry.attempts =>
+                {
+                    refused.push(target.clone());
+                    self.router.unreachable(&target);
+                    target = self.router.target(workspace);
+                    if refused.contains(&target) {
+                        return Err(refused_everywhere(e, &refused));
+                    }
+                    attempt += 1;
+                    tracing::debug!(error = %e, next = %target, "connection refused: next endpoint");
+                }
                 Err(e) if e.is_retryable() && attempt < self.retry.attempts => {
                     tracing::debug!(attempt, error = %e, "retrying with the same request id");
-                    if e.reason == Reason::Transport {
+                    if e.is_transport() {
                         self.router.unreachable(&target);
                         target = self.router.target(workspace);
                     }
                     // A fresh endpoint is tried at once; a full round of them backs off.
-                    if e.reason != Reason::Transport
+                    if !e.is_transport()
                         || (attempt as usize).is_multiple_of(self.router.endpoint_count())
                     {
                         tokio::time::sleep(backoff).await;
@@ -299,7 +351,7 @@ impl Client {
                     }
                     attempt += 1;
                 }
-                Err(e) if e.reason == Reason::Transport && self.router.endpoint_count() > 1 => {
+                Err(e) if e.is_transport() && self.router.endpoint_count() > 1 => {
                     // Forgotten even on the last attempt: the caller's next call must not go
                     // back to an endpoint that did not answer (with one attempt per call, the
                     // caller's loop is the retry).
@@ -651,6 +703,21 @@ impl Client {
             })
             .await?;
         Ok(r.into_inner())
+    }
+}
+
+/// The error of a call that every endpoint refused (`last` is the last refusal): one
+/// endpoint's refusal as it is, several named together.
+fn refused_everywhere(last: ClientError, refused: &[String]) -> ClientError {
+    if refused.len() < 2 {
+        return last;
+    }
+    ClientError {
+        message: format!(
+            "cannot connect to any of {} (connection refused): is nokv-server running?",
+            refused.join(", ")
+        ),
+        ..last
     }
 }
 

@@ -58,19 +58,40 @@ impl Claims {
     }
 
     /// Authorises one call: the workspace must match a pattern and the role must suffice.
+    /// A refusal says what the token does cover (its patterns and role — claims its holder
+    /// can read anyway, never the token or its MAC), so the caller knows which token to use.
     pub fn require(&self, ws: &str, role: Role) -> Result<()> {
         if !self.allows_workspace(ws) {
             return Err(Error::PermissionDenied(format!(
-                "token is not valid for workspace {ws:?}"
+                "token is not valid for workspace {ws:?}: it covers {}",
+                self.coverage()
             )));
         }
         if self.role < role {
             return Err(Error::PermissionDenied(format!(
-                "token role {:?} cannot perform a {:?} operation",
-                self.role, role
+                "token role {:?} cannot perform a {:?} operation: it covers {}",
+                self.role,
+                role,
+                self.coverage()
             )));
         }
         Ok(())
+    }
+
+    /// What the token covers, in words: `workspaces "team-*" with role write`.
+    pub fn coverage(&self) -> String {
+        let patterns: Vec<String> = self.workspaces.iter().map(|w| format!("{w:?}")).collect();
+        let role = match self.role {
+            Role::Read => "read",
+            Role::Write => "write",
+            Role::Admin => "admin",
+        };
+        let noun = if patterns.len() == 1 {
+            "workspace"
+        } else {
+            "workspaces"
+        };
+        format!("{noun} {} with role {role}", patterns.join(", "))
     }
 }
 
@@ -225,6 +246,13 @@ mod tests {
     fn scope_is_checked_by_workspace_pattern_and_role() {
         let c = claims("team-*", Role::Read, 0);
         assert!(c.require("team-a", Role::Read).is_ok());
+        let Err(Error::PermissionDenied(why)) = c.require("other", Role::Read) else {
+            panic!("refused");
+        };
+        assert!(
+            why.ends_with(r#"it covers workspace "team-*" with role read"#),
+            "{why}"
+        );
         assert!(matches!(
             c.require("team-a", Role::Write),
             Err(Error::PermissionDenied(_))

@@ -852,8 +852,19 @@ fn a_mutation_whose_outcome_is_unknown_prints_its_request_id_for_a_safe_retry() 
     let config = d.client_config();
     d.terminate();
 
-    // The daemon is gone: the CLI cannot know whether the request was applied.
-    let down = |args: &[&str], stdin: Option<&[u8]>| cli_with_config(&config, args, &[], stdin);
+    // The daemon is gone and what answers at the endpoint takes each connection and drops
+    // it: the CLI cannot know whether the request was applied. (A refused connection sent
+    // nothing, and says so instead: first_hour_errors.rs.)
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dropping = format!("https://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
+    let down = |args: &[&str], stdin: Option<&[u8]>| {
+        cli_with_config(&config, args, &[("NOKV_ENDPOINT", &dropping)], stdin)
+    };
     let out = down(&["put", "w1:a"], Some(b"v1"));
     assert_eq!(out.status, 1, "{}", out.stderr);
     assert_eq!(out.stderr.lines().count(), 1, "one line: {}", out.stderr);

@@ -1,5 +1,6 @@
 //! Argument parsing and dispatch of the `nokv` CLI. Exit status: 0 success, 1 the operation
-//! failed (typed reason on stderr), 2 usage error, 130 interrupted (Ctrl-C).
+//! failed (typed reason on stderr), 2 usage error (also a connection setting that cannot be
+//! used: no configuration, a config or CA file that cannot be read), 130 interrupted (Ctrl-C).
 //!
 //! Ctrl-C (SIGINT) and SIGTERM do not kill the process outright: the running command's future
 //! is dropped, so every guard it holds (a stdin spool file, an upload's lease renewal) cleans
@@ -457,6 +458,7 @@ pub fn main() -> ExitCode {
     // Bench workers end on SIGTERM/SIGINT themselves and exit 0 with their figures (the probe
     // stops them that way), so only other commands are cut short by a signal.
     let own_signals = matches!(cli.command, Command::Bench(_));
+    let partial = resumable_partial(&cli.command);
     let result = runtime.block_on(async {
         if own_signals {
             return Some(run(cli, out).await);
@@ -477,9 +479,28 @@ pub fn main() -> ExitCode {
             ExitCode::from(if e.reason == Reason::Usage { 2 } else { 1 })
         }
         None => {
-            eprintln!("nokv: interrupted");
+            match partial.filter(|p| p.symlink_metadata().is_ok()) {
+                Some(p) => eprintln!(
+                    "nokv: interrupted; partial kept at {}: rerun the same command to resume",
+                    p.display()
+                ),
+                None => eprintln!("nokv: interrupted"),
+            }
             ExitCode::from(130)
         }
+    }
+}
+
+/// The `DEST.partial` an interrupted command leaves on purpose: a restore (also `get` of an
+/// artifact into a file) keeps its verified blocks there, and rerunning it resumes from them.
+/// Every other temporary file is removed when the command is cut short.
+fn resumable_partial(command: &Command) -> Option<PathBuf> {
+    match command {
+        Command::Restore { dest, .. } => Some(nokv_client::restore::partial_path(dest)),
+        Command::Get {
+            file: Some(dest), ..
+        } if dest.as_os_str() != "-" => Some(nokv_client::restore::partial_path(dest)),
+        _ => None,
     }
 }
 
@@ -500,7 +521,6 @@ async fn interrupted() {
 }
 
 async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
-    let token_given_empty = cli.token.is_none() && nokv_client::config::token_env_is_empty();
     let cfg = ClientConfig {
         endpoint: cli.endpoint,
         endpoints: None,
@@ -513,26 +533,23 @@ async fn run(cli: Cli, out: Output) -> Result<(), ClientError> {
     if let Command::Mcp(args) = cli.command {
         // An agent host shows a server that exits as "Connection closed" and nothing more:
         // a configuration problem is served as every tool call's answer instead (see mcp).
-        let client = match cfg.resolve() {
-            Ok(cfg) => Client::connect(&cfg).await,
-            Err(e) => Err(e),
+        let client = match cfg.resolve_with_sources() {
+            Ok((cfg, sources)) => Client::connect(&cfg).await.map_err(|e| sources.explain(e)),
+            Err(e) => Err(e.into()),
         };
         return mcp::run(client, args).await;
     }
     if let Command::Workspace(cmd) = &cli.command {
         cmd.confirmed()?;
     }
-    let client = Client::connect(&cfg.resolve()?).await?;
-    dispatch(&client, cli.command, out).await.map_err(|e| {
-        if token_given_empty && e.is("Unauthenticated") {
-            ClientError {
-                message: format!("{}; {}", e.message, nokv_client::config::EMPTY_TOKEN_NOTE),
-                ..e
-            }
-        } else {
-            e
-        }
-    })
+    // Every error about a setting names where that setting came from.
+    let (cfg, sources) = cfg.resolve_with_sources()?;
+    let client = Client::connect(&cfg)
+        .await
+        .map_err(|e| sources.explain(e))?;
+    dispatch(&client, cli.command, out)
+        .await
+        .map_err(|e| sources.explain(e))
 }
 
 async fn dispatch(client: &Client, command: Command, out: Output) -> Result<(), ClientError> {

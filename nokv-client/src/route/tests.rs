@@ -352,3 +352,39 @@ async fn with_one_attempt_per_call_the_next_call_skips_an_endpoint_that_did_not_
     within(client.write(write("req-2"))).await.unwrap();
     assert_eq!(live.writes(), ["req-2"]);
 }
+
+/// Mutation caught: the fail-fast arm for a refused connection removed → the first call is
+/// attempted eight times (with backoff) before it fails.
+#[tokio::test]
+async fn a_refused_connection_is_not_retried_until_a_server_has_answered() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let attempts = AtomicU32::new(0);
+    let stat = |conn: Conn| {
+        attempts.fetch_add(1, Ordering::Relaxed);
+        let mut c = conn.ws;
+        async move { c.stat(pb::StatRequest::default()).await }
+    };
+    let client = Client::plain(vec![dead.clone()]).with_retry(RetryPolicy {
+        attempts: 3,
+        first_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(1),
+    });
+    let err = within(client.retrying("stat", stat)).await.unwrap_err();
+    assert_eq!(attempts.load(Ordering::Relaxed), 1, "{err}");
+    assert_eq!(err.reason, crate::Reason::Refused, "{err:?}");
+    assert!(!err.outcome_unknown());
+    assert_eq!(
+        err.message,
+        format!("cannot connect to {dead} (connection refused): is nokv-server running?")
+    );
+
+    // Once a server has answered, a refusal is a restart: retried like any transient failure.
+    client.router().answered();
+    attempts.store(0, Ordering::Relaxed);
+    let err = within(client.retrying("stat", stat)).await.unwrap_err();
+    assert_eq!(attempts.load(Ordering::Relaxed), 3, "{err}");
+}

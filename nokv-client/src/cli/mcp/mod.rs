@@ -296,8 +296,11 @@ impl ServerHandler for NokvMcp {
         if let Err(problem) = &self.client {
             return Ok(reply::refused(reply::NOT_CONFIGURED, not_configured(problem)).into());
         }
+        // The hints of a tool's errors depend on the tool (a read can always be repeated).
+        let tool = request.name.to_string();
         let call = ToolCallContext::new(self, request, context);
-        Ok(match self.tool_router.call(call).await? {
+        let response = reply::for_tool(&tool, self.tool_router.call(call)).await?;
+        Ok(match response {
             // rmcp answers arguments that do not fit the tool's schema itself, with a bare
             // text; it gets the shape of every other refusal, typed `InvalidArgument`.
             CallToolResponse::Complete(r)

@@ -5,7 +5,7 @@
 //! `{"error": {"reason", "message", "hint"}}` — never a JSON-RPC error, which hosts show to
 //! the user opaquely instead of to the model that could act on it.
 
-use nokv_client::ClientError;
+use nokv_client::{ClientError, Reason};
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{Value, json};
 
@@ -43,11 +43,15 @@ pub fn failed(e: &ClientError) -> CallToolResult {
         .message
         .strip_prefix(&format!("{reason}: "))
         .unwrap_or(&e.message);
-    error(reason, msg)
+    let hint = hint(reason, e.reason == Reason::Refused);
+    error_with(reason, msg, hint)
 }
 
 fn error(reason: &str, message: &str) -> CallToolResult {
-    let hint = hint(reason);
+    error_with(reason, message, hint(reason, false))
+}
+
+fn error_with(reason: &str, message: &str, hint: Option<&str>) -> CallToolResult {
     let mut text = format!("{reason}: {message}");
     if let Some(h) = hint {
         text.push_str("\nHint: ");
@@ -60,8 +64,46 @@ fn error(reason: &str, message: &str) -> CallToolResult {
     r
 }
 
+tokio::task_local! {
+    /// The tool whose call is running: a hint depends on it (a read can always be repeated).
+    static TOOL: String;
+}
+
+/// Runs a tool call, making its name known to the hints of its errors.
+pub async fn for_tool<F: std::future::Future>(name: &str, call: F) -> F::Output {
+    TOOL.scope(name.to_string(), call).await
+}
+
+/// What a failed call of a tool did to the workspace, for the hint of a transport failure.
+enum Effect {
+    /// Reads, or writes only this machine's files (nokv_restore resumes): repeating is safe.
+    None,
+    /// Publishes under a receipt: repeating resumes and never publishes twice.
+    Resumable,
+    /// write, edit, append, delete, or an unknown tool: repeating may apply it twice.
+    Mutation,
+}
+
+fn effect_of_current_tool() -> Effect {
+    match TOOL.try_with(|t| t.clone()).ok().as_deref() {
+        Some("nokv_stat" | "nokv_read" | "nokv_list" | "nokv_find" | "nokv_grep")
+        | Some("nokv_health" | "nokv_restore") => Effect::None,
+        Some("nokv_publish") => Effect::Resumable,
+        _ => Effect::Mutation,
+    }
+}
+
 /// What a model should do about a reason, for the reasons a tool loop meets and can act on.
-fn hint(reason: &str) -> Option<&'static str> {
+/// The hint matches the failure and the call: a refused connection sent nothing, and only a
+/// mutation's transport failure leaves an outcome to check before repeating it.
+fn hint(reason: &str, refused: bool) -> Option<&'static str> {
+    if refused {
+        return Some(
+            "no nokv server accepts connections at the endpoint named in the message, so \
+             nothing was sent or changed: ask the user to start nokv-server or fix the \
+             endpoint in the configuration, then call again",
+        );
+    }
     Some(match reason {
         "GenerationMismatch" => {
             "the file changed since you read it: read it again (nokv_read or nokv_stat) and \
@@ -73,11 +115,23 @@ fn hint(reason: &str) -> Option<&'static str> {
         }
         "NotFound" => "check the path with nokv_find or nokv_list",
         "AlreadyExists" => "the path exists: use mode upsert or if_generation to replace it",
+        "IsArtifact" => {
+            "the path is an artifact (a large file), whose content nokv_read does not return: \
+             copy it to a local file with nokv_restore, or use nokv_stat for its size and \
+             sha256"
+        }
         "PermissionDenied" => {
-            "the token does not allow this on this workspace: use a workspace the token \
-             covers, or ask the operator for a token with the needed role"
+            "the token does not allow this on this workspace (the message says what it \
+             covers): use a workspace the token covers, or ask the operator for a token with \
+             the needed role"
         }
         "Unauthenticated" => "the token is missing, expired or invalid: ask the operator",
+        "Local" => {
+            "the failure is on the machine running nokv mcp, not in the workspace: fix the \
+             local file named in the message (local_path) and call again; a configuration \
+             problem (CA file, config file) is for the user to fix"
+        }
+        "Usage" => "the call cannot be done as stated: change it as the message says",
         READ_ONLY => "this server was started with --read-only: only reading tools are allowed",
         LOCAL_REFUSED => {
             "the rule in the message protects this machine's files: pass overwrite: true to \
@@ -92,11 +146,66 @@ fn hint(reason: &str) -> Option<&'static str> {
         "QuotaExceeded" => "the workspace is over its byte quota: delete something first",
         "InvalidArgument" => "fix the argument named in the message and call again",
         "Unimplemented" => "the nokv server is older than this tool: it lacks this operation",
-        "Transport" | "Unavailable" => {
-            "the server could not be reached and the outcome is unknown: check with nokv_stat \
-             or nokv_read before repeating a write, edit, append or delete (nokv_publish can \
-             always be repeated: it resumes)"
-        }
+        "Transport" | "Unavailable" => match effect_of_current_tool() {
+            Effect::None => {
+                "the server could not be reached: this call changes nothing in the workspace, \
+                 so call it again (nokv_health shows whether the server is back)"
+            }
+            Effect::Resumable => {
+                "the server could not be reached: call nokv_publish again with the same \
+                 arguments; it resumes the same upload and never publishes twice"
+            }
+            Effect::Mutation => {
+                "the server could not be reached and the outcome is unknown: check with \
+                 nokv_stat or nokv_read before repeating a write, edit, append or delete \
+                 (nokv_publish can always be repeated: it resumes)"
+            }
+        },
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hint_in(tool: &str, reason: &str, refused: bool) -> Option<&'static str> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(for_tool(tool, async { hint(reason, refused) }))
+    }
+
+    #[test]
+    fn only_a_mutation_that_lost_its_answer_is_told_its_outcome_is_unknown() {
+        let unknown = "outcome is unknown";
+        for tool in ["nokv_write", "nokv_edit", "nokv_append", "nokv_delete"] {
+            assert!(hint_in(tool, "Transport", false).unwrap().contains(unknown));
+            assert!(!hint_in(tool, "Transport", true).unwrap().contains(unknown));
+        }
+        for tool in [
+            "nokv_read",
+            "nokv_stat",
+            "nokv_grep",
+            "nokv_publish",
+            "nokv_restore",
+        ] {
+            for refused in [false, true] {
+                let h = hint_in(tool, "Transport", refused).unwrap();
+                assert!(!h.contains(unknown), "{tool}: {h}");
+            }
+        }
+        assert!(
+            hint_in("nokv_read", "Transport", true)
+                .unwrap()
+                .contains("nothing was sent")
+        );
+    }
+
+    #[test]
+    fn is_artifact_local_and_usage_errors_get_hints() {
+        for reason in ["IsArtifact", "Local", "Usage"] {
+            assert!(hint_in("nokv_read", reason, false).is_some(), "{reason}");
+        }
+    }
 }
