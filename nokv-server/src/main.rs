@@ -172,7 +172,7 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
     };
     // A log line that cannot be written is dropped: never a panic on the thread that logged
     // it (see `nokv_server::logging` for the full-disk failure this prevents).
-    nokv_server::logging::init(&settings.log);
+    nokv_server::logging::init(&settings.log, settings.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.worker_threads)
         .enable_all()
