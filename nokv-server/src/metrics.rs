@@ -609,13 +609,13 @@ impl<B: http_body::Body> http_body::Body for TimedBody<B> {
         let frame = std::task::ready!(this.inner.poll_frame(cx));
         match &frame {
             Some(Ok(f)) => {
-                if let Some(trailers) = f.trailers_ref() {
-                    if let Some(mut call) = this.call.take() {
-                        if let Some(code) = trailers.get("grpc-status").and_then(grpc_status_name) {
-                            call.code = Some(code);
-                        }
-                        call.finish(true);
+                if let Some(trailers) = f.trailers_ref()
+                    && let Some(mut call) = this.call.take()
+                {
+                    if let Some(code) = trailers.get("grpc-status").and_then(grpc_status_name) {
+                        call.code = Some(code);
                     }
+                    call.finish(true);
                 }
             }
             Some(Err(_)) => {
@@ -810,7 +810,7 @@ impl prometheus::core::Collector for ProcessCollector {
         let (Some(stat), Some(boot)) = (stat, boot) else {
             return Vec::new();
         };
-        let Some(p) = parse_proc_stat(&stat, ticks.max(1) as f64, page.max(1) as i64, boot) else {
+        let Some(p) = parse_proc_stat(&stat, ticks.max(1) as f64, page.max(1), boot) else {
             return Vec::new();
         };
         let past = self.cpu.get();
