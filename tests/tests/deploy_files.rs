@@ -1067,3 +1067,87 @@ fn the_probe_passes_on_a_serving_daemon_and_fails_under_a_wrong_name_or_once_it_
         "{said}"
     );
 }
+
+/// The StatefulSet's init-container script, run as shipped (its `/cluster-secret` and
+/// `/cluster` moved under `root`): from a flat Secret holding what the README puts in
+/// `nokv-cluster` (no admin token), it must lay out a `--tls-dir` a node serves from — and the
+/// probe the pod runs must pass against it.
+#[test]
+fn the_init_container_lays_out_a_tls_dir_without_the_admin_token_that_a_node_serves_from() {
+    let statefulset = read("k8s/statefulset.yaml");
+    let lines: Vec<&str> = statefulset.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim() == "- |")
+        .expect("the init container's script");
+    let script: String = lines[at + 1..]
+        .iter()
+        .take_while(|l| l.trim().is_empty() || indent(l) > indent(lines[at]))
+        .map(|l| format!("{}\n", l.trim()))
+        .collect();
+    let root = tempfile::tempdir().unwrap();
+    let (secret, tls) = (root.path().join("secret"), root.path().join("cluster"));
+    // Absolute paths only: `/cluster` after a blank or a quote (not in `/cluster.secret`).
+    let mut script = script;
+    for quote in [" ", "\""] {
+        script = script
+            .replace(
+                &format!("{quote}/cluster-secret"),
+                &format!("{quote}{}", secret.display()),
+            )
+            .replace(
+                &format!("{quote}/cluster"),
+                &format!("{quote}{}", tls.display()),
+            );
+    }
+    // `cluster init`, then the Secret as the README creates it: ca.pem, cluster.secret and
+    // every file of nodes/, flat.
+    let host = "nokv-0.nokv.ns.svc.cluster.local";
+    let made = root.path().join("made");
+    let init = Command::new(bin("nokv-server"))
+        .args([
+            "cluster",
+            "init",
+            "--dir",
+            made.to_str().unwrap(),
+            "--host",
+            host,
+        ])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    std::fs::create_dir(&secret).unwrap();
+    for file in ["ca.pem", "cluster.secret"] {
+        std::fs::copy(made.join(file), secret.join(file)).unwrap();
+    }
+    for entry in std::fs::read_dir(made.join("nodes")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), secret.join(entry.file_name())).unwrap();
+    }
+    let laid_out = Command::new("sh")
+        .args(["-c", &script])
+        .env("POD_NAME", "nokv-0")
+        .env("POD_NAMESPACE", "ns")
+        .output()
+        .unwrap();
+    assert!(laid_out.status.success(), "{laid_out:?}\n{script}");
+    assert!(!tls.join("admin.token").exists());
+
+    // The node chooses its certificate by its id here (no DNS for the advertised name).
+    let d = nokv_tests::Daemon::start(&["--tls-dir", tls.to_str().unwrap(), "--node-id", host]);
+    let client = std::fs::read_to_string(d.data_dir().join("client.toml")).unwrap();
+    assert!(!client.lines().any(|l| l.starts_with("token")), "{client}");
+    let probe = Command::new(bin("nokv-server"))
+        .args([
+            "probe",
+            "--endpoint",
+            &d.endpoint(),
+            "--server-name",
+            host,
+            "--ca",
+        ])
+        .arg(tls.join("ca.pem"))
+        .output()
+        .unwrap();
+    assert!(probe.status.success(), "{probe:?}");
+}
