@@ -27,6 +27,10 @@ Paced and idle-again are reported, not judged. Exit status: 0 QUALIFIED, 1 NOT Q
 2 usage error or crash (a daemon, session or uploader process failing counts as a crash),
 130 interrupted.
 
+--smoke (scripts/probe_smoke.sh) is a run too short, on too busy a machine, to judge: the
+verdict line says `verdict: (not judged: smoke run) measured ...` and the exit status is 0
+whenever the run completed.
+
 --control runs the same conditions with no uploader at all and prints `verdict: CONTROL (...)`
 with the unpaced/idle ratios (exit 0 unless samples are missing or session operations failed):
 what the verdict's ratios are on this machine without any upload — the sessions' own drift over
@@ -1466,7 +1470,8 @@ class Raster:
 
 PNG_WIDTH = 960
 PANEL_HEIGHT = 220
-PLOT_LEFT, PLOT_RIGHT = 64, PNG_WIDTH - 64
+# Margins wide enough for the axis titles and the unit-bearing labels of the right axis.
+PLOT_LEFT, PLOT_RIGHT = 72, PNG_WIDTH - 104
 PLOT_TOP, PLOT_BOTTOM = 44, PANEL_HEIGHT - 28  # relative to the panel's top
 
 
@@ -1482,18 +1487,54 @@ def _num(v: float) -> str:
     return f"{v:g}" if v < 10000 else f"{v:.0f}"
 
 
+def _decade_floor(v: float) -> float:
+    return 10.0 ** math.floor(math.log10(v))
+
+
+def _decade_ceil(v: float) -> float:
+    return 10.0 ** math.ceil(math.log10(v))
+
+
+@dataclasses.dataclass
+class Scales:
+    """The value scales every panel of one picture shares, so panels compare at a glance:
+    latency on a log scale from `latency_min` to `latency_max` (whole decades: a stat p50 of
+    0.2 ms and a put p50 of 50 ms are both readable), session ops/s and uploader MiB/s each
+    linear from 0 to a 1/2/5 top."""
+
+    latency_min: float
+    latency_max: float
+    ops_max: float
+    upload_max: float
+
+
+def shared_scales(rows: Sequence[dict]) -> Scales:
+    """The scales of panels whose timelines are `rows` (each {"buckets": [...]})."""
+    lat = [v for tl in rows for b in tl["buckets"]
+           for v in (b["stat_p50_ms"], b["put_p50_ms"]) if v is not None and v > 0]
+    lo = _decade_floor(min(lat)) if lat else 1.0
+    hi = _decade_ceil(max(lat)) if lat else 10.0
+    if hi <= lo:
+        hi = lo * 10
+    ops = [b["ops"] / _bucket_width(tl["buckets"]) for tl in rows for b in tl["buckets"]]
+    up = [b["upload_mib_per_s"] for tl in rows for b in tl["buckets"]]
+    return Scales(lo, hi, _nice_max(max(ops, default=0.0)), _nice_max(max(up, default=0.0)))
+
+
 @dataclasses.dataclass
 class TimelinePlot:
     """Geometry of one panel (one target and cycle): maps seconds from the cycle start and
-    values to pixels. Latency (stat, put p50) uses the left axis; session ops/s and uploader
-    MiB/s each have their own scale on the right axis (both tops are labelled there, MiB/s in
-    the bars' colour), since ops/s are often ten times the MiB/s; every scale starts at 0."""
+    values to pixels. Latency (stat, put p50) uses the left axis, on a log scale; session
+    ops/s and uploader MiB/s each have their own linear scale from 0 on the right axis (its
+    top is labelled with both, MiB/s in the bars' colour), since ops/s are often ten times the
+    MiB/s. Every panel of a picture has the same scales (see `Scales`)."""
 
     top: int
     span: float
     latency_max: float
     ops_max: float
     upload_max: float
+    latency_min: float = 1.0
 
     def x(self, t: float) -> int:
         return PLOT_LEFT + round(t / self.span * (PLOT_RIGHT - PLOT_LEFT))
@@ -1502,7 +1543,10 @@ class TimelinePlot:
         return self.top + PLOT_BOTTOM - round(min(v, vmax) / vmax * (PLOT_BOTTOM - PLOT_TOP))
 
     def y_latency(self, ms: float) -> int:
-        return self._y(ms, self.latency_max)
+        """Log scale: latency_min at the bottom, latency_max at the top, clamped."""
+        lo, hi = math.log10(self.latency_min), math.log10(self.latency_max)
+        v = min(max(math.log10(ms) if ms > 0 else lo, lo), hi)
+        return self.top + PLOT_BOTTOM - round((v - lo) / (hi - lo) * (PLOT_BOTTOM - PLOT_TOP))
 
     def y_ops(self, ops_per_s: float) -> int:
         return self._y(ops_per_s, self.ops_max)
@@ -1515,20 +1559,19 @@ def _bucket_width(buckets: Sequence[dict]) -> float:
     return (buckets[1]["t"] - buckets[0]["t"]) if len(buckets) > 1 else 1.0
 
 
-def _draw_panel(r: Raster, top: int, label: str, tl: dict, windows: Sequence[dict]
-                ) -> TimelinePlot:
+def _draw_panel(r: Raster, top: int, label: str, tl: dict, windows: Sequence[dict],
+                scales: Scales | None = None) -> TimelinePlot:
     buckets, t0 = tl["buckets"], tl["t0"]
     width = _bucket_width(buckets)
     mine = [w for w in windows if w["cycle"] == tl["cycle"]]
     span = max([len(buckets) * width] + [w["end"] - t0 for w in mine]) or 1.0
-    lat = [v for b in buckets for v in (b["stat_p50_ms"], b["put_p50_ms"]) if v is not None]
-    plot = TimelinePlot(top, span, _nice_max(max(lat, default=0.0)),
-                        _nice_max(max((b["ops"] / width for b in buckets), default=0.0)),
-                        _nice_max(max((b["upload_mib_per_s"] for b in buckets), default=0.0)))
+    scales = scales or shared_scales([tl])
+    plot = TimelinePlot(top, span, scales.latency_max, scales.ops_max, scales.upload_max,
+                        scales.latency_min)
     y_top, y_bottom = top + PLOT_TOP, top + PLOT_BOTTOM
 
     # Title and legend.
-    x = r.text(8, top + 6, f"{label} cycle {tl['cycle']} (x: s from cycle start)")
+    x = r.text(8, top + 6, f"{label} cycle {tl['cycle']}")
     for name, colour in (("ops/s", OPS_COLOUR), ("stat p50 ms", STAT_COLOUR),
                          ("put p50 ms", PUT_COLOUR), ("upload MiB/s", UPLOAD_COLOUR)):
         x += 24
@@ -1567,16 +1610,24 @@ def _draw_panel(r: Raster, top: int, label: str, tl: dict, windows: Sequence[dic
                 r.line(prev[0], prev[1], pt[0], pt[1], colour, thick=2)
             prev = pt
 
-    # Axes: left latency, right rates, bottom seconds.
+    # Axes: left latency (log), right rates, bottom seconds; each with its title and unit.
     r.fill(PLOT_LEFT - 1, y_top, PLOT_LEFT, y_bottom + 1, AXIS_COLOUR)
     r.fill(PLOT_RIGHT, y_top, PLOT_RIGHT + 1, y_bottom + 1, AXIS_COLOUR)
     r.fill(PLOT_LEFT - 1, y_bottom, PLOT_RIGHT + 1, y_bottom + 1, AXIS_COLOUR)
-    for v, y in ((plot.latency_max, y_top), (0, y_bottom - GLYPH_HEIGHT)):
-        s = _num(v)
-        r.text(PLOT_LEFT - 6 - len(s) * GLYPH_ADVANCE, y, s)
-    r.text(PLOT_RIGHT + 6, y_top, _num(plot.ops_max))
-    r.text(PLOT_RIGHT + 6, y_top + GLYPH_HEIGHT + 4, _num(plot.upload_max), UPLOAD_COLOUR)
-    r.text(PLOT_RIGHT + 6, y_bottom - GLYPH_HEIGHT, "0")
+    title_y = y_top - GLYPH_HEIGHT - 4
+    r.text(4, title_y, LATENCY_AXIS_TITLE)
+    for y, tick in latency_ticks(plot):
+        r.fill(PLOT_LEFT - (6 if tick else 3), y, PLOT_LEFT - 1, y + 1, AXIS_COLOUR)
+        if tick:
+            r.text(PLOT_LEFT - 8 - len(tick) * GLYPH_ADVANCE,
+                   min(max(y - GLYPH_HEIGHT // 2, y_top), y_bottom - GLYPH_HEIGHT), tick)
+    for k in range(5):  # quarters of both rate scales
+        y = plot.y_ops(plot.ops_max * k / 4)
+        r.fill(PLOT_RIGHT + 1, y, PLOT_RIGHT + 6, y + 1, AXIS_COLOUR)
+    r.text(PLOT_RIGHT + 8, y_top, f"{_num(plot.ops_max)} {OPS_UNIT}", OPS_COLOUR)
+    r.text(PLOT_RIGHT + 8, y_top + GLYPH_HEIGHT + 4, f"{_num(plot.upload_max)} {UPLOAD_UNIT}",
+           UPLOAD_COLOUR)
+    r.text(PLOT_RIGHT + 8, y_bottom - GLYPH_HEIGHT, "0")
     step = _nice_max(span / 10)
     t = 0.0
     while t <= span + 1e-9:
@@ -1585,7 +1636,29 @@ def _draw_panel(r: Raster, top: int, label: str, tl: dict, windows: Sequence[dic
         s = _num(round(t, 6))
         r.text(xt - len(s) * GLYPH_ADVANCE // 2, y_bottom + 6, s)
         t += step
+    # Right-aligned, clear of the last tick's label.
+    r.text(PNG_WIDTH - 4 - len(TIME_AXIS_TITLE) * GLYPH_ADVANCE, y_bottom + 6, TIME_AXIS_TITLE)
     return plot
+
+
+LATENCY_AXIS_TITLE = "ms (log)"
+TIME_AXIS_TITLE = "time (s)"
+OPS_UNIT = "ops/s"
+UPLOAD_UNIT = "MiB/s"
+
+
+def latency_ticks(plot: TimelinePlot) -> list[tuple[int, str]]:
+    """The left axis' ticks: (y, label) at every decade (labelled) and at 2 and 5 times it
+    (unlabelled, label "")."""
+    out = []
+    decade = plot.latency_min
+    while decade <= plot.latency_max * (1 + 1e-9):
+        out.append((plot.y_latency(decade), _num(decade)))
+        for m in (2, 5):
+            if decade * m < plot.latency_max:
+                out.append((plot.y_latency(decade * m), ""))
+        decade *= 10
+    return out
 
 
 def render_timeline(results: Sequence[dict]) -> tuple[Raster, list[TimelinePlot]]:
@@ -1597,7 +1670,8 @@ def render_timeline(results: Sequence[dict]) -> tuple[Raster, list[TimelinePlot]
         r.text(8, 6, "no timeline data")
         return r, []
     r = Raster(PNG_WIDTH, PANEL_HEIGHT * len(rows))
-    plots = [_draw_panel(r, i * PANEL_HEIGHT, label, tl, windows)
+    scales = shared_scales([tl for _, tl, _ in rows])
+    plots = [_draw_panel(r, i * PANEL_HEIGHT, label, tl, windows, scales)
              for i, (label, tl, windows) in enumerate(rows)]
     return r, plots
 
@@ -1628,8 +1702,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Measure interactive session latency on a nokv shard beside an "
         "owner-mediated uploader (idle, paced, unpaced, idle-again).",
-        epilog="Exit status: 0 QUALIFIED, 1 NOT QUALIFIED, 2 usage error or crash, "
-        "130 interrupted.",
+        epilog="Exit status: 0 QUALIFIED (or any completed --smoke run), 1 NOT QUALIFIED, "
+        "2 usage error or crash, 130 interrupted.",
     )
     p.add_argument("--sessions", type=int, default=None,
                    help="session processes (default 8; 32 with --open-loop)")
@@ -1685,6 +1759,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ratio", type=float, default=None,
                    help="verdict limit: unpaced p50 <= RATIO x idle p50 (default 1.2; 1.1 with "
                    "--open-loop)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a smoke run (scripts/probe_smoke.sh): the verdict is computed and "
+                   "reported but not judged — its line says `(not judged ...)` and the exit "
+                   "status is 0 whenever the run completed")
     p.add_argument("--control", action="store_true",
                    help="run no uploader at all (paced and unpaced are then idle too): prints "
                    "`verdict: CONTROL (...)` with the unpaced/idle p50 ratios, i.e. how much the "
@@ -1900,7 +1978,7 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
     lines.append("")
     if "baseline" in by:
         lines.append(f"baseline verdict: {by['baseline']['verdict']['text']}")
-    lines.append(f"verdict: {by['candidate']['verdict']['text']}")
+    lines.append(verdict_line(by["candidate"]["verdict"], args.smoke))
     summary = "\n".join(lines)
     timeline_text = "\n".join(
         ln for r in results for ln in [""] + format_timeline(r["label"], r["timeline"])
@@ -1934,7 +2012,21 @@ def _run(args, children: Children, temps: list[Path], out: Path, raw: Path, log)
     print(summary.rsplit("\n", 1)[0])
     print(f"report: {out / 'report.txt'}, {out / 'report.json'}, {out / 'timeline.png'}")
     print(summary.rsplit("\n", 1)[1], flush=True)
+    if args.smoke:
+        return EXIT_QUALIFIED
     return EXIT_QUALIFIED if by["candidate"]["verdict"]["qualified"] else EXIT_NOT_QUALIFIED
+
+
+SMOKE_NOT_JUDGED = ("(not judged: smoke run, too short and on too busy a machine for a "
+                    "verdict) measured")
+
+
+def verdict_line(verdict: dict, smoke: bool) -> str:
+    """The last line the probe prints: `verdict: QUALIFIED` / `verdict: NOT QUALIFIED (...)`,
+    or in a smoke run, which judges nothing, `verdict: (not judged: ...) measured ...`."""
+    if smoke:
+        return f"verdict: {SMOKE_NOT_JUDGED} {verdict['text']}"
+    return f"verdict: {verdict['text']}"
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 # Smoke of the owner-upload interference probe (called by scripts/test.sh): 2 sessions, 3 s per
 # condition, 1 cycle against the debug binaries (closed loop, open loop, control). It must complete, print a `verdict:` line and
 # write report.json and a valid timeline.png; the verdict itself is not judged here (CI machines
-# are noisy), so QUALIFIED (exit 0) and NOT QUALIFIED (exit 1) both pass. A crash (exit 2 or
-# anything else) or no verdict line fails.
+# are noisy): `--smoke` makes the probe print it as `verdict: (not judged: smoke run ...)
+# measured ...` and exit 0 whatever it measured. A crash (exit 2 or anything else), another
+# exit status or no such verdict line fails.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,7 +17,7 @@ done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/nokv-probe-smoke.XXXXXX")
 log="$work/probe.log"
-python3 scripts/owner_upload_interference_probe.py \
+python3 scripts/owner_upload_interference_probe.py --smoke \
     --sessions 2 --seconds 3 --cycles 1 \
     --server-bin target/debug/nokv-server --cli-bin target/debug/nokv \
     --out "$work/out" 2>&1 | tee "$log"
@@ -27,10 +28,10 @@ fail() {
     exit 1
 }
 case "$rc" in
-    0|1) ;;
-    *) fail "the probe crashed or was interrupted" ;;
+    0) ;;
+    *) fail "the probe crashed, was interrupted or judged its verdict" ;;
 esac
-grep -q '^verdict: ' "$log" || fail "no 'verdict:' line printed"
+grep -q '^verdict: (not judged: smoke run' "$log" || fail "no 'verdict: (not judged ...' line printed"
 [ -s "$work/out/report.json" ] || fail "no report.json written"
 python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/out/report.json" \
     || fail "report.json is not valid JSON"
@@ -76,14 +77,14 @@ PY
 # Open loop: sessions at a fixed rate beside an uploader, with the uploader-alone window first;
 # the report carries the alone window, the p99 and share lines, and the sessions kept to their
 # rate (a closed loop runs hundreds of ops/s here).
-python3 scripts/owner_upload_interference_probe.py --open-loop \
+python3 scripts/owner_upload_interference_probe.py --smoke --open-loop \
     --sessions 2 --session-rate 20 --upload-mib 8 --seconds 3 --cycles 1 \
     --server-bin target/debug/nokv-server --cli-bin target/debug/nokv \
     --out "$work/open" > "$work/open.log" 2>&1
 rc=$?
 case "$rc" in
-    0|1) ;;
-    *) fail "the --open-loop run crashed ($(tail -3 "$work/open.log"))" ;;
+    0) ;;
+    *) fail "the --open-loop run crashed or judged its verdict ($(tail -3 "$work/open.log"))" ;;
 esac
 grep -q '^unpaced uploader vs alone: ' "$work/open.log" \
     || fail "the --open-loop run printed no uploader-vs-alone line"
@@ -100,5 +101,5 @@ sys.exit(0 if ok else 1)
 PY
 open_verdict=$(grep '^verdict: ' "$work/open.log")
 
-echo "probe_smoke: ok (verdicts not judged: $verdict; open loop $open_verdict; control run ok)"
+echo "probe_smoke: ok (the smoke judges no verdict: $verdict; open loop $open_verdict; control run ok)"
 rm -rf "$work"

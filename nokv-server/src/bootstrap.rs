@@ -128,8 +128,17 @@ pub fn write_client_config(data_dir: &Path, endpoint: &str, m: &Material) -> Res
     canonical(&path)
 }
 
-/// The body of a `client.toml`: endpoint, CA file and admin token.
+/// The body of a `client.toml`: endpoint, CA file and admin token (no `token` line when the
+/// node has no admin token: a cluster node started from a directory without `admin.token`).
 pub fn client_toml(endpoint: &str, ca_path: &Path, admin_token: &str) -> String {
+    if admin_token.is_empty() {
+        return format!(
+            "# Written by nokv-server; points the nokv CLI at nokv. This node has no admin \
+             token:\n# give one with --token, NOKV_TOKEN or a `token = ...` line.\n\
+             endpoint = {endpoint:?}\nca = {:?}\n",
+            ca_path.display().to_string(),
+        );
+    }
     format!(
         "# Written by nokv-server; points the nokv CLI at nokv with the admin token.\n\
          endpoint = {endpoint:?}\nca = {:?}\ntoken = {admin_token:?}\n",

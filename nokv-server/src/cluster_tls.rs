@@ -201,7 +201,9 @@ fn checked_etcd_hosts(hosts: &[String]) -> Result<Vec<String>> {
 
 /// Loads what a node serves with from the cluster directory `dir`: the CA, the certificate of
 /// the first of `candidates` (host names: the advertised host, then the node id) that has one,
-/// the token secret and the admin token. Writes nothing.
+/// the token secret and, when the directory has one, the admin token (nodes do not need it:
+/// a deployment may mount only the CA, the token secret and the node's own key, keeping the
+/// admin token for operators; the node's `client.toml` then holds no token). Writes nothing.
 pub fn load(dir: &Path, candidates: &[&str]) -> Result<Material> {
     let secret_path = dir.join(SECRET_FILE);
     let secret = read_opt(&secret_path)?.ok_or_else(|| {
@@ -212,16 +214,17 @@ pub fn load(dir: &Path, candidates: &[&str]) -> Result<Material> {
     })?;
     let signer = pki::parse_secret(&secret_path, &secret)?;
     let admin_path = dir.join(ADMIN_TOKEN_FILE);
-    let admin_token = read_opt(&admin_path)?
-        .map(|t| t.trim().to_string())
-        .filter(|t| signer.verify(t).is_ok())
-        .ok_or_else(|| {
-            BootstrapError::Invalid(format!(
-                "--tls-dir {}: {} is missing or not signed by {SECRET_FILE}",
+    let admin_token = match read_opt(&admin_path)?.map(|t| t.trim().to_string()) {
+        None => String::new(),
+        Some(t) if signer.verify(&t).is_ok() => t,
+        Some(_) => {
+            return Err(BootstrapError::Invalid(format!(
+                "--tls-dir {}: {} is not signed by {SECRET_FILE}",
                 dir.display(),
                 admin_path.display()
-            ))
-        })?;
+            )));
+        }
+    };
     let ca_path = dir.join("ca.pem");
     if !ca_path.is_file() {
         return Err(BootstrapError::Invalid(format!(
@@ -422,6 +425,15 @@ mod tests {
         assert_ne!(a.cert_pem, b.cert_pem);
         assert_eq!(a.ca_path, b.ca_path);
         assert!(b.signer.verify(&a.admin_token).is_ok());
+        // A node directory without the admin token (what a pod mounts) still loads.
+        fs::remove_file(c.join("admin.token")).unwrap();
+        assert_eq!(load(&c, &["b.example"]).unwrap().admin_token, "");
+        fs::write(c.join("admin.token"), "nokv1.forged.00").unwrap();
+        assert!(
+            load(&c, &["b.example"]).is_err(),
+            "an unsigned admin token is refused"
+        );
+        fs::remove_file(c.join("admin.token")).unwrap();
         let Err(e) = load(&c, &["c.example"]) else {
             panic!("a host without a certificate loaded one")
         };

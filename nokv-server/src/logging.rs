@@ -33,10 +33,13 @@
 //! or `println!` outside start-up and the offline commands). The committer itself also
 //! survives what a session does (see [`crate::shard::gate`]).
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::time::{self, FormatTime};
+use tracing_subscriber::fmt::{FmtContext, FormattedFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
 
 /// Log lines lost because the sink refused them (disk full, closed pipe), since start.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -76,22 +79,136 @@ impl<'a, F: Fn() -> W + 'static, W: Write + 'a> MakeWriter<'a> for LossyWriter<F
     }
 }
 
+/// How each log line is written: `--log-format` (TOML `log_format`, `NOKV_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// tracing's human-readable lines; coloured only when stderr is a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `fields`, `spans`), for log
+    /// shippers; never coloured.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<LogFormat, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("log_format {other:?}: expected text or json")),
+        }
+    }
+}
+
 /// The daemon's subscriber: `filter` (an `EnvFilter` directive, `info` if it does not parse)
-/// written to stderr through [`Lossy`], with tracing's own error reports off.
-pub fn subscriber(filter: &str) -> impl tracing::Subscriber + Send + Sync {
-    tracing_subscriber::fmt()
+/// written to stderr through [`Lossy`] in `format`, with tracing's own error reports off.
+/// Text is coloured only when stderr is a terminal: journald, `docker logs` and a log file get
+/// no ANSI escape codes.
+pub fn subscriber(filter: &str, format: LogFormat) -> Box<dyn tracing::Subscriber + Send + Sync> {
+    subscriber_to(filter, format, std::io::stderr().is_terminal(), io::stderr)
+}
+
+fn subscriber_to<W: Write + 'static>(
+    filter: &str,
+    format: LogFormat,
+    terminal: bool,
+    sink: fn() -> W,
+) -> Box<dyn tracing::Subscriber + Send + Sync> {
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(filter)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(LossyWriter(io::stderr))
-        .log_internal_errors(false)
-        .finish()
+        .with_writer(LossyWriter(sink))
+        .log_internal_errors(false);
+    match format {
+        LogFormat::Text => Box::new(builder.with_ansi(terminal).finish()),
+        LogFormat::Json => Box::new(builder.with_ansi(false).event_format(JsonLines).finish()),
+    }
 }
 
 /// Installs [`subscriber`] as the process's default.
-pub fn init(filter: &str) {
-    let _ = tracing::subscriber::set_global_default(subscriber(filter));
+pub fn init(filter: &str, format: LogFormat) {
+    let _ = tracing::subscriber::set_global_default(subscriber(filter, format));
+}
+
+/// `--log-format json`: one JSON object per event, built with serde_json (already a
+/// dependency; tracing-subscriber's `json` feature would add tracing-serde for the same).
+/// `{"timestamp": RFC 3339 UTC, "level", "target", "fields": {"message", ...}, "spans":
+/// [{"name", "fields"}]}` (`spans` outermost first, each span's fields as text).
+struct JsonLines;
+
+impl<S, N> FormatEvent<S, N> for JsonLines
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let mut timestamp = String::new();
+        time::SystemTime.format_time(&mut format::Writer::new(&mut timestamp))?;
+        let meta = event.metadata();
+        let mut fields = JsonFields(serde_json::Map::new());
+        event.record(&mut fields);
+        let mut spans = Vec::new();
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let ext = span.extensions();
+                let text = ext
+                    .get::<FormattedFields<N>>()
+                    .map_or("", |f| f.fields.as_str());
+                spans.push(serde_json::json!({"name": span.name(), "fields": text}));
+            }
+        }
+        let mut line = serde_json::json!({
+            "timestamp": timestamp,
+            "level": meta.level().as_str(),
+            "target": meta.target(),
+            "fields": fields.0,
+        });
+        if !spans.is_empty() {
+            line["spans"] = serde_json::Value::Array(spans);
+        }
+        writeln!(writer, "{line}")
+    }
+}
+
+/// An event's fields as JSON values (numbers and booleans as such, the rest as text).
+struct JsonFields(serde_json::Map<String, serde_json::Value>);
+
+impl tracing::field::Visit for JsonFields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_error(
+        &mut self,
+        field: &tracing::field::Field,
+        value: &(dyn std::error::Error + 'static),
+    ) {
+        self.0.insert(field.name().into(), value.to_string().into());
+    }
 }
 
 #[cfg(test)]
@@ -103,6 +220,69 @@ mod tests {
     use crate::meta::MetaStore;
     use crate::shard::fence::Fence;
     use crate::shard::gate::Gate;
+
+    /// Every line the subscriber under test wrote (one buffer per test).
+    fn captured(
+        format: LogFormat,
+        terminal: bool,
+        buffer: &'static std::sync::Mutex<Vec<u8>>,
+        sink: fn() -> Captured,
+    ) -> String {
+        let subscriber = subscriber_to("info", format, terminal, sink);
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("shard", id = 3);
+            let _in = span.enter();
+            tracing::warn!(error = "disk full", attempts = 2u64, "commit failed");
+            tracing::info!(ok = true, "recovered");
+        });
+        String::from_utf8(buffer.lock().unwrap().clone()).unwrap()
+    }
+
+    struct Captured(&'static std::sync::Mutex<Vec<u8>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    // Catches: `with_ansi` left at tracing's default (on), which colours journald and files.
+    #[test]
+    fn text_lines_carry_ansi_colour_codes_only_when_stderr_is_a_terminal() {
+        static PLAIN: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+        static COLOURED: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+        let plain = captured(LogFormat::Text, false, &PLAIN, || Captured(&PLAIN));
+        assert!(plain.contains("commit failed"), "{plain}");
+        assert!(!plain.contains('\x1b'), "{plain:?}");
+        let coloured = captured(LogFormat::Text, true, &COLOURED, || Captured(&COLOURED));
+        assert!(coloured.contains("\x1b["), "{coloured:?}");
+    }
+
+    #[test]
+    fn json_lines_are_one_object_each_with_level_target_fields_and_spans() {
+        static JSON: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+        let text = captured(LogFormat::Json, true, &JSON, || Captured(&JSON));
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(!text.contains('\x1b'), "{text:?}");
+        let warn = &lines[0];
+        assert_eq!(warn["level"], "WARN");
+        assert_eq!(warn["target"], module_path!());
+        assert_eq!(warn["fields"]["message"], "commit failed");
+        assert_eq!(warn["fields"]["error"], "disk full");
+        assert_eq!(warn["fields"]["attempts"], 2);
+        assert_eq!(warn["spans"][0]["name"], "shard");
+        assert_eq!(warn["spans"][0]["fields"], "id=3");
+        assert!(warn["timestamp"].as_str().unwrap().ends_with('Z'), "{warn}");
+        assert_eq!(lines[1]["fields"]["ok"], true);
+    }
 
     /// A sink whose every write fails the way a full disk does.
     struct Full;
@@ -170,7 +350,7 @@ mod tests {
 
     /// The child's side: everything it reports goes to stdout (stderr is full).
     fn the_committer_survives_a_full_disk_under_the_daemons_subscriber() {
-        init("info");
+        init("info", LogFormat::Text);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

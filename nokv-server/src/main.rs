@@ -103,7 +103,54 @@ fn main() -> ExitCode {
             accept_loss,
             json,
         }) => recover(&data_dir, accept_loss, json),
+        Some(Command::Probe {
+            endpoint,
+            server_name,
+            ca,
+            answering,
+            timeout,
+        }) => probe(&endpoint, server_name, &ca, answering, &timeout),
         None => serve(cli.serve),
+    }
+}
+
+/// `nokv-server probe`: one gRPC health check over TLS; exit 0 when it passed.
+fn probe(
+    endpoint: &str,
+    server_name: Option<String>,
+    ca: &std::path::Path,
+    answering: bool,
+    timeout: &str,
+) -> ExitCode {
+    let Ok(timeout) = parse_duration(timeout) else {
+        eprintln!("nokv-server probe: --timeout {timeout:?}: expected e.g. 5s or 500ms");
+        return ExitCode::from(2);
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let checked = runtime.block_on(async {
+        tokio::time::timeout(
+            timeout,
+            server::health_status(endpoint.to_string(), server_name, ca.to_path_buf()),
+        )
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")))
+    });
+    match checked {
+        Ok(status) if status == "SERVING" || answering => {
+            println!("{endpoint}: {status}");
+            ExitCode::SUCCESS
+        }
+        Ok(status) => {
+            eprintln!("nokv-server probe: {endpoint}: {status}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("nokv-server probe: {endpoint}: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -172,7 +219,7 @@ fn serve(args: nokv_server::config::ServeArgs) -> ExitCode {
     };
     // A log line that cannot be written is dropped: never a panic on the thread that logged
     // it (see `nokv_server::logging` for the full-disk failure this prevents).
-    nokv_server::logging::init(&settings.log);
+    nokv_server::logging::init(&settings.log, settings.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.worker_threads)
         .enable_all()

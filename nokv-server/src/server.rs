@@ -426,32 +426,48 @@ fn provider_identity(provider: &ProviderConfig) -> String {
 
 /// Proves the freshly started daemon answers over TLS the way a client will reach it: one
 /// standard health check through the advertised endpoint, trusting only the data dir's CA.
-async fn self_check(endpoint: String, ca: std::path::PathBuf) {
+/// One gRPC health check of the whole server at `endpoint` over TLS, trusting `ca`: the status
+/// name it answered (`SERVING`, `NOT_SERVING`, ...), or why there was no answer. Used by the
+/// start-up self-check and by `nokv-server probe`.
+/// `server_name`, when given, is the name the certificate must have instead of the endpoint's
+/// host.
+pub async fn health_status(
+    endpoint: String,
+    server_name: Option<String>,
+    ca: std::path::PathBuf,
+) -> Result<String, String> {
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-    let started = std::time::Instant::now();
-    let result = async {
-        let pem = std::fs::read(&ca).map_err(|e| e.to_string())?;
-        let channel = Endpoint::from_shared(endpoint.clone())
-            .map_err(|e| e.to_string())?
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
-            .map_err(|e| e.to_string())?
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
-        let resp = HealthClient::new(channel)
-            .check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .map_err(|e| e.message().to_string())?;
-        Ok::<_, String>(resp.into_inner().status)
+    let pem = std::fs::read(&ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
+    if let Some(name) = server_name {
+        tls = tls.domain_name(name);
     }
-    .await;
+    let channel = Endpoint::from_shared(endpoint)
+        .map_err(|e| e.to_string())?
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let resp = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .map_err(|e| e.message().to_string())?;
+    let status = resp.into_inner().status;
+    Ok(
+        tonic_health::pb::health_check_response::ServingStatus::try_from(status)
+            .map_or_else(|_| status.to_string(), |s| s.as_str_name().to_string()),
+    )
+}
+
+async fn self_check(endpoint: String, ca: std::path::PathBuf) {
+    let started = std::time::Instant::now();
+    let result = health_status(endpoint, None, ca).await;
     match result {
-        Ok(status)
-            if status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 =>
-        {
+        Ok(status) if status == "SERVING" => {
             println!(
                 "  self-check: TLS health check answered SERVING in {:.1} ms",
                 started.elapsed().as_secs_f64() * 1000.0

@@ -560,6 +560,19 @@ class CliTest(unittest.TestCase):
         self.assertEqual((a.session_rate, a.upload_mib, a.ratio), (None, 16, 1.2),
                          "closed loop stays the default, so old runs compare")
 
+    def test_a_smoke_run_prints_its_verdict_as_not_judged_on_the_verdict_line(self):
+        self.assertFalse(probe.build_parser().parse_args([]).smoke)
+        self.assertTrue(probe.build_parser().parse_args(["--smoke"]).smoke)
+        failed = probe.judge({"idle": cond(1.0, 10.0, upload_bytes=0),
+                              "unpaced": cond(2.0, 10.0, upload_bytes=MIB)})
+        self.assertFalse(failed.qualified)
+        line = probe.verdict_line(failed.as_dict(), smoke=True)
+        self.assertTrue(line.startswith("verdict: (not judged: smoke run"), line)
+        self.assertIn("measured NOT QUALIFIED (", line)
+        judged = probe.verdict_line(failed.as_dict(), smoke=False)
+        self.assertTrue(judged.startswith("verdict: NOT QUALIFIED ("), judged)
+        self.assertNotIn("not judged", judged)
+
     def test_open_loop_preset_is_the_agents_regime_and_explicit_flags_win(self):
         a = probe.build_parser().parse_args(["--open-loop"])
         probe.apply_presets(a)
@@ -609,6 +622,14 @@ def known_timeline():
                for i in range(16)]
     return [{"label": "candidate", "windows": windows,
              "timeline": [{"cycle": 0, "t0": 100.0, "buckets": buckets}]}]
+
+
+def timeline_with_latency(label, ops, stat_ms, put_ms):
+    """known_timeline()'s shape with `ops` session ops per 1 s bucket and constant p50s."""
+    (t,) = known_timeline()
+    for b in t["timeline"][0]["buckets"]:
+        b.update(ops=ops, stat_p50_ms=stat_ms, put_p50_ms=put_ms)
+    return dict(t, label=label)
 
 
 class PngWriterTest(unittest.TestCase):
@@ -688,6 +709,58 @@ class TimelinePictureTest(unittest.TestCase):
                    for x in range(probe.PLOT_LEFT, probe.PLOT_RIGHT)}
         self.assertNotIn(probe.STAT_COLOUR, colours)
         self.assertNotIn(probe.PUT_COLOUR, colours)
+
+    def test_every_panel_shares_one_ops_per_second_scale(self):
+        _, plots = probe.render_timeline([timeline_with_latency("candidate", 300, 0.3, 20),
+                                          timeline_with_latency("baseline", 40, 0.3, 20)])
+        self.assertEqual([p.ops_max for p in plots], [500, 500])
+        self.assertEqual(plots[0].y_ops(40) - plots[0].top, plots[1].y_ops(40) - plots[1].top)
+        self.assertEqual([p.upload_max for p in plots], [50, 50])
+
+    def test_a_sub_millisecond_stat_p50_stands_clear_of_the_axis_beside_a_slow_put(self):
+        # Linear from 0 to 50 ms, 0.2 ms was one pixel above the axis, hidden under it.
+        raster, (plot,) = probe.render_timeline([timeline_with_latency("c", 10, 0.2, 40)])
+        self.assertEqual((plot.latency_min, plot.latency_max), (0.1, 100))
+        height = probe.PLOT_BOTTOM - probe.PLOT_TOP
+        stat_y, put_y = plot.y_latency(0.2), plot.y_latency(40)
+        self.assertGreater(plot.top + probe.PLOT_BOTTOM - stat_y, height // 10)
+        self.assertGreater(stat_y - put_y, height // 2)
+        self.assertEqual(raster.get(plot.x(6.0), stat_y), probe.STAT_COLOUR)
+        self.assertEqual(raster.get(plot.x(6.0), put_y), probe.PUT_COLOUR)
+
+    def test_the_axes_have_titles_with_units_and_tick_marks(self):
+        raster, (plot,) = probe.render_timeline([timeline_with_latency("c", 10, 0.2, 40)])
+
+        def inked(x0, x1, y0, y1, colour=probe.TEXT_COLOUR):
+            return any(raster.get(x, y) == colour for x in range(x0, x1) for y in range(y0, y1))
+
+        self.assertIn("ms", probe.LATENCY_AXIS_TITLE)
+        self.assertIn("(s)", probe.TIME_AXIS_TITLE)
+        self.assertEqual((probe.OPS_UNIT, probe.UPLOAD_UNIT), ("ops/s", "MiB/s"))
+        y_top, y_bottom = plot.top + probe.PLOT_TOP, plot.top + probe.PLOT_BOTTOM
+        title_y = y_top - probe.GLYPH_HEIGHT - 4
+        # Left title above the latency axis; time title right of the x axis' labels; the
+        # rate scale's top labelled with its units in the series' colours.
+        width = len(probe.LATENCY_AXIS_TITLE) * probe.GLYPH_ADVANCE
+        self.assertLessEqual(4 + width, probe.PLOT_LEFT)
+        self.assertTrue(inked(4, 4 + width, title_y, title_y + probe.GLYPH_HEIGHT))
+        self.assertTrue(inked(probe.PLOT_RIGHT + 2, probe.PNG_WIDTH, y_bottom + 6,
+                              y_bottom + 6 + probe.GLYPH_HEIGHT))
+        self.assertTrue(inked(probe.PLOT_RIGHT + 8, probe.PNG_WIDTH, y_top,
+                              y_top + probe.GLYPH_HEIGHT, probe.OPS_COLOUR))
+        self.assertTrue(inked(probe.PLOT_RIGHT + 8, probe.PNG_WIDTH,
+                              y_top + probe.GLYPH_HEIGHT + 4, y_top + 2 * probe.GLYPH_HEIGHT + 4,
+                              probe.UPLOAD_COLOUR))
+        # Tick marks: every latency decade (0.1, 1, 10, 100) out of the left axis, with 2x and
+        # 5x between; quarters of the rate scale out of the right one.
+        ticks = probe.latency_ticks(plot)
+        self.assertEqual([label for _, label in ticks if label], ["0.1", "1", "10", "100"])
+        self.assertEqual(len(ticks), 4 + 3 * 2)
+        for y, label in ticks:
+            self.assertEqual(raster.get(probe.PLOT_LEFT - 3, y), probe.AXIS_COLOUR, label)
+        for k in range(5):
+            y = plot.y_ops(plot.ops_max * k / 4)
+            self.assertEqual(raster.get(probe.PLOT_RIGHT + 4, y), probe.AXIS_COLOUR, k)
 
     def test_no_timeline_still_writes_a_valid_png(self):
         raster, plots = probe.render_timeline([])

@@ -461,6 +461,10 @@ fn every_flag_used_in_deploy_files_exists_in_the_help_of_the_command_it_is_passe
         "nokv-server cluster init --dir",
         "nokv-server cluster init --host",
         "nokv --endpoint",
+        // The probes of the StatefulSet and the compose healthchecks.
+        "nokv-server probe --ca",
+        "nokv-server probe --server-name",
+        "nokv-server probe --answering",
     ] {
         assert!(
             used.contains(expected),
@@ -499,6 +503,8 @@ fn every_nokv_environment_variable_in_deploy_files_is_one_the_binaries_read() {
     let mut helps = Helps::default();
     let mut known = helps.get("nokv-server", &[]).env.clone();
     known.extend(helps.get("nokv", &[]).env.clone());
+    // Read when the binaries are built, not when they run (nokv_build_info's commit).
+    known.insert("NOKV_COMMIT".to_string());
     assert!(known.contains("NOKV_ETCD") && known.contains("NOKV_ENDPOINT"));
     let mut used = BTreeSet::new();
     let mut bad = Vec::new();
@@ -780,4 +786,368 @@ fn every_deploy_cluster_node_reaches_etcd_over_https_with_a_ca_and_a_client_cert
     assert!(cluster.etcd.iter().all(|u| u.starts_with("https://")));
     let access = &cluster.etcd_access;
     assert!(access.ca.is_some() && access.cert.is_some() && access.key.is_some());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 47, section 4: metrics on everywhere, Kubernetes probes and resources, no admin token in
+// node pods.
+
+fn read(name: &str) -> String {
+    std::fs::read_to_string(deploy_dir().join(name))
+        .unwrap_or_else(|e| panic!("deploy/{name}: {e}"))
+}
+
+/// The lines of `text` that are not comments (YAML, TOML, shell, Dockerfile).
+fn uncommented(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect()
+}
+
+/// Mutation: drop `metrics_listen` from a TOML file, `--metrics-listen` from one compose node,
+/// `NOKV_METRICS_LISTEN` from the ConfigMap or the Dockerfile, or the unit's `--config`.
+#[test]
+fn every_deploy_file_that_starts_a_node_turns_metrics_on() {
+    // The TOML files, as the server loads them (the systemd unit reads cluster-node.toml).
+    for (name, text) in toml_files() {
+        let args: nokv_server::config::ServeArgs = toml::from_str(&text).unwrap();
+        let settings = args.resolve().unwrap();
+        assert!(
+            settings.metrics_listen.is_some(),
+            "deploy/{name}: no metrics_listen"
+        );
+    }
+    let unit = read("nokv-server.service");
+    let exec = unit
+        .lines()
+        .find(|l| l.starts_with("ExecStart="))
+        .expect("an ExecStart");
+    let config = exec
+        .split_whitespace()
+        .skip_while(|w| *w != "--config")
+        .nth(1)
+        .expect("the unit starts the node with --config");
+    let config = config.rsplit('/').next().unwrap();
+    assert!(
+        toml_files().iter().any(|(n, _)| n == config),
+        "the unit's {config} is not a deploy/ TOML file (checked above)"
+    );
+    // Every compose node passes the flag and exposes the port.
+    let compose = read("docker-compose.yml");
+    let nodes: Vec<Invocation> = yaml_invocations("docker-compose.yml", &compose)
+        .into_iter()
+        .filter(|i| !values(&i.args, "--etcd").is_empty())
+        .collect();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    for node in &nodes {
+        assert_eq!(
+            values(&node.args, "--metrics-listen"),
+            ["0.0.0.0:9464"],
+            "{}",
+            node.at
+        );
+    }
+    assert_eq!(
+        compose.matches("expose: [\"9464\"]").count(),
+        3,
+        "every compose node exposes 9464"
+    );
+    // Kubernetes: the ConfigMap turns it on, the pods name the port, the Service exposes it,
+    // and Prometheus is told to scrape it (annotations; a ServiceMonitor for the operator).
+    let configmap = read("k8s/configmap.yaml");
+    assert!(
+        configmap.contains("NOKV_METRICS_LISTEN: \"0.0.0.0:9464\""),
+        "{configmap}"
+    );
+    let statefulset = read("k8s/statefulset.yaml");
+    for needle in [
+        "- name: metrics\n              containerPort: 9464",
+        "prometheus.io/scrape: \"true\"",
+        "prometheus.io/port: \"9464\"",
+    ] {
+        assert!(
+            statefulset.contains(needle),
+            "statefulset.yaml: no {needle}"
+        );
+    }
+    let service = read("k8s/service.yaml");
+    assert!(
+        service.contains("- name: metrics\n      port: 9464\n      targetPort: metrics"),
+        "{service}"
+    );
+    let monitor = read("k8s/monitoring/servicemonitor.yaml");
+    assert!(
+        monitor.contains("kind: ServiceMonitor") && monitor.contains("- port: metrics"),
+        "{monitor}"
+    );
+    // The image: on by default, port declared.
+    let dockerfile = read("Dockerfile");
+    assert!(dockerfile.contains("NOKV_METRICS_LISTEN=0.0.0.0:9464"));
+    assert!(
+        uncommented(&dockerfile)
+            .iter()
+            .any(|l| l.starts_with("EXPOSE") && l.contains("9464")),
+        "the Dockerfile exposes 9464"
+    );
+}
+
+/// The `key:` block that starts at the line `key:` (indent included) in `text`, up to the next
+/// line indented as little.
+fn yaml_block<'a>(text: &'a str, key: &str) -> Option<Vec<&'a str>> {
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start() == format!("{key}:"))?;
+    let k = indent(lines[at]);
+    Some(
+        lines[at + 1..]
+            .iter()
+            .take_while(|l| l.trim().is_empty() || indent(l) > k)
+            .copied()
+            .collect(),
+    )
+}
+
+/// Mutation: go back to the `tcpSocket` readiness check, drop the liveness probe, drop
+/// `--answering` from it (a full disk would restart the pod), or drop a limit.
+#[test]
+fn the_statefulset_probes_grpc_health_over_tls_and_sets_resource_requests_and_limits() {
+    let statefulset = read("k8s/statefulset.yaml");
+    let probe_command = |probe: &str| -> String {
+        let block = yaml_block(&statefulset, probe).unwrap_or_else(|| panic!("no {probe}"));
+        let line = block
+            .iter()
+            .find(|l| l.trim_start().starts_with("command:"))
+            .unwrap_or_else(|| panic!("{probe} is not an exec probe: {block:?}"));
+        line.to_string()
+    };
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let command = probe_command(probe);
+        assert!(
+            command.contains("nokv-server probe") && command.contains("--ca /cluster/ca.pem"),
+            "{probe}: {command}"
+        );
+        // Checked under the advertised name, the one the certificate has.
+        assert!(
+            command.contains("--server-name $POD_NAME.nokv.$POD_NAMESPACE.svc.cluster.local"),
+            "{probe}: {command}"
+        );
+    }
+    assert!(!probe_command("readinessProbe").contains("--answering"));
+    assert!(probe_command("livenessProbe").contains("--answering"));
+    assert!(!statefulset.contains("tcpSocket"));
+    let resources = yaml_block(&statefulset, "resources").expect("resources");
+    let resources = resources.join("\n");
+    for (part, keys) in [
+        ("requests", ["cpu", "memory"]),
+        ("limits", ["cpu", "memory"]),
+    ] {
+        let block = yaml_block(&resources, part)
+            .unwrap_or_else(|| panic!("no resources.{part}: {resources}"));
+        for key in keys {
+            assert!(
+                block
+                    .iter()
+                    .any(|l| l.trim_start().starts_with(&format!("{key}:"))),
+                "no resources.{part}.{key}"
+            );
+        }
+    }
+}
+
+/// Mutation: put `admin.token` back into the init container's copy, or into the README's
+/// `nokv-cluster` Secret.
+#[test]
+fn no_node_pod_gets_the_admin_token_and_operators_get_it_from_a_secret_of_its_own() {
+    let statefulset = read("k8s/statefulset.yaml");
+    let bad: Vec<&str> = uncommented(&statefulset)
+        .into_iter()
+        .filter(|l| l.contains("admin"))
+        .collect();
+    assert!(bad.is_empty(), "statefulset.yaml: {bad:?}");
+    // The README's commands: the Secret every pod mounts holds no admin token; the operators'
+    // Secret holds only that.
+    let readme = read("README.md");
+    let commands = shell_logical_lines(&readme);
+    let cluster_secret = commands
+        .iter()
+        .find(|c| c.contains("create secret generic nokv-cluster"))
+        .expect("the README creates the nokv-cluster Secret");
+    assert!(
+        cluster_secret.contains("ca.pem") && cluster_secret.contains("cluster.secret"),
+        "{cluster_secret}"
+    );
+    assert!(!cluster_secret.contains("admin"), "{cluster_secret}");
+    let admin_secret = commands
+        .iter()
+        .find(|c| c.contains("admin.token"))
+        .expect("the README puts the admin token somewhere");
+    assert!(
+        admin_secret.contains("create secret generic nokv-admin"),
+        "{admin_secret}"
+    );
+    assert!(
+        !statefulset.contains("nokv-admin"),
+        "no pod mounts the admin Secret"
+    );
+}
+
+/// The README's code lines joined on trailing `\`.
+fn shell_logical_lines(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = String::new();
+    for (_, line) in code_lines("README.md", text) {
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
+        pending.push(' ');
+        pending.push_str(&line);
+        match pending.trim_end().strip_suffix('\\') {
+            Some(head) => pending = head.to_string(),
+            None => out.push(std::mem::take(&mut pending)),
+        }
+    }
+    out
+}
+
+#[test]
+fn the_readme_says_a_bare_docker_run_needs_advertise_for_its_certificate() {
+    let readme = read("README.md");
+    let run = shell_logical_lines(&readme)
+        .into_iter()
+        .find(|l| l.contains("docker run -"))
+        .expect("a docker run example");
+    assert!(run.contains("--advertise "), "{run}");
+    assert!(
+        readme.contains("names `localhost`") && readme.contains("`--advertise` host"),
+        "the README explains why"
+    );
+}
+
+/// `nokv-server probe`, as the StatefulSet and compose run it, against a real daemon.
+#[test]
+fn the_probe_passes_on_a_serving_daemon_and_fails_under_a_wrong_name_or_once_it_stopped() {
+    let d = nokv_tests::Daemon::start(&[]);
+    // A copy: the daemon's data dir goes with it.
+    let kept = tempfile::tempdir().unwrap();
+    let ca = kept.path().join("ca.pem");
+    std::fs::copy(d.ca_path(), &ca).unwrap();
+    let probe = |extra: &[&str]| {
+        Command::new(bin("nokv-server"))
+            .arg("probe")
+            .arg("--ca")
+            .arg(&ca)
+            .args(["--endpoint", &d.endpoint()])
+            .args(extra)
+            .output()
+            .expect("run nokv-server probe")
+    };
+    let ok = probe(&[]);
+    assert!(ok.status.success(), "{ok:?}");
+    assert!(
+        String::from_utf8_lossy(&ok.stdout).contains("SERVING"),
+        "{ok:?}"
+    );
+    // Dialled by address, checked under a name the development certificate has.
+    let named = probe(&["--server-name", "localhost"]);
+    assert!(named.status.success(), "{named:?}");
+    let wrong = probe(&["--server-name", "not-this-node.example"]);
+    assert_eq!(wrong.status.code(), Some(1), "{wrong:?}");
+    let endpoint = d.endpoint();
+    assert!(d.terminate().success());
+    let stopped = Command::new(bin("nokv-server"))
+        .args(["probe", "--answering", "--endpoint", &endpoint, "--ca"])
+        .arg(&ca)
+        .output()
+        .unwrap();
+    assert_eq!(stopped.status.code(), Some(1), "{stopped:?}");
+    let said = String::from_utf8_lossy(&stopped.stderr);
+    assert!(
+        said.contains(&endpoint) && !said.contains("ca.pem"),
+        "{said}"
+    );
+}
+
+/// The StatefulSet's init-container script, run as shipped (its `/cluster-secret` and
+/// `/cluster` moved under `root`): from a flat Secret holding what the README puts in
+/// `nokv-cluster` (no admin token), it must lay out a `--tls-dir` a node serves from — and the
+/// probe the pod runs must pass against it.
+#[test]
+fn the_init_container_lays_out_a_tls_dir_without_the_admin_token_that_a_node_serves_from() {
+    let statefulset = read("k8s/statefulset.yaml");
+    let lines: Vec<&str> = statefulset.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim() == "- |")
+        .expect("the init container's script");
+    let script: String = lines[at + 1..]
+        .iter()
+        .take_while(|l| l.trim().is_empty() || indent(l) > indent(lines[at]))
+        .map(|l| format!("{}\n", l.trim()))
+        .collect();
+    let root = tempfile::tempdir().unwrap();
+    let (secret, tls) = (root.path().join("secret"), root.path().join("cluster"));
+    // Absolute paths only: `/cluster` after a blank or a quote (not in `/cluster.secret`).
+    let mut script = script;
+    for quote in [" ", "\""] {
+        script = script
+            .replace(
+                &format!("{quote}/cluster-secret"),
+                &format!("{quote}{}", secret.display()),
+            )
+            .replace(
+                &format!("{quote}/cluster"),
+                &format!("{quote}{}", tls.display()),
+            );
+    }
+    // `cluster init`, then the Secret as the README creates it: ca.pem, cluster.secret and
+    // every file of nodes/, flat.
+    let host = "nokv-0.nokv.ns.svc.cluster.local";
+    let made = root.path().join("made");
+    let init = Command::new(bin("nokv-server"))
+        .args([
+            "cluster",
+            "init",
+            "--dir",
+            made.to_str().unwrap(),
+            "--host",
+            host,
+        ])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    std::fs::create_dir(&secret).unwrap();
+    for file in ["ca.pem", "cluster.secret"] {
+        std::fs::copy(made.join(file), secret.join(file)).unwrap();
+    }
+    for entry in std::fs::read_dir(made.join("nodes")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), secret.join(entry.file_name())).unwrap();
+    }
+    let laid_out = Command::new("sh")
+        .args(["-c", &script])
+        .env("POD_NAME", "nokv-0")
+        .env("POD_NAMESPACE", "ns")
+        .output()
+        .unwrap();
+    assert!(laid_out.status.success(), "{laid_out:?}\n{script}");
+    assert!(!tls.join("admin.token").exists());
+
+    // The node chooses its certificate by its id here (no DNS for the advertised name).
+    let d = nokv_tests::Daemon::start(&["--tls-dir", tls.to_str().unwrap(), "--node-id", host]);
+    let client = std::fs::read_to_string(d.data_dir().join("client.toml")).unwrap();
+    assert!(!client.lines().any(|l| l.starts_with("token")), "{client}");
+    let probe = Command::new(bin("nokv-server"))
+        .args([
+            "probe",
+            "--endpoint",
+            &d.endpoint(),
+            "--server-name",
+            host,
+            "--ca",
+        ])
+        .arg(tls.join("ca.pem"))
+        .output()
+        .unwrap();
+    assert!(probe.status.success(), "{probe:?}");
 }

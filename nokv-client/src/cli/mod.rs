@@ -449,6 +449,8 @@ pub fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // No colour codes in a log file, journald or an MCP host's log (`nokv mcp`).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let out = Output { json: cli.json };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -134,6 +134,32 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "writer")]
         durable: crate::rpc_floor::Durable,
     },
+    /// Ask a daemon's gRPC health service over TLS, for container probes (Kubernetes' `grpc:`
+    /// probe speaks plaintext; the daemon's port is TLS-only). Needs no token. Exit 0 when the
+    /// daemon answered SERVING (with --answering: answered at all), 1 otherwise, within
+    /// --timeout.
+    ///
+    /// Example: nokv-server probe --ca /cluster/ca.pem --server-name nokv-0.nokv.ns.svc.cluster.local
+    Probe {
+        /// The daemon's endpoint, https://HOST:PORT.
+        #[arg(long, default_value = "https://127.0.0.1:7878")]
+        endpoint: String,
+        /// The name the daemon's certificate must have, when it is not the endpoint's HOST
+        /// (a pod probing itself on 127.0.0.1 with its advertised name; no DNS involved).
+        #[arg(long)]
+        server_name: Option<String>,
+        /// CA file (PEM) the daemon's certificate is signed by (a cluster's ca.pem, or a data
+        /// dir's dev CA).
+        #[arg(long)]
+        ca: PathBuf,
+        /// Succeed when the daemon answers at all, SERVING or not (a liveness probe: restart
+        /// only a process that no longer answers, not one waiting out a full disk).
+        #[arg(long)]
+        answering: bool,
+        /// Give up after this long, e.g. 5s [default: 5s].
+        #[arg(long, default_value = "5s")]
+        timeout: String,
+    },
     /// Start again from a damaged or missing redo log (`shards/node.redo`) that start-up
     /// refuses. Without --accept-loss it only reports what is wrong and which batches would
     /// be dropped; with it, it keeps the node file's durable state and every log record before

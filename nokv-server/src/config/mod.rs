@@ -66,6 +66,8 @@ pub struct Settings {
     pub provider: ProviderConfig,
     pub prefix: String,
     pub log: String,
+    /// `--log-format`: text or json lines on stderr.
+    pub log_format: crate::logging::LogFormat,
     /// Cluster TLS directory: when set, TLS and token material come from it (read-only)
     /// instead of the data dir's development material.
     pub tls_dir: Option<PathBuf>,
@@ -137,6 +139,10 @@ impl ServeArgs {
             provider,
             prefix: self.s3_prefix.unwrap_or_else(|| "nokv".into()),
             log: self.log.unwrap_or_else(|| "info".into()),
+            log_format: match self.log_format {
+                Some(f) => f.parse().map_err(ConfigError)?,
+                None => crate::logging::LogFormat::Text,
+            },
             tls_dir: self.tls_dir,
             node_id: self.node_id,
             cluster,

@@ -187,6 +187,10 @@ pub struct ServeArgs {
     /// Log filter, e.g. info or nokv_server=debug [default: info].
     #[arg(long, env = "NOKV_LOG")]
     pub log: Option<String>,
+    /// Log line format on stderr: text (coloured only on a terminal) or json (one object per
+    /// line: timestamp, level, target, fields, spans) [default: text].
+    #[arg(long, env = "NOKV_LOG_FORMAT")]
+    pub log_format: Option<String>,
     /// Time between inventory scans of each shard (a paged listing of the provider prefix
     /// that quarantines objects no record accounts for, never deleting them); `off` or `0`
     /// disables periodic scans (`nokv admin inventory start` still runs one) [default: 1h].
@@ -266,6 +270,7 @@ impl ServeArgs {
                 checkpoint_log_bytes,
                 log_segments_in_flight,
                 log,
+                log_format,
                 inventory_interval,
                 inventory_page_size
             );

@@ -73,6 +73,25 @@ fn metrics_are_served_only_when_metrics_listen_is_set_by_flag_or_file_and_never_
 }
 
 #[test]
+fn log_format_is_text_unless_json_is_asked_for_by_flag_or_file_and_anything_else_is_refused() {
+    use crate::logging::LogFormat;
+    assert_eq!(resolve(&[]).unwrap().log_format, LogFormat::Text);
+    assert_eq!(
+        resolve(&["--log-format", "json"]).unwrap().log_format,
+        LogFormat::Json
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "log_format = \"json\"\n").unwrap();
+    let from_file = resolve(&["--config", file.to_str().unwrap()]).unwrap();
+    assert_eq!(from_file.log_format, LogFormat::Json);
+    let flag_wins = resolve(&["--config", file.to_str().unwrap(), "--log-format", "text"]);
+    assert_eq!(flag_wins.unwrap().log_format, LogFormat::Text);
+    let err = resolve(&["--log-format", "xml"]).unwrap_err();
+    assert!(err.0.contains("text or json"), "{}", err.0);
+}
+
+#[test]
 fn async_workers_default_to_one_per_cpu_and_zero_workers_is_refused() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert_eq!(resolve(&[]).unwrap().worker_threads, cpus);
