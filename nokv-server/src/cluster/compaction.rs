@@ -22,8 +22,9 @@
 //!   without a checkpoint, whose record keeps naming the log). The stream's last segment is
 //!   always kept: a fence must collide with the writer's next one.
 //! * Whole streams no record names that can never be named again: a *fenced* stream (its
-//!   writer was deposed and writes under a new incarnation from then on) and this node's own
-//!   *earlier* incarnations. A record stops naming a stream only when a checkpoint replaced
+//!   writer was deposed and writes under a new incarnation from then on) — all but its fence,
+//!   which stays for good: a writer that was paused rather than dead learns it was deposed
+//!   only by colliding with it — and this node's own *earlier* incarnations. A record stops naming a stream only when a checkpoint replaced
 //!   it (by the owner, or by a taker after replaying it), and only a stream's writer ever
 //!   names it, in its current incarnation — so "unnamed now" stays true. Streams of other
 //!   live incarnations are never deleted whole: their writer may name them at its next load.
@@ -215,16 +216,26 @@ impl Cluster {
             let Some(&last) = firsts.last() else {
                 continue;
             };
-            let ours = id.node == me;
-            if ours
-                || stream::is_fence(provider, &id, last)
-                    .await
-                    .map_err(unavailable)?
+            // Our own earlier incarnation: we know we moved on, so all of it goes. Another
+            // node's fenced stream: all but the fence. Its writer may be paused, not dead,
+            // and learns it was deposed only when its next segment collides with the fence;
+            // without it that segment would land and be acknowledged for a shard it no
+            // longer owns. So the fence (one small object per deposed incarnation) stays.
+            let doomed: &[u64] = if id.node == me {
+                &firsts
+            } else if stream::is_fence(provider, &id, last)
+                .await
+                .map_err(unavailable)?
             {
-                deleted += stream::delete_all(provider, &id, &firsts)
+                &firsts[..firsts.len() - 1]
+            } else {
+                &[]
+            };
+            if !doomed.is_empty() {
+                deleted += stream::delete_all(provider, &id, doomed)
                     .await
                     .map_err(unavailable)?;
-                tracing::info!(stream = %id.name(), segments = firsts.len(), "deleted an unneeded log stream");
+                tracing::info!(stream = %id.name(), segments = doomed.len(), "deleted an unneeded log stream");
             }
         }
         Ok(deleted)
