@@ -650,17 +650,26 @@ fn an_owner_paused_past_its_lease_is_fenced_and_resumes_on_a_new_stream_without_
         })
     });
     // The takers fenced its stream: its last segment is a fence (kind byte 2 after the magic).
-    let keys = c
-        .moto()
-        .list_keys(c.bucket(), &format!("nokv/meta/log/{old_stream}/"));
-    let last = keys.last().expect("the paused node's stream has segments");
-    let (status, bytes) = c.moto().s3("GET", &format!("/{}/{last}", c.bucket()), b"");
-    assert_eq!(status, 200);
-    assert_eq!(
-        (&bytes[..8], bytes[8]),
-        (&b"NKVLOGS1"[..], 2),
-        "{last} is not a fence"
-    );
+    // A taker records itself the owner before it loads the shard (fence, replay), so the view
+    // can show the new owner a moment before the fence exists: polled, bounded.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let keys = c
+            .moto()
+            .list_keys(c.bucket(), &format!("nokv/meta/log/{old_stream}/"));
+        let last = keys.last().expect("the paused node's stream has segments");
+        let (status, bytes) = c.moto().s3("GET", &format!("/{}/{last}", c.bucket()), b"");
+        assert_eq!(status, 200);
+        assert_eq!(&bytes[..8], b"NKVLOGS1", "{last} is not a log segment");
+        if bytes[8] == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{last} is not a fence: the takers never fenced the paused node's stream"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
 
     c.resume(victim);
     // It rejoins under a new incarnation (a new stream) and serves none of its old shards at
