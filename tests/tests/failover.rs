@@ -671,6 +671,27 @@ fn an_owner_paused_past_its_lease_is_fenced_and_resumes_on_a_new_stream_without_
         thread::sleep(Duration::from_millis(100));
     }
 
+    // Once no record names the fenced stream, a sweep deletes it — all but the fence, which a
+    // paused writer must still collide with (polled: the sweep runs every 30 passes).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let keys = c
+            .moto()
+            .list_keys(c.bucket(), &format!("nokv/meta/log/{old_stream}/"));
+        assert!(
+            !keys.is_empty(),
+            "the sweep deleted the fenced stream's fence: a resumed writer could write past it"
+        );
+        if keys.len() == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fenced stream was never swept: {keys:?}"
+        );
+        thread::sleep(Duration::from_millis(250));
+    }
+
     c.resume(victim);
     // It rejoins under a new incarnation (a new stream) and serves none of its old shards at
     // their old epochs; polled, nothing signals the rejoin.
