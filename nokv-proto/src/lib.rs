@@ -1,11 +1,13 @@
 //! The `nokv.v1` protobuf package: generated messages, the `Workspace` and `Admin` services,
-//! the file descriptor set that server reflection publishes, and the wire limit both ends
-//! must agree on. Nothing else lives here, so both the server and the client depend on this
-//! crate and never on each other.
+//! the file descriptor set that server reflection publishes, and what both ends must agree
+//! on (the wire limit, the byte-size syntax). Nothing else lives here, so both the server and
+//! the client depend on this crate and never on each other.
 
 /// gRPC message limit of both ends: one 4 MiB block plus generous framing overhead. Defined
 /// here, the bottom of the server and the client, so the two cannot drift apart.
 pub const MAX_MESSAGE: usize = 4 * 1024 * 1024 + 64 * 1024;
+
+pub mod size;
 
 pub mod v1 {
     tonic::include_proto!("nokv.v1");

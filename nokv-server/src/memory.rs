@@ -145,31 +145,6 @@ impl Reservation {
     }
 }
 
-/// Parses a byte size: a number with an optional unit `B`, `K`/`KiB`, `M`/`MiB`, `G`/`GiB`
-/// (binary multiples; case-insensitive; e.g. `256MiB`, `1G`, `65536`).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 256MiB, 1GiB, 65536)"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "{s:?}: unknown size unit {other:?} (use KiB, MiB, GiB)"
-            ));
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,17 +199,5 @@ mod tests {
         let budget = BlockMemory::new(MIB, Duration::from_secs(600));
         let r = budget.reserve(4 * MIB).await.unwrap();
         assert_eq!(r.bytes() as u64, MIB);
-    }
-
-    #[test]
-    fn sizes_take_binary_units() {
-        assert_eq!(parse_size("256MiB").unwrap(), 256 * MIB);
-        assert_eq!(parse_size("1g").unwrap(), 1024 * MIB);
-        assert_eq!(parse_size("64 K").unwrap(), 64 * 1024);
-        assert_eq!(parse_size("65536").unwrap(), 65536);
-        assert!(parse_size("").is_err());
-        assert!(parse_size("12 furlongs").is_err());
-        assert!(parse_size("-1M").is_err());
-        assert!(parse_size("99999999999T").is_err());
     }
 }

@@ -2,6 +2,7 @@
 //! shard moves and workspace quotas. All need an admin token scoped to every workspace.
 
 use nokv_client::{Client, ClientError};
+use nokv_proto::size::parse_size;
 use nokv_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -735,32 +736,6 @@ fn parse_quota(s: &str) -> Result<QuotaValue, String> {
     parse_size(s)
         .map(|b| QuotaValue(Some(b)))
         .map_err(|e| format!("{e}; or `none` for no quota"))
-}
-
-/// A byte size as the server's flags take it (`nokv-server`'s `memory::parse_size`, which the
-/// client cannot import): digits with an optional unit `B`, `K`/`KiB`, `M`/`MiB`, `G`/`GiB`,
-/// `T`/`TiB` (binary multiples, case-insensitive, a space allowed before the unit).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 10GiB, 512MiB, 1048576)"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "{s:?}: unknown size unit {other:?} (use KiB, MiB, GiB, TiB)"
-            ));
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// `nokv admin quota set|get`: JSON `{"workspace","quota" (null = none),"used_bytes",

@@ -89,7 +89,7 @@ pub(super) fn durability(args: &mut ServeArgs, cluster: bool) -> Result<Durabili
         .checkpoint_log_bytes
         .take()
         .map(|v| {
-            crate::memory::parse_size(&v)
+            nokv_proto::size::parse_size(&v)
                 .map_err(|e| ConfigError(format!("--checkpoint-log-bytes: {e}")))
         })
         .transpose()?;

@@ -14,9 +14,10 @@ use nokv_proto::MAX_MESSAGE;
 use super::error::ConfigError;
 use super::serving::ServeArgs;
 use crate::inventory::InventorySettings;
-use crate::memory::{DEFAULT_BLOCK_MEMORY, DEFAULT_WAIT, parse_size};
+use crate::memory::{DEFAULT_BLOCK_MEMORY, DEFAULT_WAIT};
 use crate::shard::ShardConfig;
 use crate::token::parse_duration;
+use nokv_proto::size::parse_size;
 
 /// The largest `inline_max` a `Write` can carry: the transport's message limit less the room
 /// it keeps for framing and the request's other fields (path, workspace, request id).
