@@ -19,6 +19,9 @@ use object_store::{
 /// Checkpoint objects (a shard's database, uploaded for a handoff): keys, upload, verified
 /// download.
 pub mod checkpoint;
+/// Local-provider writes around the page cache, so an upload's bytes never queue ahead of a
+/// small write's fsync.
+mod direct;
 /// The fault-injecting fake: driven by hand in unit tests, and by the test-only
 /// `NOKV_TEST_FAULTS` schedule in black-box tests (compiled in, inert unless that is set).
 pub mod fault;
@@ -91,6 +94,9 @@ pub struct ObjectProvider {
     /// Local filesystem only. object_store does not fsync, but `Written` must mean durable as
     /// it does for S3: a revision references the key as soon as the record session commits.
     local: Option<Arc<object_store::local::LocalFileSystem>>,
+    /// Local creates are written around the page cache ([`direct`]); off behind the
+    /// fault-injecting fake, whose faults must reach every write.
+    direct: bool,
 }
 
 impl std::fmt::Debug for ObjectProvider {
@@ -113,6 +119,7 @@ impl ObjectProvider {
                 let store: Arc<dyn ObjectStore> = fs.clone();
                 let mut p = Self::from_stores("local", prefix, store.clone(), store);
                 p.local = Some(fs);
+                p.direct = true;
                 Ok(p)
             }
             ProviderConfig::Memory => {
@@ -171,6 +178,7 @@ impl ObjectProvider {
             writer,
             reader,
             local: None,
+            direct: false,
         }
     }
 
@@ -184,6 +192,7 @@ impl ObjectProvider {
         ObjectProvider {
             writer: wrap(self.writer),
             reader: wrap(self.reader),
+            direct: false,
             ..self
         }
     }
@@ -238,6 +247,12 @@ impl ObjectProvider {
         } else {
             data
         };
+        if let Some(fs) = self.local.as_ref().filter(|_| self.direct)
+            && let Some(outcome) = self.create_direct(fs, key, data.clone()).await
+        {
+            return outcome;
+        }
+        // Not local, behind the fault-injecting fake, or no O_DIRECT on this filesystem.
         let opts = PutOptions {
             mode: PutMode::Create,
             ..PutOptions::default()
@@ -253,6 +268,29 @@ impl ObjectProvider {
             },
             Err(e) => classify(&e, self.local.is_some()),
         }
+    }
+
+    /// A local create written around the page cache ([`direct`]); `None` when the filesystem
+    /// does not take `O_DIRECT`, before anything was written.
+    async fn create_direct(
+        &self,
+        fs: &object_store::local::LocalFileSystem,
+        key: &str,
+        data: Bytes,
+    ) -> Option<PutOutcome> {
+        let path = match fs.path_to_filesystem(&Path::from(key)) {
+            Ok(p) => p,
+            Err(e) => return Some(PutOutcome::NotWritten(e.to_string())),
+        };
+        let created = tokio::task::spawn_blocking(move || direct::create(&path, &data)).await;
+        Some(match created {
+            Ok(Ok(direct::Created::Written)) => PutOutcome::Written,
+            Ok(Ok(direct::Created::Exists)) => PutOutcome::Exists,
+            Ok(Ok(direct::Created::Unsupported)) => return None,
+            Ok(Err(e)) if local_refusal(&e) => PutOutcome::NotWritten(e.to_string()),
+            Ok(Err(e)) => PutOutcome::Unknown(e.to_string()),
+            Err(e) => PutOutcome::Unknown(format!("local write task failed: {e}")),
+        })
     }
 
     /// fsyncs a locally written object and its directory (no-op for remote providers).
@@ -443,8 +481,21 @@ fn remove_staging_leftovers(path: &std::path::Path) -> std::io::Result<()> {
 /// created: object_store writes a staging file and only links it into place as the last
 /// step, which cannot have happened when writing or linking failed. Everything else may
 /// have landed.
-fn classify(e: &object_store::Error, local: bool) -> PutOutcome {
+/// A local filesystem error that refuses a write outright (no space, read-only, not allowed,
+/// too large): the object is proven absent, so the write is `NotWritten`, not `Unknown`.
+fn local_refusal(io: &std::io::Error) -> bool {
     use std::io::ErrorKind;
+    matches!(
+        io.kind(),
+        ErrorKind::StorageFull
+            | ErrorKind::ReadOnlyFilesystem
+            | ErrorKind::PermissionDenied
+            | ErrorKind::QuotaExceeded
+            | ErrorKind::FileTooLarge
+    )
+}
+
+fn classify(e: &object_store::Error, local: bool) -> PutOutcome {
     if let object_store::Error::AlreadyExists { .. } = e {
         return PutOutcome::Exists;
     }
@@ -456,14 +507,7 @@ fn classify(e: &object_store::Error, local: bool) -> PutOutcome {
     while let Some(err) = source {
         if local
             && let Some(io) = err.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                ErrorKind::StorageFull
-                    | ErrorKind::ReadOnlyFilesystem
-                    | ErrorKind::PermissionDenied
-                    | ErrorKind::QuotaExceeded
-                    | ErrorKind::FileTooLarge
-            )
+            && local_refusal(io)
         {
             return PutOutcome::NotWritten(text);
         }
