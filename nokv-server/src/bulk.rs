@@ -53,12 +53,22 @@
 //! * a data-plane listener served on the `SCHED_IDLE` runtime (the uploader's connection —
 //!   TLS, HTTP/2, decoding — handled entirely at idle priority), no pacing: share 0.89, stat
 //!   p50 1.18x but put p50 3.6x, p99 9.5x. With the data dir on tmpfs instead of the disk the
-//!   same gives put p50 1.02x (share 0.45, p99 still ~10x): what remains on the local provider
-//!   is the disk — the small writes' fsyncs queue behind the upload's writeback, which no
-//!   thread priority reaches (buffered writeback is issued by the kernel's flushers).
+//!   same gives put p50 1.02x (share 0.45, p99 still ~10x): the disk was the rest — the small
+//!   writes' fsyncs queued behind the upload's writeback, which no thread priority reaches.
 //!
-//! So on 2 cores the bars of issue 46 (uploader >= 50 % of alone with put p50 <= 1.1x and p99
-//! <= 1.5x) are not met by any schedule measured; presence pacing stays because it is the only
+//! That last finding is now built in: the local provider writes blocks around the page cache
+//! (`object/direct.rs`), so they reach the disk from the bulk thread, at its I/O priority, in
+//! 256 KiB requests. With it, the same probe at one pressured rate after another (one run
+//! each): this schedule (16 MiB/s per CPU) share 0.11, put p50 1.06x, p99 2.6x; 32 MiB/s per
+//! CPU 0.26, 1.09-1.15x, 2.6-2.7x; 48 MiB/s per CPU 0.43, 1.20x, 2.7x; unpaced 0.83, 2.1x,
+//! 5.7x (with `SCHED_IDLE` bulk threads 1.7x, 4.2x; the uploading client at `SCHED_IDLE` too,
+//! no better). The put median rises with the upload's bytes per second, ~1 % per 4 MiB/s;
+//! the p99 (2.6-2.7x at every paced rate) with each block's arrival, whatever the rate.
+//!
+//! So on 2 cores, with the agents, the uploader and the daemon sharing them, the bars of issue
+//! 46 (uploader >= 50 % of alone with put p50 <= 1.1x and p99 <= 1.5x) are out of reach for
+//! every schedule measured: p50 <= 1.1x holds up to ~40 MiB/s beside 32 agents, half of the
+//! uploader's speed alone is ~90 MiB/s. Presence pacing at its rate stays because it is the
 //! one that keeps the interactive median, which is what an agent's tool loop feels.
 
 use std::future::Future;
