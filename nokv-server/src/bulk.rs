@@ -63,7 +63,11 @@
 //! CPU 0.26, 1.09-1.15x, 2.6-2.7x; 48 MiB/s per CPU 0.43, 1.20x, 2.7x; unpaced 0.83, 2.1x,
 //! 5.7x (with `SCHED_IDLE` bulk threads 1.7x, 4.2x; the uploading client at `SCHED_IDLE` too,
 //! no better). The put median rises with the upload's bytes per second, ~1 % per 4 MiB/s;
-//! the p99 (2.6-2.7x at every paced rate) with each block's arrival, whatever the rate.
+//! the p99 (2.6-2.7x at every paced rate) with each block's arrival, whatever the rate. Reading
+//! PutBlock bodies frame by frame at the pace, through 256 KiB stream windows, so a block
+//! arrives as a trickle instead of a 4 MiB burst (experiment, not kept): stat p99 2.0x and put
+//! p99 1.8x, but put p50 1.09x at 15 MiB/s and more daemon CPU per operation — not enough to
+//! keep 256 KiB windows, which would also cap a distant uploader at one window per round trip.
 //!
 //! So on 2 cores, with the agents, the uploader and the daemon sharing them, the bars of issue
 //! 46 (uploader >= 50 % of alone with put p50 <= 1.1x and p99 <= 1.5x) are out of reach for

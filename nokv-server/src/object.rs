@@ -475,14 +475,9 @@ fn remove_staging_leftovers(path: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Sorts a failed create into "never sent" or "unknown". A connection that was never
-/// established proves the provider received nothing; on the local provider, a file-system
-/// refusal (no space, read-only, permission denied, quota) proves the final key was never
-/// created: object_store writes a staging file and only links it into place as the last
-/// step, which cannot have happened when writing or linking failed. Everything else may
-/// have landed.
 /// A local filesystem error that refuses a write outright (no space, read-only, not allowed,
-/// too large): the object is proven absent, so the write is `NotWritten`, not `Unknown`.
+/// too large). Raised while writing or linking a staging file, it proves the final key was
+/// never created (both writers link as their last step), so the write is `NotWritten`.
 fn local_refusal(io: &std::io::Error) -> bool {
     use std::io::ErrorKind;
     matches!(
@@ -495,6 +490,12 @@ fn local_refusal(io: &std::io::Error) -> bool {
     )
 }
 
+/// Sorts a failed create into "never sent" or "unknown". A connection that was never
+/// established proves the provider received nothing; on the local provider, a file-system
+/// refusal (no space, read-only, permission denied, quota) proves the final key was never
+/// created: object_store writes a staging file and only links it into place as the last
+/// step, which cannot have happened when writing or linking failed. Everything else may
+/// have landed.
 fn classify(e: &object_store::Error, local: bool) -> PutOutcome {
     if let object_store::Error::AlreadyExists { .. } = e {
         return PutOutcome::Exists;
@@ -631,6 +632,27 @@ mod tests {
         }
         let out = classify(&local_error(ErrorKind::TimedOut), true);
         assert!(matches!(out, PutOutcome::Unknown(_)), "{out:?}");
+    }
+
+    // Catches: the local provider's direct writer (object/direct.rs) putting an object where
+    // object_store does not look for it, or leaving a staging file that lists as an object.
+    #[tokio::test]
+    async fn a_local_object_written_around_the_page_cache_reads_and_lists_as_its_key_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("objects");
+        let p = ObjectProvider::open(&ProviderConfig::Local { root: root.clone() }, "pfx").unwrap();
+        let key = p.block_key(3, "up", 0, "att");
+        let block: Vec<u8> = (0..4 * 1024 * 1024 + 5).map(|i| (i % 253) as u8).collect();
+        let block = Bytes::from(block);
+        assert_eq!(p.create(&key, block.clone()).await, PutOutcome::Written);
+        assert_eq!(
+            p.create(&key, Bytes::from_static(b"x")).await,
+            PutOutcome::Exists
+        );
+        assert_eq!(p.get(&key).await.unwrap(), block);
+        // A staging file a killed writer left beside it is not an object.
+        std::fs::write(format!("{}#123", root.join(&key).display()), b"partial").unwrap();
+        assert_eq!(p.list_keys().await.unwrap(), vec![key]);
     }
 
     #[tokio::test]

@@ -71,7 +71,13 @@ pub fn create(dest: &Path, data: &[u8]) -> std::io::Result<Created> {
         Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(Created::Exists),
         Err(e) => return Err(e),
     }
-    sync_dir(dest)?;
+    // The name exists from here on: a failure now leaves the outcome unknown, never a refusal
+    // that would say the key was not created.
+    sync_dir(dest).map_err(|e| {
+        std::io::Error::other(format!(
+            "linked but the directory was not made durable: {e}"
+        ))
+    })?;
     Ok(Created::Written)
 }
 

@@ -357,10 +357,11 @@ impl Shard {
             .await
     }
 
-    /// Proves a commit's declared whole-file sha256 before the commit session: reads every
-    /// recorded block back from the provider in index order and hashes the bytes on a bulk
-    /// thread, with no lock held, renewing the upload's lease every third of it meanwhile
-    /// (the client stopped renewing when it sent the commit).
+    /// Proves a commit's declared whole-file sha256 before the commit session: continues the
+    /// in-order prefix the recorded blocks extended, reads the blocks after it (if any) back
+    /// from the provider in index order and hashes them on a bulk thread, with no lock held,
+    /// renewing the upload's lease every third of it meanwhile (the client stopped renewing
+    /// when it sent the commit).
     ///
     /// Returns the verified block keys in index order, which the commit session requires to
     /// be exactly the keys it publishes, or `None` when there is nothing to verify here —
