@@ -257,9 +257,15 @@ fn a_write_token_for_one_workspace_can_use_it_but_cannot_read_or_write_another()
     assert_eq!(admin_get(&d, "team-b:secret"), b"b's data");
     assert_eq!(admin_ls(&d, "team-b"), ["secret"]);
     assert!(admin_ls(&d, "team-ab").is_empty());
-    // A write token is not an admin token.
-    d.cli_with_env(&["admin", "health"], &env)
-        .assert_fails_with("PermissionDenied");
+    // A write token is not an admin token, and the refusal says what the token covers.
+    let out = d.cli_with_env(&["admin", "health"], &env);
+    out.assert_fails_with("PermissionDenied");
+    assert!(
+        out.stderr
+            .contains(r#"need an admin token: this one covers workspace "team-a" with role write"#),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

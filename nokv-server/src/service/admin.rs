@@ -41,16 +41,20 @@ impl AdminService {
 
     fn admit<T>(&self, req: &Request<T>) -> Result<()> {
         let claims = authenticate(&self.node.signer, req)?;
+        // A refusal says what the token does cover (as workspace refusals do, never the token
+        // itself), so the operator knows which token is in use and which one is needed.
         if claims.role < Role::Admin {
-            return Err(Error::PermissionDenied(
-                "admin calls need an admin token".into(),
-            ));
+            return Err(Error::PermissionDenied(format!(
+                "admin calls need an admin token: this one covers {}",
+                claims.coverage()
+            )));
         }
         if !claims.workspaces.iter().any(|w| w == "*") {
-            return Err(Error::PermissionDenied(
-                "admin calls are node-wide and need an admin token scoped to every workspace (`*`)"
-                    .into(),
-            ));
+            return Err(Error::PermissionDenied(format!(
+                "admin calls are node-wide and need an admin token scoped to every workspace \
+                 (`*`): this one covers {}",
+                claims.coverage()
+            )));
         }
         Ok(())
     }
