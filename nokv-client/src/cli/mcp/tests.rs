@@ -165,3 +165,20 @@ fn an_unconfigured_server_names_the_problem_and_the_fix() {
         assert!(e.message.contains(part), "{part}: {}", e.message);
     }
 }
+
+#[test]
+fn every_path_glob_and_regex_property_publishes_the_daemons_length_limit() {
+    let mut seen = 0;
+    for (name, s) in schemas(None) {
+        for (prop, p) in s["properties"].as_object().unwrap() {
+            if ["path", "prefix", "glob", "path_glob", "regex"].contains(&prop.as_str()) {
+                assert_eq!(p["maxLength"], 4096, "{name}.{prop}: {p}");
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(
+        seen, 10,
+        "6 paths (publish and restore are not listed here), a prefix, a glob, a path glob and a regex"
+    );
+}
