@@ -14,9 +14,7 @@
 
 use crate::error::{Error, Result};
 
-/// Longest glob accepted, in bytes (a path is at most [`crate::names::MAX_PATH_BYTES`]; a
-/// glob may spell classes and escapes around it).
-pub const MAX_GLOB_BYTES: usize = 8192;
+pub use nokv_proto::MAX_GLOB_BYTES;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Token {

@@ -20,7 +20,7 @@ use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
 
 use crate::error::{Error, Result};
 
-pub const MAX_PATH_BYTES: usize = 4096;
+pub use nokv_proto::MAX_PATH_BYTES;
 pub const MAX_COMPONENT_BYTES: usize = 255;
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 

@@ -24,9 +24,10 @@
 //! * Whole streams no record names that can never be named again: a *fenced* stream (its
 //!   writer was deposed and writes under a new incarnation from then on) — all but its fence,
 //!   which stays for good: a writer that was paused rather than dead learns it was deposed
-//!   only by colliding with it — and this node's own *earlier* incarnations. A record stops naming a stream only when a checkpoint replaced
-//!   it (by the owner, or by a taker after replaying it), and only a stream's writer ever
-//!   names it, in its current incarnation — so "unnamed now" stays true. Streams of other
+//!   only by colliding with it — and this node's own *earlier* incarnations. A record stops
+//!   naming a stream only when a checkpoint replaced it (by the owner, or by a taker after
+//!   replaying it), and only a stream's writer ever names it, in its current incarnation — so
+//!   "unnamed now" stays true. Streams of other
 //!   live incarnations are never deleted whole: their writer may name them at its next load.
 
 use std::collections::HashSet;

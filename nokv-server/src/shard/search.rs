@@ -36,8 +36,7 @@ use crate::meta::{EntryRecord, KIND_ARTIFACT, KIND_FILE, ReadView};
 mod artifacts;
 use artifacts::Artifact;
 
-/// Longest regex source accepted, in bytes.
-pub const MAX_REGEX_BYTES: usize = 4096;
+pub use nokv_proto::MAX_REGEX_BYTES;
 /// Compiled-program size limit handed to the regex builder: a short source can still expand
 /// hugely (`a{1000}{1000}`); past this it is refused instead of built.
 pub const REGEX_SIZE_LIMIT: usize = 1 << 20;

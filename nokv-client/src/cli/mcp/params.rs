@@ -19,13 +19,7 @@ use std::marker::PhantomData;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer};
 
-/// Longest workspace path (and path prefix or glob) the daemon takes, in bytes:
-/// `MAX_PATH_BYTES` in nokv-server/src/names.rs. Published as `maxLength`.
-const PATH_MAX_BYTES: usize = 4096;
-
-/// Longest regular expression the daemon compiles, in bytes: `MAX_REGEX_BYTES` in
-/// nokv-server/src/shard/search.rs. Published as `maxLength`.
-const REGEX_MAX_BYTES: usize = 4096;
+use nokv_proto::{MAX_GLOB_BYTES, MAX_PATH_BYTES, MAX_REGEX_BYTES};
 
 /// The range of one numeric argument, and the argument's name for the refusal of a value
 /// outside it.
@@ -171,7 +165,7 @@ pub struct StatArgs {
     /// The workspace (a top-level namespace of files) the call acts on.
     pub workspace: Option<String>,
     /// Path of the file or artifact inside the workspace, e.g. `src/main.rs`.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_PATH_BYTES))]
     pub path: String,
 }
 
@@ -182,7 +176,7 @@ pub struct ReadArgs {
     pub workspace: Option<String>,
     /// Path of the small file to read. Artifacts (large files) cannot be read here: use
     /// nokv_restore to copy one to a local file.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_PATH_BYTES))]
     pub path: String,
     /// Lines to skip from the start of the file (0-based line index of the first line
     /// returned). Default 0.
@@ -210,7 +204,7 @@ pub struct WriteArgs {
     /// The workspace (a top-level namespace of files) the call acts on.
     pub workspace: Option<String>,
     /// Path of the small file to write; parent directories need not exist.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_PATH_BYTES))]
     pub path: String,
     /// The whole new content of the file (UTF-8 text, at most 256 KiB; larger files go through
     /// nokv_publish).
@@ -231,7 +225,7 @@ pub struct EditArgs {
     /// The workspace (a top-level namespace of files) the call acts on.
     pub workspace: Option<String>,
     /// Path of the small file to edit.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_PATH_BYTES))]
     pub path: String,
     /// Exact text to replace. It must occur exactly once in the file: include enough
     /// surrounding lines to make it unique. Zero or several occurrences fail with MatchCount.
@@ -253,7 +247,7 @@ pub struct AppendArgs {
     /// The workspace (a top-level namespace of files) the call acts on.
     pub workspace: Option<String>,
     /// Path of the small file to append to; created if missing.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_PATH_BYTES))]
     pub path: String,
     /// Text to append as is (add the trailing newline yourself for line-oriented files).
     /// Concurrent appends never interleave within one call's text.
@@ -266,7 +260,7 @@ pub struct ListArgs {
     /// The workspace (a top-level namespace of files) the call acts on.
     pub workspace: Option<String>,
     /// Only paths starting with this prefix, e.g. `src/`. Default: every path.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_PATH_BYTES))]
     pub prefix: Option<String>,
     /// Entries per page, 1-1000. Default 100.
     pub limit: Option<Bounded<PageLimit>>,
@@ -281,7 +275,7 @@ pub struct FindArgs {
     pub workspace: Option<String>,
     /// Glob over whole paths: `*` and `?` stay within one path segment, `**` spans segments,
     /// e.g. `**/*.rs` or `docs/*.md`.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_GLOB_BYTES))]
     pub glob: String,
     /// Paths per page, 1-1000. Default 100.
     pub limit: Option<Bounded<PageLimit>>,
@@ -296,10 +290,10 @@ pub struct GrepArgs {
     pub workspace: Option<String>,
     /// Regular expression (Rust `regex` syntax: no backreferences or lookaround), matched
     /// against each line of each small file (and of each artifact with include_artifacts).
-    #[schemars(length(max = REGEX_MAX_BYTES))]
+    #[schemars(length(max = MAX_REGEX_BYTES))]
     pub regex: String,
     /// Only files whose path matches this glob, e.g. `**/*.py`. Default: every file.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_GLOB_BYTES))]
     pub path_glob: Option<String>,
     /// Stop after this many matching lines, 1-10000. Default 100.
     pub max_matches: Option<Bounded<MaxMatches>>,
@@ -318,7 +312,7 @@ pub struct DeleteArgs {
     /// The workspace (a top-level namespace of files) the call acts on.
     pub workspace: Option<String>,
     /// Path of the file or artifact to delete.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_PATH_BYTES))]
     pub path: String,
     /// Delete only if the entry still has this generation (from nokv_read/nokv_stat; at
     /// least 1); otherwise fail with GenerationMismatch. Omit to delete unconditionally.
@@ -331,7 +325,7 @@ pub struct PublishArgs {
     /// The workspace (a top-level namespace of files) the call acts on.
     pub workspace: Option<String>,
     /// Destination path of the artifact inside the workspace.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_PATH_BYTES))]
     pub path: String,
     /// The local file to upload, on the machine running `nokv mcp`: relative to the server's
     /// local root directory (by default the one it started in), or absolute inside it.
@@ -350,7 +344,7 @@ pub struct RestoreArgs {
     /// The workspace (a top-level namespace of files) the call acts on.
     pub workspace: Option<String>,
     /// Path of the artifact inside the workspace.
-    #[schemars(length(max = PATH_MAX_BYTES))]
+    #[schemars(length(max = MAX_PATH_BYTES))]
     pub path: String,
     /// Local destination file on the machine running `nokv mcp`, relative to the server's
     /// local root directory (by default the one it started in) or absolute inside it;

@@ -171,10 +171,14 @@ fn every_path_glob_and_regex_property_publishes_the_daemons_length_limit() {
     let mut seen = 0;
     for (name, s) in schemas(None) {
         for (prop, p) in s["properties"].as_object().unwrap() {
-            if ["path", "prefix", "glob", "path_glob", "regex"].contains(&prop.as_str()) {
-                assert_eq!(p["maxLength"], 4096, "{name}.{prop}: {p}");
-                seen += 1;
-            }
+            let limit = match prop.as_str() {
+                "path" | "prefix" => nokv_proto::MAX_PATH_BYTES,
+                "glob" | "path_glob" => nokv_proto::MAX_GLOB_BYTES,
+                "regex" => nokv_proto::MAX_REGEX_BYTES,
+                _ => continue,
+            };
+            assert_eq!(p["maxLength"], limit, "{name}.{prop}: {p}");
+            seen += 1;
         }
     }
     assert_eq!(
