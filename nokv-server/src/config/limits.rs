@@ -49,6 +49,16 @@ fn duration(v: Option<String>, default: Duration) -> Result<Duration, ConfigErro
 
 /// Takes the limit settings out of `args`, applies their defaults and validates them.
 pub(super) fn limits(args: &mut ServeArgs) -> Result<Limits, ConfigError> {
+    let block_memory = match &args.block_memory {
+        None => DEFAULT_BLOCK_MEMORY,
+        Some(s) => parse_size(s).map_err(|e| ConfigError(format!("block_memory: {e}")))?,
+    };
+    // A budget smaller than one PutBlock message could never admit a block.
+    if block_memory < MAX_MESSAGE as u64 {
+        return Err(ConfigError(format!(
+            "block_memory must be at least one block with framing ({MAX_MESSAGE} bytes)"
+        )));
+    }
     let defaults = ShardConfig::default();
     let shard = ShardConfig {
         inline_max: args.inline_max.unwrap_or(defaults.inline_max),
@@ -69,6 +79,9 @@ pub(super) fn limits(args: &mut ServeArgs) -> Result<Limits, ConfigError> {
         delete_attempts: args.delete_attempts.unwrap_or(defaults.delete_attempts),
         history_retention: duration(args.history_retention.take(), defaults.history_retention)?,
         search: defaults.search,
+        // Upload blocks held for the running digests: a quarter of the budget (see
+        // `shard::upload_digest` for why a quarter cannot wedge uploads).
+        held_ahead: crate::shard::upload_digest::HeldAhead::new((block_memory / 4) as usize),
     };
     if shard.delete_attempts == 0 {
         return Err(ConfigError(
@@ -122,16 +135,6 @@ pub(super) fn limits(args: &mut ServeArgs) -> Result<Limits, ConfigError> {
     let shards = args.shards.unwrap_or(16);
     if !(1..=4096).contains(&shards) {
         return Err(ConfigError("shards must be 1..=4096".into()));
-    }
-    let block_memory = match &args.block_memory {
-        None => DEFAULT_BLOCK_MEMORY,
-        Some(s) => parse_size(s).map_err(|e| ConfigError(format!("block_memory: {e}")))?,
-    };
-    // A budget smaller than one PutBlock message could never admit a block.
-    if block_memory < MAX_MESSAGE as u64 {
-        return Err(ConfigError(format!(
-            "block_memory must be at least one block with framing ({MAX_MESSAGE} bytes)"
-        )));
     }
     let block_memory_wait = duration(args.block_memory_wait.take(), DEFAULT_WAIT)?;
     Ok(Limits {

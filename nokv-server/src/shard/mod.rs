@@ -66,6 +66,9 @@ pub struct ShardConfig {
     pub history_retention: Duration,
     /// Work bounds of Find and Grep (see [`search`]).
     pub search: search::SearchLimits,
+    /// The node-wide bound on upload blocks held for the running digests (see
+    /// [`upload_digest`]; shared by every shard cloned from one configuration).
+    pub held_ahead: Arc<upload_digest::HeldAhead>,
 }
 
 impl Default for ShardConfig {
@@ -81,6 +84,9 @@ impl Default for ShardConfig {
             delete_attempts: 8,
             history_retention: Duration::from_secs(30 * 24 * 3600),
             search: search::SearchLimits::default(),
+            held_ahead: upload_digest::HeldAhead::new(
+                (crate::memory::DEFAULT_BLOCK_MEMORY / 4) as usize,
+            ),
         }
     }
 }
@@ -166,6 +172,7 @@ impl Shard {
         if let Ok(t) = gate.read_now(|r| Ok(r.usage_totals()?)) {
             cfg.admission.census.publish(id, t.reservations);
         }
+        let digests = Arc::new(upload_digest::UploadDigests::new(cfg.held_ahead.clone()));
         Arc::new(Shard {
             id,
             accounts,
@@ -177,7 +184,7 @@ impl Shard {
             claims: Default::default(),
             clock,
             retries: Default::default(),
-            digests: Default::default(),
+            digests,
         })
     }
 
@@ -236,10 +243,13 @@ impl Shard {
     }
 
     /// Removes terminal upload records (committed, aborted, claimed) that ended more than
-    /// the history retention (at least the replay TTL) ago: no replay record can reference them any more, so history does not
-    /// accumulate. One bounded page per write session; a record still named by a cleanup
-    /// guard is kept (the guard's sweep reads it to decide whether the key is live).
+    /// the history retention (at least the replay TTL) ago: no replay record can reference
+    /// them any more, so history does not accumulate. One bounded page per write session; a
+    /// record still named by a cleanup guard is kept (the guard's sweep reads it to decide
+    /// whether the key is live). Also lets go of blocks held for the running digest of an
+    /// upload left idle (see [`upload_digest::STALE_AFTER`]).
     pub async fn prune_uploads(&self) -> crate::error::Result<usize> {
+        self.digests.release_stale(upload_digest::STALE_AFTER);
         const PAGE: usize = 500;
         // One rule for ledger history (see `operations`): max(history retention, replay TTL).
         let ttl_ms = self

@@ -1,13 +1,22 @@
-//! The whole-artifact SHA-256 of an upload's in-order prefix, computed as its blocks are
-//! recorded, so that CommitUpload reads back from the provider only the blocks after it —
-//! none, when the blocks were recorded in order (see [`super::sequencer`]).
+//! The whole-artifact SHA-256 of an upload, computed as its blocks are recorded, so that
+//! CommitUpload reads back from the provider only the blocks it could not hash on the way —
+//! none, for an upload whose blocks all arrived within the hold-ahead budget (see
+//! [`super::sequencer`]).
 //!
-//! SHA-256 is not composable: the whole-file digest needs the bytes in index order. A block
-//! recorded in its turn is hashed at once (on a bulk thread, from the request's own bytes); a
-//! block recorded ahead of its turn ends the prefix, and so does everything after it — its
-//! bytes are **not** kept: they belong to the request's block-memory reservation, and holding
-//! them for a block that may only arrive later (refused for that very budget) could wedge
-//! every upload. The commit hashes the rest from the provider.
+//! SHA-256 is not composable: the whole-file digest needs the bytes in index order, and an
+//! uploader with several blocks in flight has them recorded out of order. A block recorded in
+//! its turn is hashed at once (on a bulk thread, from the request's own bytes), followed by
+//! every block held ahead that it makes contiguous. A block recorded *ahead* of its turn is
+//! held — its bytes keep the block-memory reservation they arrived with (see
+//! [`crate::memory`]) — until the gap before it is filled.
+//!
+//! Why holding cannot wedge uploads: held bytes are bounded node-wide by [`HeldAhead`], set to
+//! a quarter of the block-memory budget, so three quarters stay for the requests that fill the
+//! gaps; a block that would pass the bound is not held — the prefix ends there and commit
+//! reads the rest back. Held bytes never wait for anything: they are hashed when their gap is
+//! filled, or dropped when the prefix ends, the upload is finished, forgotten, or left
+//! untouched for [`STALE_AFTER`] (see [`UploadDigests::release_stale`], called by every
+//! maintenance pass).
 //!
 //! It is an optimisation with an exact fallback, never a source of truth:
 //! * it lives in memory only — after a restart or a handoff, for an upload it gave up on (a
@@ -18,8 +27,9 @@
 //!   random and written once, so equal keys mean the hashed bytes are the bytes the provider
 //!   holds.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -29,17 +39,116 @@ use sha2::{Digest, Sha256};
 /// Uploads tracked at once per shard; past it a new upload is not tracked.
 pub const MAX_UPLOADS: usize = 64;
 
+/// An upload whose held blocks wait this long without a block recorded gives them up (its
+/// prefix ends): a gap that lasts is a failed block being retried, or an uploader gone.
+pub const STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// The node-wide bound on bytes held ahead of their turn, shared by every shard's
+/// [`UploadDigests`].
+#[derive(Debug)]
+pub struct HeldAhead {
+    bytes: AtomicUsize,
+    max: usize,
+}
+
+impl HeldAhead {
+    /// At most `max` bytes held at once (the node uses a quarter of its block memory).
+    pub fn new(max: usize) -> Arc<HeldAhead> {
+        Arc::new(HeldAhead {
+            bytes: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    /// Counts `n` more bytes held, unless that would pass the bound.
+    fn try_hold(&self, n: usize) -> bool {
+        self.bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|total| *total <= self.max)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: usize) {
+        self.bytes.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Bytes held now, node-wide.
+    pub fn held(&self) -> usize {
+        self.bytes.load(Ordering::Acquire)
+    }
+}
+
+/// Blocks of one upload recorded ahead of their turn, by index, with their attempt key and
+/// bytes. Their bytes count against [`HeldAhead`] until taken or dropped.
+struct Ahead {
+    blocks: BTreeMap<u32, (String, Bytes)>,
+    bytes: usize,
+    bound: Arc<HeldAhead>,
+}
+
+impl Ahead {
+    fn hold(&mut self, index: u32, key: &str, data: &Bytes) -> bool {
+        if !self.bound.try_hold(data.len()) {
+            return false;
+        }
+        self.bytes += data.len();
+        self.blocks.insert(index, (key.to_string(), data.clone()));
+        true
+    }
+
+    fn take(&mut self, index: u32) -> Option<(String, Bytes)> {
+        let taken = self.blocks.remove(&index)?;
+        self.bytes -= taken.1.len();
+        self.bound.release(taken.1.len());
+        Some(taken)
+    }
+
+    fn clear(&mut self) {
+        self.blocks.clear();
+        self.bound.release(std::mem::take(&mut self.bytes));
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
 /// One upload's running digest.
-#[derive(Default)]
 struct Running {
     hasher: Sha256,
     /// The attempt keys of blocks `0..keys.len()`, all hashed.
     keys: Vec<String>,
-    /// A block was recorded ahead of its turn: the prefix ends here.
+    ahead: Ahead,
+    /// A block could not be held: the prefix ends here.
     ended: bool,
     /// Given up: commit reads every block back.
     abandoned: bool,
-    touched: Option<Instant>,
+    touched: Instant,
+}
+
+impl Running {
+    fn new(bound: Arc<HeldAhead>) -> Running {
+        Running {
+            hasher: Sha256::new(),
+            keys: Vec::new(),
+            ahead: Ahead {
+                blocks: BTreeMap::new(),
+                bytes: 0,
+                bound,
+            },
+            ended: false,
+            abandoned: false,
+            touched: Instant::now(),
+        }
+    }
+
+    fn end(&mut self) {
+        self.ended = true;
+        self.ahead.clear();
+    }
 }
 
 /// Where a commit's digest stands before it reads anything back.
@@ -50,61 +159,94 @@ pub struct Prefix {
 }
 
 /// The running digests of a shard's open uploads.
-#[derive(Default)]
 pub struct UploadDigests {
     uploads: Mutex<HashMap<String, Arc<Mutex<Running>>>>,
+    bound: Arc<HeldAhead>,
 }
 
 impl UploadDigests {
-    /// Block `index` of `upload_id` was recorded under `key` with `data`: hashes it if it is
-    /// the prefix's next block (call it on a bulk thread).
+    /// Digests whose held blocks count against the node-wide `bound`.
+    pub fn new(bound: Arc<HeldAhead>) -> UploadDigests {
+        UploadDigests {
+            uploads: Mutex::default(),
+            bound,
+        }
+    }
+
+    /// Block `index` of `upload_id` was recorded under `key` with `data`: hashes it and the
+    /// held blocks it makes contiguous if it is the prefix's next block, holds it if it is
+    /// ahead (call it on a bulk thread).
     pub fn recorded(&self, upload_id: &str, index: u32, key: &str, data: &Bytes, lease: Duration) {
         let Some(running) = self.running(upload_id, lease) else {
             return;
         };
-        let mut r = running.lock();
-        r.touched = Some(Instant::now());
+        let r = &mut *running.lock();
+        r.touched = Instant::now();
         let next = r.keys.len() as u32;
-        if index < next {
+        if index < next || r.ahead.blocks.contains_key(&index) {
             // Recorded again (a superseded attempt): the bytes hashed may not be the bytes
             // kept. Give up rather than reason about it.
             r.abandoned = true;
+            r.ahead.clear();
         }
         if r.abandoned || r.ended {
             return;
         }
         if index > next {
-            r.ended = true;
+            if !r.ahead.hold(index, key, data) {
+                r.end();
+            }
             return;
         }
         r.hasher.update(data);
         r.keys.push(key.to_string());
+        while let Some((key, data)) = r.ahead.take(r.keys.len() as u32) {
+            r.hasher.update(&data);
+            r.keys.push(key);
+        }
     }
 
     /// The hashed prefix of the upload if its keys are the first of `keys` (the recorded
     /// attempt key of every block, in index order); otherwise the empty prefix (read every
-    /// block back). Forgets the upload.
+    /// block back). Forgets the upload and drops its held blocks.
     pub fn finish(&self, upload_id: &str, keys: &[String]) -> Prefix {
-        let taken = self
-            .uploads
-            .lock()
-            .remove(upload_id)
-            .map(|running| std::mem::take(&mut *running.lock()));
-        match taken {
-            Some(r) if !r.abandoned && keys.starts_with(&r.keys) => Prefix {
-                blocks: r.keys.len(),
-                hasher: r.hasher,
-            },
-            _ => Prefix {
+        let taken = self.uploads.lock().remove(upload_id);
+        let Some(running) = taken else {
+            return Prefix {
                 hasher: Sha256::new(),
                 blocks: 0,
-            },
+            };
+        };
+        let mut r = running.lock();
+        r.ahead.clear();
+        if !r.abandoned && keys.starts_with(&r.keys) {
+            Prefix {
+                blocks: r.keys.len(),
+                hasher: std::mem::take(&mut r.hasher),
+            }
+        } else {
+            Prefix {
+                hasher: Sha256::new(),
+                blocks: 0,
+            }
         }
     }
 
     /// Forgets an upload (aborted, expired).
     pub fn forget(&self, upload_id: &str) {
         self.uploads.lock().remove(upload_id);
+    }
+
+    /// Ends the prefix of every upload that has held blocks and no block recorded for `idle`
+    /// (see [`STALE_AFTER`]), releasing them.
+    pub fn release_stale(&self, idle: Duration) {
+        let uploads: Vec<_> = self.uploads.lock().values().cloned().collect();
+        for running in uploads {
+            let mut r = running.lock();
+            if !r.ahead.blocks.is_empty() && r.touched.elapsed() >= idle {
+                r.end();
+            }
+        }
     }
 
     /// Forgets every upload (a test stands in for a restart with it).
@@ -126,12 +268,14 @@ impl UploadDigests {
         if uploads.len() >= MAX_UPLOADS {
             // Uploads untouched for a whole lease are abandoned by their clients (the lease
             // has expired): their digests go first.
-            uploads.retain(|_, r| r.lock().touched.is_some_and(|t| t.elapsed() < lease));
+            uploads.retain(|_, r| r.lock().touched.elapsed() < lease);
             if uploads.len() >= MAX_UPLOADS {
                 return None;
             }
         }
-        Some(uploads.entry(upload_id.to_string()).or_default().clone())
+        let running = Arc::new(Mutex::new(Running::new(self.bound.clone())));
+        uploads.insert(upload_id.to_string(), running.clone());
+        Some(running)
     }
 }
 
@@ -157,13 +301,18 @@ mod tests {
         h.finalize().to_vec()
     }
 
+    /// Digests with room for `blocks` test blocks held ahead, node-wide.
+    fn digests(blocks: usize) -> UploadDigests {
+        UploadDigests::new(HeldAhead::new(blocks * block(255).len()))
+    }
+
     fn record(d: &UploadDigests, u: &str, i: u8) {
         d.recorded(u, u32::from(i), &format!("k{i}"), &block(i), LEASE);
     }
 
     #[test]
     fn blocks_recorded_in_order_give_the_whole_digest() {
-        let d = UploadDigests::default();
+        let d = digests(8);
         for i in 0..5 {
             record(&d, "u", i);
         }
@@ -174,19 +323,71 @@ mod tests {
     }
 
     #[test]
-    fn a_block_recorded_ahead_ends_the_prefix_and_keeps_no_bytes() {
-        let d = UploadDigests::default();
-        for i in [0u8, 1, 3, 2, 4] {
+    fn blocks_recorded_out_of_order_are_held_until_their_gap_fills_and_give_the_whole_digest() {
+        let d = digests(8);
+        for i in [1u8, 3, 0, 2, 5, 4] {
             record(&d, "u", i);
         }
-        let p = d.finish("u", &keys(5));
-        assert_eq!(p.blocks, 2, "blocks 0 and 1; the rest is read back");
-        assert_eq!(p.hasher.finalize().to_vec(), digest_of(2));
+        assert_eq!(d.bound.held(), 0, "every held block was hashed and let go");
+        let p = d.finish("u", &keys(6));
+        assert_eq!(p.blocks, 6, "nothing is read back");
+        assert_eq!(p.hasher.finalize().to_vec(), digest_of(6));
+    }
+
+    #[test]
+    fn a_block_past_the_node_wide_bound_ends_the_prefix_and_lets_go_of_what_was_held() {
+        let bound = HeldAhead::new(2 * block(255).len());
+        let (d, other) = (
+            UploadDigests::new(bound.clone()),
+            UploadDigests::new(bound.clone()),
+        );
+        record(&other, "w", 1);
+        record(&d, "u", 0);
+        record(&d, "u", 2);
+        assert_eq!(bound.held(), block(1).len() + block(2).len());
+        record(&d, "u", 3);
+        assert_eq!(
+            bound.held(),
+            block(1).len(),
+            "u's held block is dropped; the other shard's stays"
+        );
+        record(&d, "u", 1);
+        let p = d.finish("u", &keys(4));
+        assert_eq!(p.blocks, 1, "block 0 only; the rest is read back");
+        assert_eq!(p.hasher.finalize().to_vec(), digest_of(1));
+        other.forget("w");
+        assert_eq!(
+            bound.held(),
+            0,
+            "a forgotten upload lets go of its held blocks"
+        );
+    }
+
+    #[test]
+    fn held_blocks_of_an_upload_left_idle_are_let_go_and_its_prefix_ends() {
+        let d = digests(8);
+        record(&d, "u", 0);
+        record(&d, "u", 2);
+        d.release_stale(Duration::from_secs(3600));
+        assert_eq!(d.bound.held(), block(2).len(), "recently touched: kept");
+        d.release_stale(Duration::ZERO);
+        assert_eq!(d.bound.held(), 0);
+        record(&d, "u", 1);
+        assert_eq!(d.finish("u", &keys(3)).blocks, 1);
+    }
+
+    #[test]
+    fn finishing_an_upload_with_a_gap_lets_go_of_its_held_blocks() {
+        let d = digests(8);
+        record(&d, "u", 0);
+        record(&d, "u", 2);
+        assert_eq!(d.finish("u", &keys(3)).blocks, 1);
+        assert_eq!(d.bound.held(), 0);
     }
 
     #[test]
     fn a_recorded_key_it_did_not_hash_or_a_block_recorded_twice_means_read_everything_back() {
-        let d = UploadDigests::default();
+        let d = digests(8);
         for i in 0..3 {
             record(&d, "u", i);
         }
@@ -198,12 +399,22 @@ mod tests {
         d.recorded("v", 0, "k0b", &block(9), LEASE);
         record(&d, "v", 1);
         assert_eq!(d.finish("v", &keys(2)).blocks, 0, "block 0 recorded twice");
+
+        record(&d, "x", 1);
+        d.recorded("x", 1, "k1b", &block(9), LEASE);
+        record(&d, "x", 0);
+        assert_eq!(
+            d.finish("x", &keys(2)).blocks,
+            0,
+            "held block 1 recorded twice"
+        );
+        assert_eq!(d.bound.held(), 0);
         assert_eq!(d.finish("never", &keys(2)).blocks, 0, "never tracked");
     }
 
     #[test]
     fn a_full_table_tracks_no_new_upload_until_an_abandoned_one_ages_out() {
-        let d = UploadDigests::default();
+        let d = digests(8);
         for u in 0..MAX_UPLOADS {
             record(&d, &format!("u{u}"), 0);
         }

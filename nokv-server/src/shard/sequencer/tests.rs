@@ -1380,13 +1380,51 @@ async fn a_commit_proves_the_declared_digest_from_the_running_digest_without_rea
     assert_accounted(&f).await;
 }
 
-/// Blocks recorded out of order: the prefix ends at the first one ahead of its turn and the
-/// commit hashes the rest from the provider, continuing the same digest.
+/// Blocks recorded out of order, as an uploader with several in flight has them: each one
+/// ahead of its turn is held until the gap before it fills, and the commit reads nothing back
+/// (every read would fail here). Mutation: end the prefix at the first block ahead (never
+/// hold one) and the commit answers `Unavailable`.
 #[tokio::test]
-async fn a_commit_after_blocks_recorded_out_of_order_reads_back_the_rest_and_publishes() {
+async fn a_commit_after_blocks_recorded_out_of_order_reads_nothing_back() {
     let f = fixture(4, Duration::from_secs(60));
     let up = begin(&f, "art", 16).await;
+    put_blocks(&f, &up, b"abcdefghijklmnop", &[1, 3, 0, 2]).await;
+    f.faults.fail_next_reads(1000);
+    let done = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcdefghijklmnop", "c"))
+        .await
+        .unwrap();
+    assert_eq!(
+        done.entry.unwrap().sha256,
+        Sha256::digest(b"abcdefghijklmnop").to_vec()
+    );
+    f.faults.fail_next_reads(0);
+    assert_accounted(&f).await;
+}
+
+/// With no room to hold blocks ahead (the node-wide bound reached), the prefix ends at the
+/// first block ahead of its turn and the commit hashes the rest from the provider,
+/// continuing the same digest.
+#[tokio::test]
+async fn past_the_hold_bound_a_commit_reads_back_the_rest_and_publishes() {
+    let f = fixture_with(ShardConfig {
+        block_size: 4,
+        held_ahead: crate::shard::upload_digest::HeldAhead::new(0),
+        ..ShardConfig::default()
+    });
+    let up = begin(&f, "art", 16).await;
     put_blocks(&f, &up, b"abcdefghijklmnop", &[0, 2, 1, 3]).await;
+    f.faults.fail_next_reads(1);
+    let err = f
+        .shard
+        .commit_upload(writer(), commit(&up, b"abcdefghijklmnop", "c"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Unavailable(_)),
+        "it did read back: {err:?}"
+    );
     let done = f
         .shard
         .commit_upload(writer(), commit(&up, b"abcdefghijklmnop", "c"))
