@@ -14,11 +14,12 @@
 //!
 //! **CommitUpload proves the declared whole-file sha256 before it publishes.** Block digests
 //! are checked at PutBlock, but the whole-file digest cannot be derived from them. Each block
-//! recorded in its turn extends the upload's running digest ([`super::upload_digest`]: the
-//! in-order prefix, hashed on a bulk thread from the request's bytes); commit continues from
+//! recorded extends the upload's running digest ([`super::upload_digest`]: the in-order
+//! prefix, hashed on a bulk thread from the request's bytes; a block recorded ahead of its turn
+//! is held, within a node-wide bound, until the gap before it fills); commit continues from
 //! that prefix when it hashed exactly the recorded attempt keys of the first blocks, and reads
 //! back from the provider only the blocks after it — every block after a restart, a handoff
-//! or a block recorded twice, none when the blocks were recorded in order. The read-back hashes
+//! or a block recorded twice, none when every block was hashed on the way. The read-back hashes
 //! on a bulk thread, with no lock held and the lease renewed meanwhile
 //! ([`Shard::verify_declared_digest`]). Either way the commit session then re-checks that it
 //! publishes exactly the block keys that were hashed. A mismatch answers `DigestMismatch` and

@@ -253,14 +253,21 @@ pub async fn stat_vs_rpc(env: &BenchEnv) -> Result<Value> {
 }
 
 /// Runs `nokv-server provider-bench` against the daemon's provider settings.
-fn direct_put(env: &BenchEnv, data_dir: &Path, extra: &[String], blocks: u32) -> Result<f64> {
+fn direct_put(
+    env: &BenchEnv,
+    data_dir: &Path,
+    extra: &[String],
+    blocks: u32,
+    parallel: usize,
+) -> Result<f64> {
     let out =
         super::harness::with_test_credentials(&mut std::process::Command::new(&env.server_bin))
             .arg("provider-bench")
             .arg("--data-dir")
             .arg(data_dir)
             .args(extra)
-            .args(["--blocks", &blocks.to_string(), "--parallel", "4"])
+            .args(["--blocks", &blocks.to_string()])
+            .args(["--parallel", &parallel.to_string()])
             .output()
             .map_err(|e| nokv_client::ClientError::local(e.to_string()))?;
     if !out.status.success() {
@@ -278,6 +285,7 @@ pub async fn upload_vs_direct(
     size_mib: u64,
     providers: &[String],
     rounds: u32,
+    parallel: usize,
 ) -> Result<Value> {
     let mut rows = Vec::new();
     let mut results = Vec::new();
@@ -315,7 +323,10 @@ pub async fn upload_vs_direct(
                     "bench",
                     &format!("artifact-{round}"),
                     &src,
-                    PublishOptions::default(),
+                    PublishOptions {
+                        parallel,
+                        ..PublishOptions::default()
+                    },
                 )
                 .await?;
             publish.push(size_mib as f64 / t.elapsed().as_secs_f64());
@@ -324,13 +335,13 @@ pub async fn upload_vs_direct(
             let dest = scratch.0.join(format!("restored-{round}"));
             let t = Instant::now();
             client
-                .restore("bench", &format!("artifact-{round}"), &dest, 4, None)
+                .restore("bench", &format!("artifact-{round}"), &dest, parallel, None)
                 .await?;
             restore.push(size_mib as f64 / t.elapsed().as_secs_f64());
             let cpu2 = daemon_cpu.ticks();
             restore_cpu.extend(ms_per_mib(cpu1.zip(cpu2).map(|(a, b)| b.saturating_sub(a))));
             let _ = std::fs::remove_file(&dest);
-            direct.push(direct_put(env, &daemon.data_dir, &extra, blocks)?);
+            direct.push(direct_put(env, &daemon.data_dir, &extra, blocks, parallel)?);
         }
         let best = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::max);
         let least = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::min);
@@ -346,7 +357,7 @@ pub async fn upload_vs_direct(
             f2(rc),
         ]);
         results.push(json!({
-            "provider": provider, "size_mib": size_mib, "rounds": rounds,
+            "provider": provider, "size_mib": size_mib, "rounds": rounds, "parallel": parallel,
             "publish_mib_s": publish, "restore_mib_s": restore, "direct_put_mib_s": direct,
             "best_publish_mib_s": p, "best_restore_mib_s": r, "best_direct_put_mib_s": d,
             "publish_over_direct": p / d,
@@ -356,7 +367,7 @@ pub async fn upload_vs_direct(
     }
     print_table(
         &format!(
-            "upload-vs-direct: {size_mib} MiB, 4 MiB blocks, 4 in flight, no bulk cap (best of {rounds}; CPU: least of {rounds})"
+            "upload-vs-direct: {size_mib} MiB, 4 MiB blocks, {parallel} in flight, no bulk cap (best of {rounds}; CPU: least of {rounds})"
         ),
         &[
             "provider",

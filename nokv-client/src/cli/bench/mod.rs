@@ -116,6 +116,9 @@ pub enum BenchCommand {
         /// Rounds per provider (the best is reported).
         #[arg(long, default_value_t = 2)]
         rounds: u32,
+        /// Blocks in flight, the same for the publish, the restore and the direct PUTs.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+        parallel: u32,
     },
     /// Small-write ops/s at 1, 8 and 64 concurrent sessions, etcd at the same counts in the
     /// same run, with the nokv/etcd ratio and CPU time per operation.
@@ -274,9 +277,11 @@ pub async fn run(
             size_mib,
             providers,
             rounds,
+            parallel,
         } => {
             let e = env.env();
-            let bench = compare::upload_vs_direct(&e, size_mib, &providers, rounds);
+            let bench =
+                compare::upload_vs_direct(&e, size_mib, &providers, rounds, parallel as usize);
             measured(&env.out, "upload-vs-direct", bench).await
         }
         BenchCommand::Scaling {
@@ -339,7 +344,7 @@ pub async fn run(
                 Ok(json!({
                     "put_vs_etcd": compare::put_vs_etcd(&e, &[1, 8], durability::Durability::Local).await?,
                     "stat_vs_rpc": compare::stat_vs_rpc(&e).await?,
-                    "upload_vs_direct": compare::upload_vs_direct(&e, 64, &["local".into(), "s3".into()], 2).await?,
+                    "upload_vs_direct": compare::upload_vs_direct(&e, 64, &["local".into(), "s3".into()], 2, 4).await?,
                     "scaling": compare::scaling(&e, durability::Durability::Local).await?,
                 }))
             };
