@@ -69,6 +69,13 @@
 //! p99 1.8x, but put p50 1.09x at 15 MiB/s and more daemon CPU per operation — not enough to
 //! keep 256 KiB windows, which would also cap a distant uploader at one window per round trip.
 //!
+//! The data-plane listener measured again with blocks written direct (scratch build, one or
+//! two runs each): unpaced with `SCHED_IDLE` bulk threads, share 0.95-1.01 and stat p50
+//! 1.06-1.14x, but put p50 1.7x and p99 3.3-3.7x (nice 10 bulk threads: put p50 2.1x; the data
+//! dir on tmpfs: 1.16x, p99 8.6x); paced at 48 MiB/s per CPU, share 0.33 with put p50 1.10x —
+//! the same curve as presence pacing without it. Idle priority hands the upload the spare CPU,
+//! but what a put pays beside an upload at full speed is not CPU time the scheduler takes back.
+//!
 //! So on 2 cores, with the agents, the uploader and the daemon sharing them, the bars of issue
 //! 46 (uploader >= 50 % of alone with put p50 <= 1.1x and p99 <= 1.5x) are out of reach for
 //! every schedule measured: p50 <= 1.1x holds up to ~40 MiB/s beside 32 agents, half of the

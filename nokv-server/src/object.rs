@@ -139,6 +139,7 @@ impl ObjectProvider {
                     let mut b = object_store::aws::AmazonS3Builder::new()
                         .with_bucket_name(bucket)
                         .with_region(region)
+                        .with_unsigned_payload(!payload_needs_signing(endpoint.as_deref()))
                         .with_client_options(
                             ClientOptions::new()
                                 .with_allow_http(*allow_http || loopback)
@@ -543,6 +544,25 @@ fn flatten(e: &(dyn std::error::Error + 'static)) -> String {
     out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// Whether SigV4 must cover each PUT's body (its SHA-256 in the signature) or may use
+/// `UNSIGNED-PAYLOAD`, as AWS's own SDKs do over HTTPS. The payload hash guards the body in
+/// transit only where nothing else does: plain HTTP to another host. Over TLS (whose records
+/// are authenticated) or loopback (no wire) it is one more SHA-256 pass over every block —
+/// 0.6 ms of CPU per MiB here, a fifth of the owner's whole cost per MiB published — for
+/// nothing: each block's digest is already proven at PutBlock and checked on every read.
+fn payload_needs_signing(endpoint: Option<&str>) -> bool {
+    match endpoint {
+        // AWS's own endpoints: HTTPS.
+        None => false,
+        Some(ep) => {
+            let https = ep
+                .get(..8)
+                .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
+            !(https || is_loopback_url(ep))
+        }
+    }
+}
+
 fn is_loopback_url(url: &str) -> bool {
     let rest = url
         .strip_prefix("http://")
@@ -559,6 +579,19 @@ fn is_loopback_url(url: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn put_bodies_are_signed_only_over_plain_http_to_another_host() {
+        assert!(payload_needs_signing(Some("http://s3.example.com")));
+        assert!(payload_needs_signing(Some("http://10.0.0.1:9000")));
+        assert!(!payload_needs_signing(Some("https://s3.example.com")));
+        assert!(!payload_needs_signing(Some("HTTPS://minio.internal:9000")));
+        assert!(!payload_needs_signing(Some("http://127.0.0.1:9000")));
+        assert!(
+            !payload_needs_signing(None),
+            "AWS's default endpoints are HTTPS"
+        );
+    }
 
     #[test]
     fn only_loopback_endpoints_get_plain_http_implicitly() {
