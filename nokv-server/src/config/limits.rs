@@ -81,7 +81,7 @@ pub(super) fn limits(args: &mut ServeArgs) -> Result<Limits, ConfigError> {
         search: defaults.search,
         // Upload blocks held for the running digests: a quarter of the budget (see
         // `shard::upload_digest` for why a quarter cannot wedge uploads).
-        held_ahead: crate::shard::upload_digest::HeldAhead::new((block_memory / 4) as usize),
+        held_ahead: crate::shard::upload_digest::HeldAhead::for_budget(block_memory),
     };
     if shard.delete_attempts == 0 {
         return Err(ConfigError(

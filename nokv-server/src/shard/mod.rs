@@ -84,9 +84,7 @@ impl Default for ShardConfig {
             delete_attempts: 8,
             history_retention: Duration::from_secs(30 * 24 * 3600),
             search: search::SearchLimits::default(),
-            held_ahead: upload_digest::HeldAhead::new(
-                (crate::memory::DEFAULT_BLOCK_MEMORY / 4) as usize,
-            ),
+            held_ahead: upload_digest::HeldAhead::for_budget(crate::memory::DEFAULT_BLOCK_MEMORY),
         }
     }
 }

@@ -10,10 +10,11 @@
 //! held — its bytes keep the block-memory reservation they arrived with (see
 //! [`crate::memory`]) — until the gap before it is filled.
 //!
-//! Why holding cannot wedge uploads: held bytes are bounded node-wide by [`HeldAhead`], set to
-//! a quarter of the block-memory budget, so three quarters stay for the requests that fill the
-//! gaps; a block that would pass the bound is not held — the prefix ends there and commit
-//! reads the rest back. Held bytes never wait for anything: they are hashed when their gap is
+//! Why holding cannot wedge uploads: held blocks are bounded node-wide by [`HeldAhead`], to as
+//! many as the reservations they may pin (one PutBlock message each, whatever the block's
+//! length) fill a quarter of the block-memory budget, so three quarters stay for the requests
+//! that fill the gaps; a block past the bound is not held — the prefix ends there and commit
+//! reads the rest back. Held blocks never wait for anything: they are hashed when their gap is
 //! filled, or dropped when the prefix ends, the upload is finished, forgotten, or left
 //! untouched for [`STALE_AFTER`] (see [`UploadDigests::release_stale`], called by every
 //! maintenance pass).
@@ -43,70 +44,74 @@ pub const MAX_UPLOADS: usize = 64;
 /// prefix ends): a gap that lasts is a failed block being retried, or an uploader gone.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
 
-/// The node-wide bound on bytes held ahead of their turn, shared by every shard's
-/// [`UploadDigests`].
+/// The node-wide bound on blocks held ahead of their turn, shared by every shard's
+/// [`UploadDigests`]. Counted in blocks, not bytes: a short last block may still pin a whole
+/// message's reservation.
 #[derive(Debug)]
 pub struct HeldAhead {
-    bytes: AtomicUsize,
+    blocks: AtomicUsize,
     max: usize,
 }
 
 impl HeldAhead {
-    /// At most `max` bytes held at once (the node uses a quarter of its block memory).
+    /// At most `max` blocks held at once.
     pub fn new(max: usize) -> Arc<HeldAhead> {
         Arc::new(HeldAhead {
-            bytes: AtomicUsize::new(0),
+            blocks: AtomicUsize::new(0),
             max,
         })
     }
 
-    /// Counts `n` more bytes held, unless that would pass the bound.
-    fn try_hold(&self, n: usize) -> bool {
-        self.bytes
+    /// The bound for a node whose block-memory budget is `budget` bytes: the blocks whose
+    /// reservations (at most one PutBlock message each) fit in a quarter of it.
+    pub fn for_budget(budget: u64) -> Arc<HeldAhead> {
+        Self::new((budget / 4 / nokv_proto::MAX_MESSAGE as u64) as usize)
+    }
+
+    /// Counts one more block held, unless that would pass the bound.
+    fn try_hold(&self) -> bool {
+        self.blocks
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(n).filter(|total| *total <= self.max)
+                Some(held + 1).filter(|total| *total <= self.max)
             })
             .is_ok()
     }
 
     fn release(&self, n: usize) {
-        self.bytes.fetch_sub(n, Ordering::AcqRel);
+        self.blocks.fetch_sub(n, Ordering::AcqRel);
     }
 
-    /// Bytes held now, node-wide.
+    /// Blocks held now, node-wide.
     pub fn held(&self) -> usize {
-        self.bytes.load(Ordering::Acquire)
+        self.blocks.load(Ordering::Acquire)
     }
 }
 
 /// Blocks of one upload recorded ahead of their turn, by index, with their attempt key and
-/// bytes. Their bytes count against [`HeldAhead`] until taken or dropped.
+/// bytes. They count against [`HeldAhead`] until taken or dropped.
 struct Ahead {
     blocks: BTreeMap<u32, (String, Bytes)>,
-    bytes: usize,
     bound: Arc<HeldAhead>,
 }
 
 impl Ahead {
     fn hold(&mut self, index: u32, key: &str, data: &Bytes) -> bool {
-        if !self.bound.try_hold(data.len()) {
+        if !self.bound.try_hold() {
             return false;
         }
-        self.bytes += data.len();
         self.blocks.insert(index, (key.to_string(), data.clone()));
         true
     }
 
     fn take(&mut self, index: u32) -> Option<(String, Bytes)> {
         let taken = self.blocks.remove(&index)?;
-        self.bytes -= taken.1.len();
-        self.bound.release(taken.1.len());
+        self.bound.release(1);
         Some(taken)
     }
 
     fn clear(&mut self) {
+        self.bound.release(self.blocks.len());
         self.blocks.clear();
-        self.bound.release(std::mem::take(&mut self.bytes));
     }
 }
 
@@ -136,7 +141,6 @@ impl Running {
             keys: Vec::new(),
             ahead: Ahead {
                 blocks: BTreeMap::new(),
-                bytes: 0,
                 bound,
             },
             ended: false,
@@ -301,9 +305,9 @@ mod tests {
         h.finalize().to_vec()
     }
 
-    /// Digests with room for `blocks` test blocks held ahead, node-wide.
+    /// Digests with room for `blocks` blocks held ahead, node-wide.
     fn digests(blocks: usize) -> UploadDigests {
-        UploadDigests::new(HeldAhead::new(blocks * block(255).len()))
+        UploadDigests::new(HeldAhead::new(blocks))
     }
 
     fn record(d: &UploadDigests, u: &str, i: u8) {
@@ -336,7 +340,7 @@ mod tests {
 
     #[test]
     fn a_block_past_the_node_wide_bound_ends_the_prefix_and_lets_go_of_what_was_held() {
-        let bound = HeldAhead::new(2 * block(255).len());
+        let bound = HeldAhead::new(2);
         let (d, other) = (
             UploadDigests::new(bound.clone()),
             UploadDigests::new(bound.clone()),
@@ -344,11 +348,11 @@ mod tests {
         record(&other, "w", 1);
         record(&d, "u", 0);
         record(&d, "u", 2);
-        assert_eq!(bound.held(), block(1).len() + block(2).len());
+        assert_eq!(bound.held(), 2);
         record(&d, "u", 3);
         assert_eq!(
             bound.held(),
-            block(1).len(),
+            1,
             "u's held block is dropped; the other shard's stays"
         );
         record(&d, "u", 1);
@@ -369,11 +373,23 @@ mod tests {
         record(&d, "u", 0);
         record(&d, "u", 2);
         d.release_stale(Duration::from_secs(3600));
-        assert_eq!(d.bound.held(), block(2).len(), "recently touched: kept");
+        assert_eq!(d.bound.held(), 1, "recently touched: kept");
         d.release_stale(Duration::ZERO);
         assert_eq!(d.bound.held(), 0);
         record(&d, "u", 1);
         assert_eq!(d.finish("u", &keys(3)).blocks, 1);
+    }
+
+    #[test]
+    fn the_node_bound_counts_the_reservations_held_blocks_may_pin_in_a_quarter_of_the_budget() {
+        let message = nokv_proto::MAX_MESSAGE as u64;
+        assert_eq!(HeldAhead::for_budget(256 * 1024 * 1024).max, 15);
+        assert_eq!(
+            HeldAhead::for_budget(message).max,
+            0,
+            "the smallest budget holds nothing"
+        );
+        assert_eq!(HeldAhead::for_budget(8 * message).max, 2);
     }
 
     #[test]
