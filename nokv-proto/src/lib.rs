@@ -1,7 +1,7 @@
 //! The `nokv.v1` protobuf package: generated messages, the `Workspace` and `Admin` services,
 //! the file descriptor set that server reflection publishes, and what both ends must agree
-//! on (the wire limit, the input lengths, the byte-size syntax). Nothing else lives here, so both the server and
-//! the client depend on this crate and never on each other.
+//! on (the wire limit, the input lengths, the byte-size syntax). Nothing else lives here, so
+//! both the server and the client depend on this crate and never on each other.
 
 /// gRPC message limit of both ends: one 4 MiB block plus generous framing overhead. Defined
 /// here, the bottom of the server and the client, so the two cannot drift apart.

@@ -95,6 +95,16 @@ fn commit(up: &pb::BeginUploadResponse, body: &[u8], rid: &str) -> pb::CommitUpl
 }
 
 /// Puts the 4-byte blocks of `body` in the order of `indices` (a fixture with block size 4).
+/// Commits `up` declaring the sha256 of `body` and checks the published entry carries it.
+async fn commit_publishes(f: &Fixture, up: &pb::BeginUploadResponse, body: &[u8], rid: &str) {
+    let done = f
+        .shard
+        .commit_upload(writer(), commit(up, body, rid))
+        .await
+        .unwrap();
+    assert_eq!(done.entry.unwrap().sha256, Sha256::digest(body).to_vec());
+}
+
 async fn put_blocks(f: &Fixture, up: &pb::BeginUploadResponse, body: &[u8], indices: &[u32]) {
     for &i in indices {
         let part = &body[4 * i as usize..4 * i as usize + 4];
@@ -611,15 +621,7 @@ async fn a_commit_whose_declared_sha256_does_not_match_the_bytes_is_refused_and_
     );
     assert_eq!(f.shard.counts().await.unwrap().uploads, 1, "still open");
     // The upload can still be committed with the true digest.
-    let done = f
-        .shard
-        .commit_upload(writer(), commit(&up, b"abcdefgh", "c-right"))
-        .await
-        .unwrap();
-    assert_eq!(
-        done.entry.unwrap().sha256,
-        Sha256::digest(b"abcdefgh").to_vec()
-    );
+    commit_publishes(&f, &up, b"abcdefgh", "c-right").await;
     assert_accounted(&f).await;
 }
 
@@ -1367,15 +1369,7 @@ async fn a_commit_proves_the_declared_digest_from_the_running_digest_without_rea
     let up = begin(&f, "art", 12).await;
     put_blocks(&f, &up, b"abcdefghijkl", &[0, 1, 2]).await;
     f.faults.fail_next_reads(1000);
-    let done = f
-        .shard
-        .commit_upload(writer(), commit(&up, b"abcdefghijkl", "c"))
-        .await
-        .unwrap();
-    assert_eq!(
-        done.entry.unwrap().sha256,
-        Sha256::digest(b"abcdefghijkl").to_vec()
-    );
+    commit_publishes(&f, &up, b"abcdefghijkl", "c").await;
     f.faults.fail_next_reads(0);
     assert_accounted(&f).await;
 }
@@ -1390,15 +1384,7 @@ async fn a_commit_after_blocks_recorded_out_of_order_reads_nothing_back() {
     let up = begin(&f, "art", 16).await;
     put_blocks(&f, &up, b"abcdefghijklmnop", &[1, 3, 0, 2]).await;
     f.faults.fail_next_reads(1000);
-    let done = f
-        .shard
-        .commit_upload(writer(), commit(&up, b"abcdefghijklmnop", "c"))
-        .await
-        .unwrap();
-    assert_eq!(
-        done.entry.unwrap().sha256,
-        Sha256::digest(b"abcdefghijklmnop").to_vec()
-    );
+    commit_publishes(&f, &up, b"abcdefghijklmnop", "c").await;
     f.faults.fail_next_reads(0);
     assert_accounted(&f).await;
 }
@@ -1425,15 +1411,7 @@ async fn past_the_hold_bound_a_commit_reads_back_the_rest_and_publishes() {
         matches!(err, Error::Unavailable(_)),
         "it did read back: {err:?}"
     );
-    let done = f
-        .shard
-        .commit_upload(writer(), commit(&up, b"abcdefghijklmnop", "c"))
-        .await
-        .unwrap();
-    assert_eq!(
-        done.entry.unwrap().sha256,
-        Sha256::digest(b"abcdefghijklmnop").to_vec()
-    );
+    commit_publishes(&f, &up, b"abcdefghijklmnop", "c").await;
     assert_accounted(&f).await;
 }
 
