@@ -1,5 +1,6 @@
 //! Publishing an artifact: the file is streamed once, in blocks, with several blocks in
-//! flight; the whole-body sha256 is computed during that same pass and declared at commit.
+//! flight; the whole-body sha256 is computed during that same pass and declared at commit
+//! (the only SHA-256 pass: each block carries a CRC-32C).
 //! Memory is bounded by `parallel` blocks. Every call carries its own request id and is
 //! retried with that id, so a lost response never publishes twice or loses a block.
 //!
@@ -11,6 +12,7 @@ use std::io::SeekFrom;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nokv_proto::block_checksum;
 use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt};
@@ -266,7 +268,10 @@ impl Client {
                 upload_id: begin.upload_id.clone(),
                 upload_token: begin.upload_token.clone(),
                 index,
-                block_sha256: Sha256::digest(&data).to_vec(),
+                // A CRC-32C, not a second SHA-256 pass: `whole` is the cryptographic digest
+                // (see nokv_proto::block_checksum).
+                block_sha256: Vec::new(),
+                block_crc32c: Some(block_checksum::crc32c(&data)),
                 data: data.into(),
                 request_id: new_request_id(),
             };

@@ -1,5 +1,6 @@
 //! Restoring an artifact: the manifest first, then blocks in parallel, each verified against
-//! its recorded digest, then the whole sha256. A restore writes `DEST.partial`, fsyncs and
+//! its recorded checksums (a CRC-32C: early detection of a damaged block), then the whole
+//! sha256 (the proof). A restore writes `DEST.partial`, fsyncs and
 //! renames, so DEST either does not exist or is complete and verified. An interrupted restore
 //! resumes: blocks already in `DEST.partial` whose digest verifies are not fetched again.
 //!
@@ -25,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
+use nokv_proto::block_checksum::BlockChecksums;
 use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -147,9 +149,9 @@ impl Client {
                 }
             })
             .await?;
-        if data.len() as u64 != block.length || Sha256::digest(&data).as_slice() != block.sha256 {
+        if data.len() as u64 != block.length || !checksums(block).matches(&data) {
             return Err(ClientError::integrity(format!(
-                "block {} of revision {revision} is corrupt: its bytes do not match the recorded sha256",
+                "block {} of revision {revision} is corrupt: its bytes do not match the recorded checksum",
                 block.index
             )));
         }
@@ -380,7 +382,16 @@ fn revision_gone(e: ClientError, ws: &str, path: &str, revision: u64) -> ClientE
 
 fn block_verifies(file: &std::fs::File, offset: u64, b: &pb::BlockInfo) -> bool {
     let mut buf = vec![0u8; b.length as usize];
-    file.read_exact_at(&mut buf, offset).is_ok() && Sha256::digest(&buf).as_slice() == b.sha256
+    file.read_exact_at(&mut buf, offset).is_ok() && checksums(b).matches(&buf)
+}
+
+/// The checksums the manifest recorded for a block (a CRC-32C, a sha256 for blocks published
+/// before CRC-32C, or both); the whole file's sha256 is proven at the end either way.
+fn checksums(b: &pb::BlockInfo) -> BlockChecksums {
+    BlockChecksums {
+        sha256: b.sha256.clone(),
+        crc32c: b.crc32c,
+    }
 }
 
 /// Verifies the whole sha256 of the assembled file and makes it durable. On a mismatch the

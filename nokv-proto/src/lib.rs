@@ -1,6 +1,6 @@
 //! The `nokv.v1` protobuf package: generated messages, the `Workspace` and `Admin` services,
 //! the file descriptor set that server reflection publishes, and what both ends must agree
-//! on (the wire limit, the input lengths, the byte-size syntax). Nothing else lives here, so
+//! on (the wire limit, the input lengths, the byte-size syntax, the block checksums). Nothing else lives here, so
 //! both the server and the client depend on this crate and never on each other.
 
 /// gRPC message limit of both ends: one 4 MiB block plus generous framing overhead. Defined
@@ -18,6 +18,7 @@ pub const MAX_GLOB_BYTES: usize = 8192;
 /// Longest regex source Grep compiles, in bytes.
 pub const MAX_REGEX_BYTES: usize = 4096;
 
+pub mod block_checksum;
 pub mod size;
 
 pub mod v1 {

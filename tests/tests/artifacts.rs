@@ -662,7 +662,8 @@ fn a_commit_whose_declared_sha256_is_wrong_answers_digest_mismatch_and_publishes
                 upload_id: up.upload_id.clone(),
                 upload_token: up.upload_token.clone(),
                 index: i as u32,
-                block_sha256: Sha256::digest(b).to_vec(),
+                block_sha256: Vec::new(),
+                block_crc32c: Some(nokv_proto::block_checksum::crc32c(b)),
                 data: b.to_vec().into(),
                 request_id: format!("put-lie-{i}"),
             })

@@ -142,6 +142,7 @@ fn block_bytes_held_by_the_daemon_stay_within_the_block_memory_budget() {
                 upload_token: begun.upload_token.clone(),
                 index: index as u32,
                 block_sha256: block_sha.clone(),
+                block_crc32c: None,
                 data: body.clone(),
                 request_id: format!("put-{index}-{attempt}"),
             };

@@ -828,6 +828,7 @@ async fn replaying_an_upload_request_id_with_another_workspaces_token_is_refused
         upload_token: up.upload_token.clone(),
         index: 0,
         block_sha256: sha.clone(),
+        block_crc32c: None,
         data: body.clone().into(),
         request_id: "p1".into(),
     };

@@ -107,6 +107,7 @@ async fn upload_calls_under_another_workspaces_or_a_read_only_token_are_refused_
         upload_token: up.upload_token.clone(),
         index: 0,
         block_sha256: sha.clone(),
+        block_crc32c: None,
         data: body.clone().into(),
         request_id: "p1".into(),
     };

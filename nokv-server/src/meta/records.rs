@@ -1,6 +1,8 @@
 //! The durable record formats of a shard, encoded with prost so that fields can be added
 //! without a migration (unknown tags are skipped, missing ones default).
 
+use nokv_proto::block_checksum::BlockChecksums;
+
 /// Kind of a path's entry, shared with the wire enum's numbering.
 pub const KIND_FILE: i32 = 1;
 pub const KIND_ARTIFACT: i32 = 2;
@@ -175,6 +177,19 @@ pub struct BlockRecord {
     pub key: String,
     #[prost(enumeration = "BlockState", tag = "4")]
     pub state: i32,
+    /// The block's CRC-32C when it was declared with one. With `sha256` these are the block's
+    /// checksums ([`BlockChecksums`]): at least one is present.
+    #[prost(fixed32, optional, tag = "5")]
+    pub crc32c: Option<u32>,
+}
+
+impl BlockRecord {
+    pub fn checksums(&self) -> BlockChecksums {
+        BlockChecksums {
+            sha256: self.sha256.clone(),
+            crc32c: self.crc32c,
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -185,6 +200,18 @@ pub struct RevisionBlock {
     pub sha256: Vec<u8>,
     #[prost(string, tag = "3")]
     pub key: String,
+    /// As [`BlockRecord::crc32c`]: revisions published before CRC-32C have a sha256 only.
+    #[prost(fixed32, optional, tag = "4")]
+    pub crc32c: Option<u32>,
+}
+
+impl RevisionBlock {
+    pub fn checksums(&self) -> BlockChecksums {
+        BlockChecksums {
+            sha256: self.sha256.clone(),
+            crc32c: self.crc32c,
+        }
+    }
 }
 
 /// An immutable published artifact. Revision numbers come from the shard's sequence and are

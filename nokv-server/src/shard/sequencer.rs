@@ -33,6 +33,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use nokv_proto::block_checksum::BlockChecksums;
 use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
@@ -144,24 +145,34 @@ impl Shard {
                 self.cfg.block_size
             )));
         }
-        self.bulk.admit(req.data.len() as u64).await;
-        // Hash on a bulk thread: 4 MiB of SHA-256 must neither stall the async workers that
-        // serve other requests nor outrank them for the CPU.
-        let body = std::mem::take(&mut req.data);
-        let (body, digest) = self
-            .bulk
-            .run(async move {
-                let digest = Sha256::digest(&body).to_vec();
-                (body, digest)
-            })
-            .await?;
-        if digest != req.block_sha256 {
-            return Err(Error::DigestMismatch(format!(
-                "block {} body does not match its declared sha256",
+        let digest = BlockChecksums {
+            sha256: req.block_sha256.clone(),
+            crc32c: req.block_crc32c,
+        };
+        if digest.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "block {} declares no checksum: send block_crc32c (or block_sha256)",
                 req.index
             )));
         }
-        let data = body;
+        self.bulk.admit(req.data.len() as u64).await;
+        // Check on a bulk thread: a block's checksums (a sha256 is 4 MiB of SHA-256) must
+        // neither stall the async workers that serve other requests nor outrank them for the
+        // CPU.
+        let body = std::mem::take(&mut req.data);
+        let (data, digest) = self
+            .bulk
+            .run(async move {
+                let ok = digest.matches(&body);
+                (body, ok.then_some(digest))
+            })
+            .await?;
+        let Some(digest) = digest else {
+            return Err(Error::DigestMismatch(format!(
+                "block {} body does not match its declared checksum",
+                req.index
+            )));
+        };
         let request_id = std::mem::take(&mut req.request_id);
         req.upload_token.clear();
         // The fingerprint covers the declared digest, which the body was just proven to match.
@@ -209,7 +220,7 @@ impl Shard {
                     if let Some(b) = w.block(&upload_id, index)?
                         && b.state == BlockState::Uploaded as i32
                     {
-                        if b.sha256 != digest {
+                        if !b.checksums().agrees_with(&digest) {
                             return Err(Error::DigestMismatch(format!(
                                 "block {index} was already uploaded with different content"
                             )));
@@ -228,7 +239,8 @@ impl Shard {
                         index,
                         &BlockRecord {
                             length,
-                            sha256: digest,
+                            sha256: digest.sha256,
+                            crc32c: digest.crc32c,
                             key: object_key.clone(),
                             state: BlockState::Pending as i32,
                         },
@@ -483,10 +495,11 @@ impl Shard {
                         .ok_or_else(|| {
                             Error::FailedPrecondition(format!("block {i} has not been uploaded"))
                         })?;
-                    manifest.update(&b.sha256);
+                    b.checksums().feed_manifest(&mut manifest);
                     rev_blocks.push(RevisionBlock {
                         length: b.length,
                         sha256: b.sha256.clone(),
+                        crc32c: b.crc32c,
                         key: b.key.clone(),
                     });
                 }
@@ -627,6 +640,7 @@ impl Shard {
                             index: i as u32,
                             length: b.length,
                             sha256: b.sha256.clone(),
+                            crc32c: b.crc32c,
                         })
                         .collect(),
                     entry: Some(to_entry(ws, path, &e)),

@@ -3,7 +3,7 @@
 //!
 //! The same bounds hold as for small files: the byte budget is checked before each block is
 //! fetched, the time budget before each block, `max_matches` and the reply budget per match.
-//! Each block is checked against its recorded sha256 before a byte of it is matched: damaged
+//! Each block is checked against its recorded checksums before a byte of it is matched: damaged
 //! bytes answer `DataCorrupted`, never lines. An artifact is text only while every line is
 //! UTF-8 and shorter than [`MAX_ARTIFACT_LINE`]; at the first line that is not, it is counted
 //! in `files_skipped` and the matches it gave are withdrawn (as a small file that is not UTF-8
@@ -13,7 +13,6 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use nokv_proto::v1 as pb;
-use sha2::{Digest, Sha256};
 
 use super::{BY_BYTE_BUDGET, BY_TIME_BUDGET, Found, GrepSearch, clip};
 use crate::error::{Error, Result};
@@ -82,7 +81,7 @@ pub(super) async fn scan(
 }
 
 /// One block's bytes (read like a restore's, see [`Shard::fetch_block`]), verified against the
-/// digest its revision recorded.
+/// checksums its revision recorded.
 async fn fetch(
     shard: &Shard,
     artifact: &Artifact,
@@ -92,15 +91,15 @@ async fn fetch(
     let data = shard
         .fetch_block(artifact.revision, &block.key, block.length, memory)
         .await?;
-    if Sha256::digest(&data).as_slice() != block.sha256.as_slice() {
+    if data.len() as u64 != block.length || !block.checksums().matches(&data) {
         tracing::error!(
             shard = shard.id,
             path = artifact.path,
             key = block.key,
-            "an artifact block does not match its recorded sha256"
+            "an artifact block does not match its recorded checksum"
         );
         return Err(Error::DataCorrupted(format!(
-            "{}: a block of the artifact does not match its recorded sha256; publish it again \
+            "{}: a block of the artifact does not match its recorded checksum; publish it again \
              from a good copy",
             artifact.path
         )));

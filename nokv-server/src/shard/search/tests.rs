@@ -383,23 +383,24 @@ async fn grep_refuses_a_body_that_fails_its_recorded_digest() {
 
 /// Publishes an artifact at `ws:path` straight into the store and the provider, one object
 /// per block (the upload protocol is the sequencer's tests' business). `bad_digest` records
-/// a wrong sha256 for block 0.
+/// a wrong checksum (CRC-32C) for block 0.
 async fn artifact(f: &Fixture, path: &str, blocks: &[&[u8]], bad_digest: bool) {
-    use sha2::{Digest, Sha256};
+    use nokv_proto::block_checksum::crc32c;
     let mut recorded = Vec::new();
     for (i, block) in blocks.iter().enumerate() {
         let key = format!("t/art/{path}/{i}");
         f.provider
             .create(&key, bytes::Bytes::copy_from_slice(block))
             .await;
-        let digest = if bad_digest && i == 0 {
-            Sha256::digest(b"other bytes").to_vec()
+        let crc = if bad_digest && i == 0 {
+            crc32c(b"other bytes")
         } else {
-            Sha256::digest(block).to_vec()
+            crc32c(block)
         };
         recorded.push(crate::meta::RevisionBlock {
             length: block.len() as u64,
-            sha256: digest,
+            sha256: Vec::new(),
+            crc32c: Some(crc),
             key,
         });
     }

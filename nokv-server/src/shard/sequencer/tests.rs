@@ -79,7 +79,8 @@ fn block(up: &pb::BeginUploadResponse, index: u32, data: &[u8], rid: &str) -> pb
         upload_id: up.upload_id.clone(),
         upload_token: up.upload_token.clone(),
         index,
-        block_sha256: Sha256::digest(data).to_vec(),
+        block_sha256: Vec::new(),
+        block_crc32c: Some(nokv_proto::block_checksum::crc32c(data)),
         data: data.to_vec().into(),
         request_id: rid.into(),
     }
@@ -227,10 +228,20 @@ async fn a_put_block_whose_caller_went_away_is_still_written_and_recorded() {
 async fn a_wrong_digest_or_length_is_refused_before_any_provider_write() {
     let f = fixture(8, Duration::from_secs(60));
     let up = begin(&f, "a.bin", 12).await;
-    let mut bad_digest = block(&up, 0, b"12345678", "r1");
-    bad_digest.block_sha256 = Sha256::digest(b"other").to_vec();
-    let err = f.shard.put_block(writer(), bad_digest).await.unwrap_err();
+    let mut bad_crc = block(&up, 0, b"12345678", "r1");
+    bad_crc.block_crc32c = Some(nokv_proto::block_checksum::crc32c(b"other"));
+    let err = f.shard.put_block(writer(), bad_crc).await.unwrap_err();
     assert!(matches!(err, Error::DigestMismatch(_)), "{err:?}");
+    // Every declared checksum is checked: a wrong sha256 beside a right CRC is refused too.
+    let mut bad_sha = block(&up, 0, b"12345678", "r1-sha");
+    bad_sha.block_sha256 = Sha256::digest(b"other").to_vec();
+    let err = f.shard.put_block(writer(), bad_sha).await.unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch(_)), "{err:?}");
+    // A block with no checksum at all proves nothing and is refused as malformed.
+    let mut none = block(&up, 0, b"12345678", "r1-none");
+    none.block_crc32c = None;
+    let err = f.shard.put_block(writer(), none).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
     // Block 1 of a 12-byte artifact must be 4 bytes.
     let err = f
         .shard
@@ -1187,6 +1198,98 @@ async fn other_content_for_an_uploaded_block_is_refused_with_digest_mismatch_and
             .unwrap()[..],
         b"abcd"
     );
+    assert_accounted(&f).await;
+}
+
+#[tokio::test]
+async fn the_manifest_records_each_blocks_declared_checksums_and_old_sha256_blocks_still_publish() {
+    use nokv_proto::block_checksum::{BlockChecksums, crc32c};
+    let f = fixture(4, Duration::from_secs(60));
+    // The client's way: CRC-32C blocks.
+    let up = begin(&f, "crc", 8).await;
+    put_blocks(&f, &up, b"abcdefgh", &[0, 1]).await;
+    commit_publishes(&f, &up, b"abcdefgh", "c-crc").await;
+    let m = f.shard.get_manifest("ws", "crc").await.unwrap();
+    let crcs: Vec<_> = m
+        .blocks
+        .iter()
+        .map(|b| (b.crc32c, b.sha256.len()))
+        .collect();
+    assert_eq!(
+        crcs,
+        [(Some(crc32c(b"abcd")), 0), (Some(crc32c(b"efgh")), 0)]
+    );
+    let mut manifest = Sha256::new();
+    manifest.update(crc32c(b"abcd").to_be_bytes());
+    manifest.update(crc32c(b"efgh").to_be_bytes());
+    assert_eq!(
+        m.entry.unwrap().manifest_sha256,
+        manifest.finalize().to_vec()
+    );
+
+    // A client from before CRC-32C declares sha256 blocks; one may declare both.
+    let up = begin(&f, "sha", 8).await;
+    let mut first = block(&up, 0, b"abcd", "s0");
+    (first.block_sha256, first.block_crc32c) = (Sha256::digest(b"abcd").to_vec(), None);
+    let mut second = block(&up, 1, b"efgh", "s1");
+    second.block_sha256 = Sha256::digest(b"efgh").to_vec();
+    for b in [first, second] {
+        f.shard.put_block(writer(), b).await.unwrap();
+    }
+    commit_publishes(&f, &up, b"abcdefgh", "c-sha").await;
+    let m = f.shard.get_manifest("ws", "sha").await.unwrap();
+    let recorded: Vec<_> = m
+        .blocks
+        .iter()
+        .map(|b| BlockChecksums {
+            sha256: b.sha256.clone(),
+            crc32c: b.crc32c,
+        })
+        .collect();
+    assert_eq!(
+        recorded,
+        [
+            BlockChecksums {
+                sha256: Sha256::digest(b"abcd").to_vec(),
+                crc32c: None
+            },
+            BlockChecksums {
+                sha256: Sha256::digest(b"efgh").to_vec(),
+                crc32c: Some(crc32c(b"efgh"))
+            },
+        ]
+    );
+    // Blocks with a sha256 keep the manifest digest they always had: over the sha256s.
+    let mut manifest = Sha256::new();
+    manifest.update(Sha256::digest(b"abcd"));
+    manifest.update(Sha256::digest(b"efgh"));
+    assert_eq!(
+        m.entry.unwrap().manifest_sha256,
+        manifest.finalize().to_vec()
+    );
+    assert_accounted(&f).await;
+}
+
+#[tokio::test]
+async fn a_retry_of_a_recorded_block_is_the_same_block_only_if_a_shared_checksum_agrees() {
+    let f = fixture(4, Duration::from_secs(60));
+    let up = begin(&f, "art", 4).await;
+    f.shard
+        .put_block(writer(), block(&up, 0, b"abcd", "b0"))
+        .await
+        .unwrap();
+    // The same bytes declared with the CRC and a sha256: the CRC agrees, answered, no write.
+    let mut both = block(&up, 0, b"abcd", "b0-both");
+    both.block_sha256 = Sha256::digest(b"abcd").to_vec();
+    f.shard.put_block(writer(), both).await.unwrap();
+    assert_eq!(f.faults.creates(), 1);
+    // A sha256 alone shares nothing with the recorded CRC: the server cannot tell, refuses.
+    let mut sha_only = block(&up, 0, b"abcd", "b0-sha");
+    (sha_only.block_sha256, sha_only.block_crc32c) = (Sha256::digest(b"abcd").to_vec(), None);
+    let err = f.shard.put_block(writer(), sha_only).await.unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch(_)), "{err:?}");
+    assert_eq!(f.faults.creates(), 1);
+    commit_publishes(&f, &up, b"abcd", "c").await;
     assert_accounted(&f).await;
 }
 

@@ -101,7 +101,8 @@ fn block(up: &pb::BeginUploadResponse, index: u32, data: &[u8]) -> pb::PutBlockR
         upload_id: up.upload_id.clone(),
         upload_token: up.upload_token.clone(),
         index,
-        block_sha256: Sha256::digest(data).to_vec(),
+        block_sha256: Vec::new(),
+        block_crc32c: Some(nokv_proto::block_checksum::crc32c(data)),
         data: data.to_vec().into(),
         request_id: rid("put"),
     }
