@@ -12,8 +12,10 @@
 //!    block, verify the attempt key and the fences, mark the block uploaded, settle the guard,
 //!    record the request outcome.
 //!
-//! **CommitUpload proves the declared whole-file sha256 before it publishes.** Block digests
-//! are checked at PutBlock, but the whole-file digest cannot be derived from them. Each block
+//! **CommitUpload proves the declared whole-file sha256 before it publishes.** Block checksums
+//! (a CRC-32C, [`nokv_proto::block_checksum`]) are checked at PutBlock and catch a damaged
+//! block early; the whole-file digest is the cryptographic proof and cannot be derived from
+//! them. Each block
 //! recorded extends the upload's running digest ([`super::upload_digest`]: the in-order
 //! prefix, hashed on a bulk thread from the request's bytes; a block recorded ahead of its turn
 //! is held, within a node-wide bound, until the gap before it fills); commit continues from
