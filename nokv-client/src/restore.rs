@@ -123,7 +123,7 @@ impl Client {
         unary!(self, get_manifest, req)
     }
 
-    /// One block, verified against the manifest's length and digest.
+    /// One block, verified against the manifest's length and checksums.
     pub async fn fetch_block(
         &self,
         ws: &str,

@@ -524,7 +524,8 @@ impl NokvMcp {
     #[tool(
         name = "nokv_restore",
         description = "Download an artifact into a local file, every block verified against \
-            its recorded sha256; the destination appears only once complete (an interrupted \
+            its recorded checksum and the whole file against its sha256; the destination \
+            appears only once complete (an interrupted \
             restore resumes when called again). Does not change the workspace; writes a file on \
             this machine, inside the server's local root directory, and refuses to replace an \
             existing one unless overwrite is true. Errors: NotFound; OutsideLocalRoot if \
