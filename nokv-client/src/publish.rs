@@ -162,11 +162,14 @@ impl Client {
             });
         }
         let resumed_blocks = begin.recorded_blocks.len() as u32;
+        // A receipt's digest was computed by the hashing pass: the sending pass need not hash
+        // the file again (the server proves the declared digest over what it received).
+        let hash_whole = declared.is_none();
 
         let (stop_renewal, mut renewal) = self.spawn_renewal(&begin);
         let mut renewal_ended = false;
         let result = tokio::select! {
-            r = self.send_blocks(&begin, &mut reader, size, &opts) => r,
+            r = self.send_blocks(&begin, &mut reader, size, hash_whole, &opts) => r,
             // A failed renewal ends the publish at once with its reason: the upload can no
             // longer be committed, so the blocks in flight are cancelled (dropping
             // `send_blocks` aborts its tasks) instead of being sent for nothing.
@@ -185,13 +188,10 @@ impl Client {
         };
 
         let sent = match (result, renewal_error) {
-            (Ok((sha, sent)), None) => match &declared {
-                Some(d) => receipt::require_unchanged(d, &sha).map(|()| (sha, sent)),
-                None => Ok((sha, sent)),
-            },
+            (Ok(sent), None) => Ok(sent),
             (Err(e), _) | (Ok(_), Some(e)) => Err(e),
         };
-        let (sha256, sent_blocks) = match sent {
+        let (hashed, sent_blocks) = match sent {
             Ok(sent) => sent,
             Err(e) => {
                 if !receipt::keep_open_after(opts.receipt.as_deref(), &e) {
@@ -203,10 +203,20 @@ impl Client {
         let commit_req = pb::CommitUploadRequest {
             upload_id: begin.upload_id.clone(),
             upload_token: begin.upload_token.clone(),
-            sha256,
+            sha256: hashed.or_else(|| declared.clone()).unwrap_or_default(),
             request_id: new_request_id(),
         };
-        let committed = unary!(self, commit_upload, commit_req)?;
+        let committed = match unary!(self, commit_upload, commit_req) {
+            Ok(c) => c,
+            // Under a receipt the commit declares the digest of the hashing pass, and the
+            // server proves it over the bytes sent: a mismatch means the source changed in
+            // between. Nothing was published; the upload is ended so its bytes are released.
+            Err(e) if declared.is_some() && e.is("DigestMismatch") => {
+                self.abort_quietly(&begin).await;
+                return Err(receipt::source_changed());
+            }
+            Err(e) => return Err(e),
+        };
         Ok(Published {
             entry: committed.entry.unwrap_or_default(),
             sent_blocks,
@@ -215,20 +225,22 @@ impl Client {
         })
     }
 
-    /// Reads block after block, hashing as it goes, and keeps up to `parallel` PutBlocks in
-    /// flight; blocks the server named as recorded (a resumed receipt upload) are read and
-    /// hashed but not sent. Returns the whole-body sha256 and the number of blocks sent.
+    /// Reads block after block, hashing as it goes when `hash_whole`, and keeps up to
+    /// `parallel` PutBlocks in flight; blocks the server named as recorded (a resumed receipt
+    /// upload) are read (and hashed) but not sent. Returns the whole-body sha256 (when
+    /// `hash_whole`) and the number of blocks sent.
     async fn send_blocks<R: AsyncRead + Unpin>(
         &self,
         begin: &pb::BeginUploadResponse,
         reader: &mut R,
         size: u64,
+        hash_whole: bool,
         opts: &PublishOptions,
-    ) -> Result<(Vec<u8>, u32)> {
+    ) -> Result<(Option<Vec<u8>>, u32)> {
         let mut sent = 0;
         let recorded: HashSet<u32> = begin.recorded_blocks.iter().copied().collect();
         let permits = Arc::new(Semaphore::new(opts.parallel.max(1)));
-        let mut whole = Sha256::new();
+        let mut whole = hash_whole.then(Sha256::new);
         let mut inflight: JoinSet<Result<()>> = JoinSet::new();
         for index in 0..begin.block_count {
             let start = u64::from(index) * begin.block_size;
@@ -255,7 +267,9 @@ impl Client {
                     "the source shrank while it was being published",
                 ));
             }
-            whole.update(&data);
+            if let Some(whole) = &mut whole {
+                whole.update(&data);
+            }
             if recorded.contains(&index) {
                 drop(permit);
                 if let Some(p) = &opts.progress {
@@ -295,7 +309,7 @@ impl Client {
                 "the source grew while it was being published",
             ));
         }
-        Ok((whole.finalize().to_vec(), sent))
+        Ok((whole.map(|w| w.finalize().to_vec()), sent))
     }
 
     /// Renews the lease every third of its length until stopped. Returns the error that

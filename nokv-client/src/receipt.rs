@@ -18,7 +18,6 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::error::ClientError;
-use crate::sdk::Result;
 
 /// The sha256 of what `reader` yields to its end, read in 4 MiB pieces (never held in memory
 /// as a whole).
@@ -43,14 +42,12 @@ pub(crate) fn keep_open_after(receipt: Option<&str>, e: &ClientError) -> bool {
     receipt.is_some() && (e.outcome_unknown() || e.is_transport())
 }
 
-/// Refuses a publish whose source changed between the hashing pass and the sending pass: the
-/// declared identity would not be the published bytes.
-pub(crate) fn require_unchanged(declared: &[u8], sent: &[u8]) -> Result<()> {
-    if declared == sent {
-        return Ok(());
-    }
-    Err(ClientError::local(
+/// The refusal of a publish whose source changed between the hashing pass and the sending
+/// pass (the server found the declared identity is not the bytes it received): nothing was
+/// published.
+pub(crate) fn source_changed() -> ClientError {
+    ClientError::local(
         "the source changed while it was being published (its sha256 differs from the one \
-         declared under the receipt)",
-    ))
+         declared under the receipt); nothing was published",
+    )
 }

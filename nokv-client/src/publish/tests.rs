@@ -32,6 +32,12 @@ struct Fake {
     put_after_renewals: Option<u32>,
     commits: Arc<AtomicU32>,
     aborts: Arc<AtomicU32>,
+    /// Refuse every commit with this reason (as the server does when the declared sha256 is
+    /// not that of the bytes it received: `DigestMismatch`).
+    refuse_commit: Option<&'static str>,
+    /// The sha256 each commit declared, and every block's declared checksums.
+    declared: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    blocks: Arc<std::sync::Mutex<Vec<(Vec<u8>, Option<u32>)>>>,
 }
 
 fn refusal(reason: &str) -> Status {
@@ -107,8 +113,13 @@ impl Workspace for Fake {
         };
         let mut seen = self.renewals.subscribe();
         let _ = seen.wait_for(|r| *r >= n).await;
+        let req = req.into_inner();
+        self.blocks
+            .lock()
+            .unwrap()
+            .push((req.block_sha256, req.block_crc32c));
         Ok(Response::new(pb::PutBlockResponse {
-            index: req.into_inner().index,
+            index: req.index,
             lease_expires_ms: 0,
         }))
     }
@@ -126,9 +137,13 @@ impl Workspace for Fake {
     }
     async fn commit_upload(
         &self,
-        _: Request<pb::CommitUploadRequest>,
+        req: Request<pb::CommitUploadRequest>,
     ) -> Result<Response<pb::CommitUploadResponse>, Status> {
         self.commits.fetch_add(1, Ordering::SeqCst);
+        self.declared.lock().unwrap().push(req.into_inner().sha256);
+        if let Some(reason) = self.refuse_commit {
+            return Err(refusal(reason));
+        }
         Ok(Response::new(pb::CommitUploadResponse {
             entry: Some(pb::Entry::default()),
         }))
@@ -194,6 +209,9 @@ impl Fake {
             put_after_renewals,
             commits: Arc::default(),
             aborts: Arc::default(),
+            refuse_commit: None,
+            declared: Arc::default(),
+            blocks: Arc::default(),
         }
     }
 
@@ -248,4 +266,73 @@ async fn a_failed_renewal_stops_the_publish_with_its_reason_and_never_commits() 
         1,
         "the upload was abandoned"
     );
+}
+
+/// A receipt publish: the file is hashed in a first pass (the receipt's identity) and the
+/// commit declares that digest; every block goes with its CRC-32C and no sha256 of its own.
+#[tokio::test]
+async fn a_receipt_publish_commits_the_hashing_passs_digest_and_sends_crc32c_blocks() {
+    use sha2::{Digest, Sha256};
+    let fake = Fake::new(false, Some(0));
+    let client = fake.serve();
+    let file = source("receipt-digest");
+    let opts = crate::publish::PublishOptions {
+        receipt: Some("r1".into()),
+        ..Default::default()
+    };
+    within(client.publish("ws", "art", &file, opts))
+        .await
+        .unwrap();
+    assert_eq!(
+        *fake.declared.lock().unwrap(),
+        [Sha256::digest(b"abcdefgh").to_vec()]
+    );
+    let mut blocks = fake.blocks.lock().unwrap().clone();
+    blocks.sort_by_key(|b| b.1);
+    let mut want = [
+        (
+            Vec::new(),
+            Some(nokv_proto::block_checksum::crc32c(b"abcd")),
+        ),
+        (
+            Vec::new(),
+            Some(nokv_proto::block_checksum::crc32c(b"efgh")),
+        ),
+    ];
+    want.sort_by_key(|b| b.1);
+    assert_eq!(blocks, want);
+    let _ = std::fs::remove_file(file);
+}
+
+/// The server refusing a receipt's commit with `DigestMismatch` means the source changed
+/// between the hashing and the sending pass: the client says so and ends the upload.
+/// Mutation caught: the `DigestMismatch` arm removed → the server's reason comes through and
+/// nothing is aborted (verified red).
+#[tokio::test]
+async fn a_source_that_changed_under_a_receipt_is_reported_and_its_upload_aborted() {
+    let mut fake = Fake::new(false, Some(0));
+    fake.refuse_commit = Some("DigestMismatch");
+    let client = fake.serve();
+    let file = source("receipt-changed");
+    let opts = crate::publish::PublishOptions {
+        receipt: Some("r1".into()),
+        ..Default::default()
+    };
+    let err = within(client.publish("ws", "art", &file, opts))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("source changed"), "{err}");
+    assert_eq!(
+        fake.aborts.load(Ordering::SeqCst),
+        1,
+        "the upload was ended"
+    );
+    let _ = std::fs::remove_file(file);
+}
+
+/// A fresh 8-byte source file named after the test.
+fn source(test: &str) -> std::path::PathBuf {
+    let file = std::env::temp_dir().join(format!("nokv-publish-{test}-{}", std::process::id()));
+    std::fs::write(&file, b"abcdefgh").unwrap();
+    file
 }
