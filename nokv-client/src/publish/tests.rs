@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use nokv_proto::block_checksum::BlockChecksums;
 use nokv_proto::v1 as pb;
 use pb::workspace_server::{Workspace, WorkspaceServer};
 use tokio::sync::watch;
@@ -37,7 +38,7 @@ struct Fake {
     refuse_commit: Option<&'static str>,
     /// The sha256 each commit declared, and every block's declared checksums.
     declared: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
-    blocks: Arc<std::sync::Mutex<Vec<(Vec<u8>, Option<u32>)>>>,
+    blocks: Arc<std::sync::Mutex<Vec<BlockChecksums>>>,
 }
 
 fn refusal(reason: &str) -> Status {
@@ -114,10 +115,10 @@ impl Workspace for Fake {
         let mut seen = self.renewals.subscribe();
         let _ = seen.wait_for(|r| *r >= n).await;
         let req = req.into_inner();
-        self.blocks
-            .lock()
-            .unwrap()
-            .push((req.block_sha256, req.block_crc32c));
+        self.blocks.lock().unwrap().push(BlockChecksums {
+            sha256: req.block_sha256,
+            crc32c: req.block_crc32c,
+        });
         Ok(Response::new(pb::PutBlockResponse {
             index: req.index,
             lease_expires_ms: 0,
@@ -288,18 +289,9 @@ async fn a_receipt_publish_commits_the_hashing_passs_digest_and_sends_crc32c_blo
         [Sha256::digest(b"abcdefgh").to_vec()]
     );
     let mut blocks = fake.blocks.lock().unwrap().clone();
-    blocks.sort_by_key(|b| b.1);
-    let mut want = [
-        (
-            Vec::new(),
-            Some(nokv_proto::block_checksum::crc32c(b"abcd")),
-        ),
-        (
-            Vec::new(),
-            Some(nokv_proto::block_checksum::crc32c(b"efgh")),
-        ),
-    ];
-    want.sort_by_key(|b| b.1);
+    blocks.sort_by_key(|b| b.crc32c);
+    let mut want = [BlockChecksums::of(b"abcd"), BlockChecksums::of(b"efgh")];
+    want.sort_by_key(|b| b.crc32c);
     assert_eq!(blocks, want);
     let _ = std::fs::remove_file(file);
 }
