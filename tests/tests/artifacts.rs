@@ -688,3 +688,81 @@ fn a_commit_whose_declared_sha256_is_wrong_answers_digest_mismatch_and_publishes
     let out = d.cli(&["--json", "stat", "ws:lie.bin"]);
     out.assert_fails_with("NotFound");
 }
+
+/// Blocks declared with a sha256 only, as clients before CRC-32C sent them: the daemon still
+/// takes them and records the sha256, `nokv restore` (which now expects CRC-32C blocks) checks
+/// that sha256 block by block, and a damaged one is still refused by name.
+#[test]
+fn an_artifact_published_with_sha256_blocks_restores_and_its_blocks_are_still_checked() {
+    use nokv_proto::v1 as pb;
+    let d = Daemon::start(&[]);
+    let body = pseudo_random_bytes(21, 2 * BLOCK + 7);
+    sdk(async {
+        let client = d.sdk().await;
+        let mut ws = client.workspace_client();
+        let up = ws
+            .begin_upload(pb::BeginUploadRequest {
+                workspace: "ws".into(),
+                path: "old.bin".into(),
+                size: body.len() as u64,
+                request_id: "begin-old".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        for (i, b) in body.chunks(BLOCK).enumerate() {
+            ws.put_block(pb::PutBlockRequest {
+                upload_id: up.upload_id.clone(),
+                upload_token: up.upload_token.clone(),
+                index: i as u32,
+                block_sha256: Sha256::digest(b).to_vec(),
+                block_crc32c: None,
+                data: b.to_vec().into(),
+                request_id: format!("put-old-{i}"),
+            })
+            .await
+            .unwrap();
+        }
+        ws.commit_upload(pb::CommitUploadRequest {
+            upload_id: up.upload_id.clone(),
+            upload_token: up.upload_token.clone(),
+            sha256: Sha256::digest(&body).to_vec(),
+            request_id: "commit-old".into(),
+        })
+        .await
+        .unwrap();
+        let m = ws
+            .get_manifest(pb::GetManifestRequest {
+                workspace: "ws".into(),
+                path: "old.bin".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        for (b, want) in m.blocks.iter().zip(body.chunks(BLOCK)) {
+            assert_eq!(b.sha256, Sha256::digest(want).to_vec());
+            assert_eq!(b.crc32c, None, "no CRC-32C was declared, none is recorded");
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("old.bin");
+    let dest_s = dest.to_str().unwrap();
+    d.cli(&["restore", "ws:old.bin", dest_s]).assert_ok();
+    assert_same_bytes(
+        &std::fs::read(&dest).unwrap(),
+        &body,
+        "restore of sha256 blocks",
+    );
+
+    corrupt_block(&d, 1);
+    let again = dir.path().join("again.bin");
+    let out = d.cli(&["restore", "ws:old.bin", again.to_str().unwrap()]);
+    out.assert_fails_with("DigestMismatch");
+    assert!(
+        out.stderr.contains("block 1"),
+        "names the block: {}",
+        out.stderr
+    );
+    assert!(!again.exists(), "no DEST after a refused restore");
+}
