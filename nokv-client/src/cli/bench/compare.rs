@@ -309,14 +309,19 @@ pub async fn upload_vs_direct(
             .map_err(|e| nokv_client::ClientError::local(e.to_string()))?;
         let blocks = size.div_ceil(4 * 1024 * 1024) as u32;
         let (mut publish, mut restore, mut direct) = (Vec::new(), Vec::new(), Vec::new());
-        // The daemon's CPU per MiB moved (its process, all threads), per direction.
+        // The daemon's CPU per MiB moved (its process, all threads), per direction, and this
+        // process's — the client that publishes and restores, on the same cores.
         let daemon_cpu = cpu::CpuClock::of_pid(daemon.pid());
+        let client_cpu = cpu::CpuClock::of_self();
         let per_s = cpu::ticks_per_second();
         let ms_per_mib =
             |ticks: Option<u64>| ticks.map(|t| 1000.0 * t as f64 / per_s / size_mib.max(1) as f64);
         let (mut publish_cpu, mut restore_cpu) = (Vec::new(), Vec::new());
+        let (mut publish_client, mut restore_client) = (Vec::new(), Vec::new());
+        let spent = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| b.saturating_sub(a));
         for round in 0..rounds {
             let cpu0 = daemon_cpu.ticks();
+            let own0 = client_cpu.ticks();
             let t = Instant::now();
             client
                 .publish_file(
@@ -330,16 +335,18 @@ pub async fn upload_vs_direct(
                 )
                 .await?;
             publish.push(size_mib as f64 / t.elapsed().as_secs_f64());
-            let cpu1 = daemon_cpu.ticks();
-            publish_cpu.extend(ms_per_mib(cpu0.zip(cpu1).map(|(a, b)| b.saturating_sub(a))));
+            let (cpu1, own1) = (daemon_cpu.ticks(), client_cpu.ticks());
+            publish_cpu.extend(ms_per_mib(spent(cpu0, cpu1)));
+            publish_client.extend(ms_per_mib(spent(own0, own1)));
             let dest = scratch.0.join(format!("restored-{round}"));
             let t = Instant::now();
             client
                 .restore("bench", &format!("artifact-{round}"), &dest, parallel, None)
                 .await?;
             restore.push(size_mib as f64 / t.elapsed().as_secs_f64());
-            let cpu2 = daemon_cpu.ticks();
-            restore_cpu.extend(ms_per_mib(cpu1.zip(cpu2).map(|(a, b)| b.saturating_sub(a))));
+            let (cpu2, own2) = (daemon_cpu.ticks(), client_cpu.ticks());
+            restore_cpu.extend(ms_per_mib(spent(cpu1, cpu2)));
+            restore_client.extend(ms_per_mib(spent(own1, own2)));
             let _ = std::fs::remove_file(&dest);
             direct.push(direct_put(env, &daemon.data_dir, &extra, blocks, parallel)?);
         }
@@ -347,6 +354,7 @@ pub async fn upload_vs_direct(
         let least = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::min);
         let (p, r, d) = (best(&publish), best(&restore), best(&direct));
         let (pc, rc) = (least(&publish_cpu), least(&restore_cpu));
+        let (pcc, rcc) = (least(&publish_client), least(&restore_client));
         rows.push(vec![
             provider.clone(),
             f2(p),
@@ -355,6 +363,8 @@ pub async fn upload_vs_direct(
             f2(p / d),
             f2(pc),
             f2(rc),
+            f2(pcc),
+            f2(rcc),
         ]);
         results.push(json!({
             "provider": provider, "size_mib": size_mib, "rounds": rounds, "parallel": parallel,
@@ -363,6 +373,8 @@ pub async fn upload_vs_direct(
             "publish_over_direct": p / d,
             "daemon_cpu_ms_per_mib_published": publish_cpu,
             "daemon_cpu_ms_per_mib_restored": restore_cpu,
+            "client_cpu_ms_per_mib_published": publish_client,
+            "client_cpu_ms_per_mib_restored": restore_client,
         }));
     }
     print_table(
@@ -376,6 +388,8 @@ pub async fn upload_vs_direct(
             "direct PUT MiB/s",
             "publish/direct",
             "daemon CPU ms/MiB published",
+            "restored",
+            "client CPU ms/MiB published",
             "restored",
         ],
         &rows,
