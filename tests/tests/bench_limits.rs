@@ -106,3 +106,55 @@ fn bench_limits_measures_every_load_beside_etcd_at_each_client_count() {
         );
     }
 }
+
+/// `nokv bench upload-vs-direct` publishes, restores and PUTs directly, and reports each with
+/// the CPU the daemon and the client spent per MiB (local provider, one small round: this
+/// asserts what the bench measures, never a speed).
+#[test]
+fn upload_vs_direct_reports_speeds_and_both_sides_cpu_per_mib() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let status = Command::new(bin("nokv"))
+        .args([
+            "bench",
+            "upload-vs-direct",
+            "--providers",
+            "local",
+            "--size-mib",
+            "8",
+            "--rounds",
+            "1",
+        ])
+        .arg("--work-dir")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out_dir)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run nokv bench upload-vs-direct");
+    assert!(status.success(), "nokv bench upload-vs-direct failed");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("upload-vs-direct.json")).unwrap())
+            .unwrap();
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 1, "one result per provider: {report}");
+    let r = &results[0];
+    assert_eq!(r["provider"], "local");
+    for speed in [
+        "best_publish_mib_s",
+        "best_restore_mib_s",
+        "best_direct_put_mib_s",
+    ] {
+        assert!(r[speed].as_f64().unwrap() > 0.0, "{speed}: {r}");
+    }
+    for cpu in [
+        "daemon_cpu_ms_per_mib_published",
+        "daemon_cpu_ms_per_mib_restored",
+        "client_cpu_ms_per_mib_published",
+        "client_cpu_ms_per_mib_restored",
+    ] {
+        let v = r[cpu].as_array().unwrap_or_else(|| panic!("{cpu}: {r}"));
+        assert_eq!(v.len(), 1, "one figure per round: {cpu}: {r}");
+        assert!(v[0].as_f64().unwrap() >= 0.0, "{cpu}: {r}");
+    }
+}
