@@ -14,6 +14,12 @@
 //! against SHA-256's ~1.6 GB/s: a publish or a restore hashes every byte with SHA-256 once,
 //! not twice. Blocks put before CRC-32C existed carry a sha256 instead; a block may carry both.
 //! Readers check every checksum a block has, and a block with none matches nothing.
+//!
+//! What a CRC does not do is resist a forger: bytes swapped on purpose for others with the same
+//! CRC pass a block check. A restore still refuses them at its end (the whole-file sha256);
+//! grep over artifacts, which reads blocks without that proof, would match them. The provider
+//! is trusted not to forge objects (TLS to it, credentials scoped to the bucket); it is not
+//! trusted not to damage them, which is what the CRC catches.
 
 use sha2::{Digest, Sha256};
 
