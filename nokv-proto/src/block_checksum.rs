@@ -8,8 +8,8 @@
 //!   other bytes than it checksummed, a provider object cut short or flipped — early, block by
 //!   block, on the way in (PutBlock) and out (restore, grep).
 //!
-//! The second job needs no cryptography: every block's bytes are covered by the whole-file
-//! sha256, which a restore proves at its end. So blocks carry a CRC-32C (Castagnoli, the
+//! The second job is about damage, not forgery, and needs no cryptography: every block's bytes
+//! are also covered by the whole-file sha256, which a restore proves at its end. So blocks carry a CRC-32C (Castagnoli, the
 //! checksum of iSCSI, ext4 metadata and S3's `CRC32C`), which this CPU computes at ~27 GB/s
 //! against SHA-256's ~1.6 GB/s: a publish or a restore hashes every byte with SHA-256 once,
 //! not twice. Blocks put before CRC-32C existed carry a sha256 instead; a block may carry both.
@@ -18,8 +18,8 @@
 //! What a CRC does not do is resist a forger: bytes swapped on purpose for others with the same
 //! CRC pass a block check. A restore still refuses them at its end (the whole-file sha256);
 //! grep over artifacts, which reads blocks without that proof, would match them. The provider
-//! is trusted not to forge objects (TLS to it, credentials scoped to the bucket); it is not
-//! trusted not to damage them, which is what the CRC catches.
+//! is trusted not to forge objects (credentials scoped to the bucket, HTTPS to it in
+//! production); it is not trusted not to damage them, which is what the CRC catches.
 
 use sha2::{Digest, Sha256};
 
