@@ -149,7 +149,7 @@ impl Client {
                 }
             })
             .await?;
-        if data.len() as u64 != block.length || !checksums(block).matches(&data) {
+        if data.len() as u64 != block.length || !BlockChecksums::from(block).matches(&data) {
             return Err(ClientError::integrity(format!(
                 "block {} of revision {revision} is corrupt: its bytes do not match the recorded checksum",
                 block.index
@@ -382,16 +382,7 @@ fn revision_gone(e: ClientError, ws: &str, path: &str, revision: u64) -> ClientE
 
 fn block_verifies(file: &std::fs::File, offset: u64, b: &pb::BlockInfo) -> bool {
     let mut buf = vec![0u8; b.length as usize];
-    file.read_exact_at(&mut buf, offset).is_ok() && checksums(b).matches(&buf)
-}
-
-/// The checksums the manifest recorded for a block (a CRC-32C, a sha256 for blocks published
-/// before CRC-32C, or both); the whole file's sha256 is proven at the end either way.
-fn checksums(b: &pb::BlockInfo) -> BlockChecksums {
-    BlockChecksums {
-        sha256: b.sha256.clone(),
-        crc32c: b.crc32c,
-    }
+    file.read_exact_at(&mut buf, offset).is_ok() && BlockChecksums::from(b).matches(&buf)
 }
 
 /// Verifies the whole sha256 of the assembled file and makes it durable. On a mismatch the

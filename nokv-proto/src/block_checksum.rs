@@ -83,6 +83,26 @@ impl BlockChecksums {
     }
 }
 
+/// What a PutBlock declares for its body.
+impl From<&crate::v1::PutBlockRequest> for BlockChecksums {
+    fn from(req: &crate::v1::PutBlockRequest) -> BlockChecksums {
+        BlockChecksums {
+            sha256: req.block_sha256.clone(),
+            crc32c: req.block_crc32c,
+        }
+    }
+}
+
+/// What a manifest recorded for a block.
+impl From<&crate::v1::BlockInfo> for BlockChecksums {
+    fn from(b: &crate::v1::BlockInfo) -> BlockChecksums {
+        BlockChecksums {
+            sha256: b.sha256.clone(),
+            crc32c: b.crc32c,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

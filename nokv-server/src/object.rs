@@ -549,7 +549,7 @@ fn flatten(e: &(dyn std::error::Error + 'static)) -> String {
 /// transit only where nothing else does: plain HTTP to another host. Over TLS (whose records
 /// are authenticated) or loopback (no wire) it is one more SHA-256 pass over every block —
 /// measured against moto, 0.9 ms of the owner's CPU per MiB published, a fifth of it — for
-/// nothing: each block's digest is already proven at PutBlock and checked on every read.
+/// nothing: each block's checksum is already checked at PutBlock and on every read.
 fn payload_needs_signing(endpoint: Option<&str>) -> bool {
     match endpoint {
         // AWS's own endpoints: HTTPS.

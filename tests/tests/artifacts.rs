@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use nokv_proto::block_checksum::BlockChecksums;
 use nokv_tests::{CliOutput, Daemon, Moto, files_under, pseudo_random_bytes};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -640,36 +641,12 @@ fn a_commit_whose_declared_sha256_is_wrong_answers_digest_mismatch_and_publishes
     use nokv_proto::v1 as pb;
     let d = Daemon::start(&[]);
     let body = pseudo_random_bytes(12, BLOCK + 100);
-    let blocks: Vec<&[u8]> = body.chunks(BLOCK).collect();
     let mut wrong = body.clone();
     *wrong.last_mut().unwrap() ^= 1;
     let status = sdk(async {
         let client = d.sdk().await;
+        let up = put_raw_blocks(&client, "lie.bin", &body, BlockChecksums::of).await;
         let mut ws = client.workspace_client();
-        let up = ws
-            .begin_upload(pb::BeginUploadRequest {
-                workspace: "ws".into(),
-                path: "lie.bin".into(),
-                size: body.len() as u64,
-                request_id: "begin-lie".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        for (i, b) in blocks.iter().enumerate() {
-            ws.put_block(pb::PutBlockRequest {
-                upload_id: up.upload_id.clone(),
-                upload_token: up.upload_token.clone(),
-                index: i as u32,
-                block_sha256: Vec::new(),
-                block_crc32c: Some(nokv_proto::block_checksum::crc32c(b)),
-                data: b.to_vec().into(),
-                request_id: format!("put-lie-{i}"),
-            })
-            .await
-            .unwrap();
-        }
         // Every block is what it claims; the whole-file digest is that of other bytes.
         ws.commit_upload(pb::CommitUploadRequest {
             upload_id: up.upload_id.clone(),
@@ -699,31 +676,12 @@ fn an_artifact_published_with_sha256_blocks_restores_and_its_blocks_are_still_ch
     let body = pseudo_random_bytes(21, 2 * BLOCK + 7);
     sdk(async {
         let client = d.sdk().await;
+        let sha256_only = |b: &[u8]| BlockChecksums {
+            sha256: Sha256::digest(b).to_vec(),
+            crc32c: None,
+        };
+        let up = put_raw_blocks(&client, "old.bin", &body, sha256_only).await;
         let mut ws = client.workspace_client();
-        let up = ws
-            .begin_upload(pb::BeginUploadRequest {
-                workspace: "ws".into(),
-                path: "old.bin".into(),
-                size: body.len() as u64,
-                request_id: "begin-old".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        for (i, b) in body.chunks(BLOCK).enumerate() {
-            ws.put_block(pb::PutBlockRequest {
-                upload_id: up.upload_id.clone(),
-                upload_token: up.upload_token.clone(),
-                index: i as u32,
-                block_sha256: Sha256::digest(b).to_vec(),
-                block_crc32c: None,
-                data: b.to_vec().into(),
-                request_id: format!("put-old-{i}"),
-            })
-            .await
-            .unwrap();
-        }
         ws.commit_upload(pb::CommitUploadRequest {
             upload_id: up.upload_id.clone(),
             upload_token: up.upload_token.clone(),
@@ -765,4 +723,42 @@ fn an_artifact_published_with_sha256_blocks_restores_and_its_blocks_are_still_ch
         out.stderr
     );
     assert!(!again.exists(), "no DEST after a refused restore");
+}
+
+/// Begins an upload of `body` as `ws:path` and puts every block over raw gRPC, each declaring
+/// `checksums(block)`: what a client other than this SDK (an older one, a lying one) sends.
+async fn put_raw_blocks(
+    client: &nokv_client::Client,
+    path: &str,
+    body: &[u8],
+    checksums: impl Fn(&[u8]) -> BlockChecksums,
+) -> nokv_proto::v1::BeginUploadResponse {
+    use nokv_proto::v1 as pb;
+    let mut ws = client.workspace_client();
+    let up = ws
+        .begin_upload(pb::BeginUploadRequest {
+            workspace: "ws".into(),
+            path: path.into(),
+            size: body.len() as u64,
+            request_id: format!("begin-{path}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for (i, b) in body.chunks(BLOCK).enumerate() {
+        let declared = checksums(b);
+        ws.put_block(pb::PutBlockRequest {
+            upload_id: up.upload_id.clone(),
+            upload_token: up.upload_token.clone(),
+            index: i as u32,
+            block_sha256: declared.sha256,
+            block_crc32c: declared.crc32c,
+            data: b.to_vec().into(),
+            request_id: format!("put-{path}-{i}"),
+        })
+        .await
+        .unwrap();
+    }
+    up
 }

@@ -61,20 +61,7 @@ fn store_bench_writes_through_the_shard_path_and_reports_each_session_count() {
 
 #[test]
 fn bench_limits_measures_every_load_beside_etcd_at_each_client_count() {
-    let dir = tempfile::tempdir().unwrap();
-    let out_dir = dir.path().join("out");
-    let status = Command::new(bin("nokv"))
-        .args(["bench", "limits", "--clients", "1,2", "--seconds", "0.3"])
-        .arg("--work-dir")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(&out_dir)
-        .stdout(Stdio::null())
-        .status()
-        .expect("run nokv bench limits");
-    assert!(status.success(), "nokv bench limits failed");
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(out_dir.join("limits.json")).unwrap()).unwrap();
+    let report = bench_report(&["limits", "--clients", "1,2", "--seconds", "0.3"]);
     let results = report["results"].as_array().expect("results");
     assert_eq!(results.len(), 2, "one result per client count");
     for (r, clients) in results.iter().zip([1, 2]) {
@@ -112,30 +99,15 @@ fn bench_limits_measures_every_load_beside_etcd_at_each_client_count() {
 /// asserts what the bench measures, never a speed).
 #[test]
 fn upload_vs_direct_reports_speeds_and_both_sides_cpu_per_mib() {
-    let dir = tempfile::tempdir().unwrap();
-    let out_dir = dir.path().join("out");
-    let status = Command::new(bin("nokv"))
-        .args([
-            "bench",
-            "upload-vs-direct",
-            "--providers",
-            "local",
-            "--size-mib",
-            "8",
-            "--rounds",
-            "1",
-        ])
-        .arg("--work-dir")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(&out_dir)
-        .stdout(Stdio::null())
-        .status()
-        .expect("run nokv bench upload-vs-direct");
-    assert!(status.success(), "nokv bench upload-vs-direct failed");
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(out_dir.join("upload-vs-direct.json")).unwrap())
-            .unwrap();
+    let report = bench_report(&[
+        "upload-vs-direct",
+        "--providers",
+        "local",
+        "--size-mib",
+        "8",
+        "--rounds",
+        "1",
+    ]);
     let results = report["results"].as_array().expect("results");
     assert_eq!(results.len(), 1, "one result per provider: {report}");
     let r = &results[0];
@@ -157,4 +129,24 @@ fn upload_vs_direct_reports_speeds_and_both_sides_cpu_per_mib() {
         assert_eq!(v.len(), 1, "one figure per round: {cpu}: {r}");
         assert!(v[0].as_f64().unwrap() >= 0.0, "{cpu}: {r}");
     }
+}
+
+/// Runs `nokv bench ARGS` in a scratch work dir and returns the JSON report it wrote
+/// (`OUT/<bench>.json`, the bench named by the first argument).
+fn bench_report(args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let status = Command::new(bin("nokv"))
+        .arg("bench")
+        .args(args)
+        .arg("--work-dir")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out_dir)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("run nokv bench {args:?}: {e}"));
+    assert!(status.success(), "nokv bench {args:?} failed");
+    let report = out_dir.join(format!("{}.json", args[0]));
+    serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap()
 }

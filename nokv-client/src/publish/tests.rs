@@ -115,10 +115,7 @@ impl Workspace for Fake {
         let mut seen = self.renewals.subscribe();
         let _ = seen.wait_for(|r| *r >= n).await;
         let req = req.into_inner();
-        self.blocks.lock().unwrap().push(BlockChecksums {
-            sha256: req.block_sha256,
-            crc32c: req.block_crc32c,
-        });
+        self.blocks.lock().unwrap().push(BlockChecksums::from(&req));
         Ok(Response::new(pb::PutBlockResponse {
             index: req.index,
             lease_expires_ms: 0,

@@ -147,10 +147,7 @@ impl Shard {
                 self.cfg.block_size
             )));
         }
-        let digest = BlockChecksums {
-            sha256: req.block_sha256.clone(),
-            crc32c: req.block_crc32c,
-        };
+        let digest = BlockChecksums::from(&req);
         if digest.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "block {} declares no checksum: send block_crc32c (or block_sha256)",

@@ -1238,14 +1238,7 @@ async fn the_manifest_records_each_blocks_declared_checksums_and_old_sha256_bloc
     }
     commit_publishes(&f, &up, b"abcdefgh", "c-sha").await;
     let m = f.shard.get_manifest("ws", "sha").await.unwrap();
-    let recorded: Vec<_> = m
-        .blocks
-        .iter()
-        .map(|b| BlockChecksums {
-            sha256: b.sha256.clone(),
-            crc32c: b.crc32c,
-        })
-        .collect();
+    let recorded: Vec<_> = m.blocks.iter().map(BlockChecksums::from).collect();
     assert_eq!(
         recorded,
         [
@@ -1468,13 +1461,7 @@ async fn a_commit_whose_block_read_fails_answers_unavailable_and_publishes_nothi
 /// `Unavailable`.
 #[tokio::test]
 async fn a_commit_proves_the_declared_digest_from_the_running_digest_without_reading_back() {
-    let f = fixture(4, Duration::from_secs(60));
-    let up = begin(&f, "art", 12).await;
-    put_blocks(&f, &up, b"abcdefghijkl", &[0, 1, 2]).await;
-    f.faults.fail_next_reads(1000);
-    commit_publishes(&f, &up, b"abcdefghijkl", "c").await;
-    f.faults.fail_next_reads(0);
-    assert_accounted(&f).await;
+    commits_reading_nothing_back(b"abcdefghijkl", &[0, 1, 2]).await;
 }
 
 /// Blocks recorded out of order, as an uploader with several in flight has them: each one
@@ -1483,11 +1470,18 @@ async fn a_commit_proves_the_declared_digest_from_the_running_digest_without_rea
 /// hold one) and the commit answers `Unavailable`.
 #[tokio::test]
 async fn a_commit_after_blocks_recorded_out_of_order_reads_nothing_back() {
+    commits_reading_nothing_back(b"abcdefghijklmnop", &[1, 3, 0, 2]).await;
+}
+
+/// Puts the 4-byte blocks of `body` in the order of `indices`, then commits while every
+/// provider read fails: the commit publishes only if it proves the digest without reading
+/// anything back.
+async fn commits_reading_nothing_back(body: &[u8], indices: &[u32]) {
     let f = fixture(4, Duration::from_secs(60));
-    let up = begin(&f, "art", 16).await;
-    put_blocks(&f, &up, b"abcdefghijklmnop", &[1, 3, 0, 2]).await;
+    let up = begin(&f, "art", body.len() as u64).await;
+    put_blocks(&f, &up, body, indices).await;
     f.faults.fail_next_reads(1000);
-    commit_publishes(&f, &up, b"abcdefghijklmnop", "c").await;
+    commit_publishes(&f, &up, body, "c").await;
     f.faults.fail_next_reads(0);
     assert_accounted(&f).await;
 }
