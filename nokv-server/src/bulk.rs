@@ -80,8 +80,9 @@
 //! issue 46 (uploader >= 50 % of alone with put p50 <= 1.1x and p99 <= 1.5x) are out of
 //! reach for every schedule measured: p50 <= 1.1x holds up to ~40 MiB/s beside 32 agents,
 //! half of the uploader's speed alone ~185 MiB/s (local, with CRC-32C blocks; ~140 with two
-//! SHA-256 passes, ~90 when commit still read blocks back). Presence pacing at its rate stays because it is the one that keeps the
-//! interactive median, which is what an agent's tool loop feels.
+//! SHA-256 passes, ~90 when commit still read blocks back). Presence pacing at its rate stays
+//! because it is the one that keeps the interactive median, which is what an agent's tool
+//! loop feels.
 
 use std::future::Future;
 use std::time::Duration;
