@@ -17,6 +17,7 @@ pub mod control;
 pub mod dir_lock;
 pub mod error;
 pub mod events;
+pub mod fair_read;
 pub mod glob;
 pub mod ids;
 pub mod inventory;

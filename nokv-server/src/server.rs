@@ -24,6 +24,7 @@ use crate::config::{DurabilityMode, Settings};
 use crate::control::ControlError;
 use crate::control::access::EtcdAccess;
 use crate::control::etcd::{ClusterConfig, EtcdControl, EtcdSettings};
+use crate::fair_read::FairRead;
 use crate::memory::BlockMemory;
 use crate::node::{Node, NodeParts};
 use crate::object::ObjectProvider;
@@ -393,8 +394,13 @@ pub(crate) async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), ServeE
 
 /// Connections accepted on `listener`, with `TCP_NODELAY`: small unary calls must not wait
 /// for Nagle + delayed ACK (a 40 ms tail).
-pub(crate) fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
+pub(crate) fn incoming(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<FairRead<tokio::net::TcpStream>>> {
+    use futures::StreamExt;
+    TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(|accepted| accepted.map(FairRead::new))
 }
 
 /// `https://HOST:PORT` clients reach this node at: `--advertise` as given when it names a
