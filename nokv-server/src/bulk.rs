@@ -76,6 +76,24 @@
 //! the same curve as presence pacing without it. Idle priority hands the upload the spare CPU,
 //! but what a put pays beside an upload at full speed is not CPU time the scheduler takes back.
 //!
+//! Where a put's extra cost comes from, measured against moto, which keeps blocks in memory
+//! (one run each, scratch builds): with *every* consumer of an upload's CPU at `SCHED_IDLE` —
+//! the data-plane listener and the bulk threads, the uploading client and moto itself — and
+//! no pacing, share 0.61-0.66 and stat p50 0.94-1.03x, but put p50 1.39-1.62x and put p99
+//! 2.5-4.0x; the same with the daemon's data dir on tmpfs: put p50 1.13x, share 0.73, p99
+//! still 4.5x. The put median pays at the disk — a put's fsync and the upload's own per-block
+//! durable sessions share one device — and the tail pays for what no priority reaches: this
+//! VM's kernel is `PREEMPT_NONE`, so a thread inside a system call is not preempted, and a
+//! 32-byte ping-pong between two normal-priority processes goes from p99 0.10 ms to 1.56 ms
+//! beside an idle-priority loopback sender of 4 MiB writes (0.58 ms at 256 KiB, 0.20 ms at
+//! 16 KiB). Handing provider PUTs to HTTP in 16 KiB or 4 KiB slices (each `writev` at most
+//! 256 KiB or 64 KiB instead of 4 MiB) moved neither tail beyond noise, so it was not kept.
+//! What did move the stat tail: the serving runtime itself. An uploader's connection task
+//! decrypted and framed up to tokio's cooperative budget (~2 MiB) per turn while agents'
+//! requests queued on that worker; its reads now yield every 64 KiB (`crate::fair_read`):
+//! stat p99 1.99-2.06x against 2.45-3.29x (moto, presence pacing, three runs each,
+//! alternating); put p99 1.52-1.66x against 1.59-1.85x, within noise.
+//!
 //! So on 2 cores, with the agents, the uploader and the daemon sharing them, the bars of
 //! issue 46 (uploader >= 50 % of alone with put p50 <= 1.1x and p99 <= 1.5x) are out of
 //! reach for every schedule measured: p50 <= 1.1x holds up to ~40 MiB/s beside 32 agents,
