@@ -393,7 +393,8 @@ pub(crate) async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), ServeE
 }
 
 /// Connections accepted on `listener`, with `TCP_NODELAY`: small unary calls must not wait
-/// for Nagle + delayed ACK (a 40 ms tail).
+/// for Nagle + delayed ACK (a 40 ms tail); each read through [`FairRead`], so a busy
+/// connection's receive work takes turns with the serving runtime's other tasks.
 pub(crate) fn incoming(
     listener: TcpListener,
 ) -> impl futures::Stream<Item = std::io::Result<FairRead<tokio::net::TcpStream>>> {
