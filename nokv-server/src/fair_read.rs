@@ -26,7 +26,9 @@ pub const TURN_BYTES: usize = 64 * 1024;
 /// A stream whose reads yield to the runtime after every [`TURN_BYTES`] (see the module doc).
 pub struct FairRead<S> {
     inner: S,
-    /// Bytes read since this connection's last turn ended.
+    /// Bytes read since this connection's last turn ended: by a yield, or by a read that
+    /// found nothing waiting. Only a connection that always has bytes waiting is ever made
+    /// to yield; one that carries many small requests over time never is.
     read_this_turn: usize,
 }
 
@@ -54,8 +56,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for FairRead<S> {
         }
         let before = buf.filled().len();
         let read = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = read {
-            self.read_this_turn += buf.filled().len() - before;
+        match read {
+            Poll::Ready(Ok(())) => self.read_this_turn += buf.filled().len() - before,
+            // Nothing waiting: the task gives the worker up anyway, and that ends the turn.
+            Poll::Pending => self.read_this_turn = 0,
+            Poll::Ready(Err(_)) => {}
         }
         read
     }
@@ -103,7 +108,7 @@ impl Connected for FairRead<TcpStream> {
 mod tests {
     use super::*;
     use futures::FutureExt;
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
     async fn a_connection_that_read_a_turn_yields_before_reading_more() {
@@ -117,6 +122,33 @@ mod tests {
             "a turn's worth read: the next read yields first"
         );
         assert_eq!(fair.read(&mut more).await.unwrap(), 1, "then it reads on");
+    }
+
+    #[tokio::test]
+    async fn a_read_that_found_nothing_waiting_ends_the_turn() {
+        let (mut peer, conn) = tokio::io::duplex(4 * TURN_BYTES);
+        let mut fair = FairRead::new(conn);
+        // Just short of a turn, then nothing waiting: the task gave the worker up anyway.
+        peer.write_all(&vec![3u8; TURN_BYTES - 1]).await.unwrap();
+        let mut buf = vec![0u8; TURN_BYTES - 1];
+        fair.read_exact(&mut buf).await.unwrap();
+        let mut more = [0u8; 2];
+        assert!(
+            fair.read(&mut more).now_or_never().is_none(),
+            "nothing waiting"
+        );
+        // Past a turn's bytes in all, but not since that pause: no yield.
+        peer.write_all(&[4, 5, 6]).await.unwrap();
+        let mut read = |n| {
+            let mut b = vec![0u8; n];
+            fair.read(&mut b).now_or_never().map(|r| r.unwrap())
+        };
+        assert_eq!(read(2), Some(2));
+        assert_eq!(
+            read(1),
+            Some(1),
+            "many small requests over time never make a connection yield"
+        );
     }
 
     #[tokio::test]
