@@ -97,10 +97,12 @@
 //! So on 2 cores, with the agents, the uploader and the daemon sharing them, the bars of
 //! issue 46 (uploader >= 50 % of alone with put p50 <= 1.1x and p99 <= 1.5x) are out of
 //! reach for every schedule measured: p50 <= 1.1x holds up to ~40 MiB/s beside 32 agents,
-//! half of the uploader's speed alone ~185 MiB/s (local, with CRC-32C blocks; ~140 with two
-//! SHA-256 passes, ~90 when commit still read blocks back). Presence pacing at its rate stays
-//! because it is the one that keeps the interactive median, which is what an agent's tool
-//! loop feels.
+//! while half of the uploader's speed alone is 115-185 MiB/s (local; the machine's speed
+//! varies). Presence pacing at its rate stays because it keeps the interactive median, which
+//! is what an agent's tool loop feels; what changed is what each admitted byte costs. Beside
+//! the same 32 agents the uploader now moves ~25 MiB/s against ~13 at the issue's start, with
+//! the local put p99 1.32x against 1.90x (medians of three runs, one session;
+//! `docs/benchmarks.md`).
 
 use std::future::Future;
 use std::time::Duration;
