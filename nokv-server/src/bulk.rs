@@ -101,8 +101,8 @@
 //! varies). Presence pacing at its rate stays because it keeps the interactive median, which
 //! is what an agent's tool loop feels; what changed is what each admitted byte costs. Beside
 //! the same 32 agents the uploader now moves ~25 MiB/s against ~13 at the start, with
-//! the local put p99 1.32x against 1.90x (medians of three runs, one session;
-//! `docs/benchmarks.md`).
+//! the local put p99 1.32x against 1.90x (medians of three runs of `7297de0` and `ac1dd20`,
+//! one session; `docs/benchmarks.md`).
 
 use std::future::Future;
 use std::time::Duration;

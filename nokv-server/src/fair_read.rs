@@ -17,9 +17,9 @@
 //! always: measured against moto (three alternating pairs of open-loop probe runs), ending
 //! turns at such reads lifted stat p99 from 1.52-1.86x to 1.72-2.35x and put p50 from
 //! 1.08-1.21x to 1.24-1.38x, worse in every pair (on the local provider two pairs showed no
-//! direction either way). The price is that an agent's connection
-//! also yields once per [`TURN_BYTES`] it has read over time — one 4 KiB put in ~15 waits
-//! behind the tasks already queued — which those same runs include.
+//! direction either way). The price is that an agent's connection also yields once per
+//! [`TURN_BYTES`] it has read over time — one 4 KiB put in ~15 waits behind the tasks already
+//! queued — which those same runs include.
 
 use std::io;
 use std::pin::Pin;
