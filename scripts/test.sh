@@ -95,6 +95,9 @@ install_prometheus_client
 # it can see one, on a planted cycle).
 python3 scripts/check_cycles.py --self-test
 python3 scripts/check_cycles.py
+# Only `meta` names redb and only `object` names object_store, tests included.
+python3 scripts/check_boundaries.py --self-test
+python3 scripts/check_boundaries.py
 
 cargo build --workspace --bins
 cargo test --workspace

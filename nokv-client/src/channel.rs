@@ -13,7 +13,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
-use crate::config::ResolvedConfig;
+use crate::config::{ResolvedConfig, require_https};
 use crate::error::ClientError;
 
 type Result<T> = std::result::Result<T, ClientError>;
@@ -64,20 +64,4 @@ pub fn tls_channel(endpoint: &str, ca: Certificate) -> Result<Channel> {
         .initial_connection_window_size(4 * MAX_MESSAGE as u32)
         .connect_lazy();
     Ok(channel)
-}
-
-/// nokv speaks only gRPC over TLS: an endpoint without a scheme, or with any scheme but
-/// `https://`, is refused here with a message that says so, instead of failing later with an
-/// HTTP/2 protocol error from a plaintext or non-HTTP peer.
-pub fn require_https(endpoint: &str) -> Result<()> {
-    match endpoint.split_once("://") {
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => Ok(()),
-        Some((scheme, rest)) => Err(ClientError::usage(format!(
-            "endpoint {endpoint:?} uses {scheme}://: `https://` required (nokv serves only TLS), \
-             e.g. https://{rest}"
-        ))),
-        None => Err(ClientError::usage(format!(
-            "endpoint {endpoint:?} has no scheme: `https://` required, e.g. https://{endpoint}"
-        ))),
-    }
 }

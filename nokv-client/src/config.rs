@@ -199,7 +199,7 @@ impl ClientConfig {
             token,
         };
         for e in resolved.endpoints() {
-            crate::channel::require_https(&e).map_err(|e| ConfigError::Endpoint {
+            require_https(&e).map_err(|e| ConfigError::Endpoint {
                 why: e.message,
                 from: endpoint_from.clone(),
             })?;
@@ -294,6 +294,22 @@ impl ResolvedConfig {
         } else {
             list
         }
+    }
+}
+
+/// nokv speaks only gRPC over TLS: an endpoint without a scheme, or with any scheme but
+/// `https://`, is refused here with a message that says so, instead of failing later with an
+/// HTTP/2 protocol error from a plaintext or non-HTTP peer.
+pub fn require_https(endpoint: &str) -> Result<(), ClientError> {
+    match endpoint.split_once("://") {
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => Ok(()),
+        Some((scheme, rest)) => Err(ClientError::usage(format!(
+            "endpoint {endpoint:?} uses {scheme}://: `https://` required (nokv serves only TLS), \
+             e.g. https://{rest}"
+        ))),
+        None => Err(ClientError::usage(format!(
+            "endpoint {endpoint:?} has no scheme: `https://` required, e.g. https://{endpoint}"
+        ))),
     }
 }
 

@@ -18,9 +18,10 @@ use tonic::transport::Channel;
 
 /// The connection pieces live in [`crate::channel`]; re-exported here, where SDK users
 /// have always found them.
-pub use crate::channel::{Bearer, Svc, channel, require_https, tls_channel};
+pub use crate::channel::{Bearer, Svc, channel, tls_channel};
 use crate::channel::{bearer, read_ca};
 use crate::config::ResolvedConfig;
+pub use crate::config::require_https;
 use crate::error::{ClientError, Reason};
 use crate::route::{Conn, Hint, MAX_HOPS, Router};
 

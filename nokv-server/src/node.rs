@@ -556,6 +556,7 @@ pub(crate) fn record_shard_count(dir: &Path, shard_count: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::object::fault::{Faults, MemoryFake};
 
     // Catches: a migration that loses a shard's rows or puts them in another namespace, that
     // keeps the old files (two truths), or that trusts a half-written `node.redb.new`.
@@ -626,8 +627,6 @@ mod tests {
     #[tokio::test]
     async fn every_shard_of_a_node_writes_through_the_one_node_committer() {
         let dir = tempfile::tempdir().unwrap();
-        let mem: Arc<dyn object_store::ObjectStore> =
-            Arc::new(object_store::memory::InMemory::new());
         let node = Node::open(
             dir.path(),
             NodeParts {
@@ -635,7 +634,7 @@ mod tests {
                 cfg: ShardConfig::default(),
                 bulk: (1, None),
                 memory: BlockMemory::new(1 << 24, std::time::Duration::from_secs(1)),
-                provider: ObjectProvider::from_stores("memory", "t".into(), mem.clone(), mem),
+                provider: MemoryFake::new(Faults::default()).clean(),
                 signer: crate::token::Signer::new(b"k"),
                 name: "n".into(),
                 replica: None,

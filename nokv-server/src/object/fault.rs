@@ -26,6 +26,52 @@ use object_store::{
 };
 use tokio::sync::{Notify, Semaphore};
 
+/// One in-memory provider seen with and without the fault layer (a fake for unit tests):
+/// what a test writes through [`MemoryFake::faulty`] a clean view reads back, so a test can
+/// fail the daemon's calls and still inspect what the provider holds. Lives here so that no
+/// module outside `object` names object_store, even in tests.
+#[cfg(test)]
+pub struct MemoryFake {
+    mem: Arc<dyn ObjectStore>,
+    faults: Faults,
+}
+
+#[cfg(test)]
+impl MemoryFake {
+    /// An empty store whose faulty views draw from `faults`.
+    pub fn new(faults: Faults) -> MemoryFake {
+        MemoryFake {
+            mem: Arc::new(object_store::memory::InMemory::new()),
+            faults,
+        }
+    }
+
+    /// Writes, reads and deletes all pass the fault layer.
+    pub fn faulty(&self) -> super::ObjectProvider {
+        let faulty = self.through_faults();
+        super::ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty)
+    }
+
+    /// Writes pass the fault layer; reads and deletes reach the store directly.
+    pub fn faulty_writes(&self) -> super::ObjectProvider {
+        super::ObjectProvider::from_stores(
+            "memory",
+            "t".into(),
+            self.through_faults(),
+            self.mem.clone(),
+        )
+    }
+
+    /// The store itself, no faults.
+    pub fn clean(&self) -> super::ObjectProvider {
+        super::ObjectProvider::from_stores("memory", "t".into(), self.mem.clone(), self.mem.clone())
+    }
+
+    fn through_faults(&self) -> Arc<dyn ObjectStore> {
+        Arc::new(FaultyStore::new(self.mem.clone(), self.faults.clone()))
+    }
+}
+
 /// Shared switches of a [`FaultyStore`]; clone freely.
 #[derive(Clone, Default)]
 pub struct Faults {

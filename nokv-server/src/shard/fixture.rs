@@ -8,7 +8,7 @@ use super::clock::Clock;
 use super::{Shard, ShardConfig};
 use crate::meta::MetaStore;
 use crate::object::ObjectProvider;
-use crate::object::fault::{Faults, FaultyStore};
+use crate::object::fault::{Faults, MemoryFake};
 use crate::token::Signer;
 
 pub(crate) struct Fixture {
@@ -27,11 +27,8 @@ pub(crate) fn shard_on(id: u32, cfg: ShardConfig, clock: Clock) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
     let faults = Faults::default();
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     // Reads and deletes go through the fault layer too, so tests can fail them.
-    let faulty: Arc<dyn object_store::ObjectStore> =
-        Arc::new(FaultyStore::new(mem, faults.clone()));
-    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
+    let provider = MemoryFake::new(faults.clone()).faulty();
     let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
     let shard = Shard::open_with_clock(
         id,

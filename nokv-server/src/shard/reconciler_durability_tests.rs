@@ -12,8 +12,7 @@ use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
 use crate::meta::{MetaStore, Tables};
-use crate::object::ObjectProvider;
-use crate::object::fault::{Faults, FaultyStore};
+use crate::object::fault::{Faults, MemoryFake};
 use crate::provider_log::{LogWriter, StreamId};
 use crate::shard::fence::Fence;
 use crate::shard::gate::{Committer, Gate};
@@ -36,10 +35,7 @@ fn writer() -> Claims {
 async fn a_reconciler_deletes_a_released_block_only_after_the_release_is_durable_in_the_provider() {
     let dir = tempfile::tempdir().unwrap();
     let faults = Faults::default();
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let faulty: Arc<dyn object_store::ObjectStore> =
-        Arc::new(FaultyStore::new(mem, faults.clone()));
-    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
+    let provider = MemoryFake::new(faults.clone()).faulty();
     // Several segments in flight, as `--log-segments-in-flight` allows: a later session's
     // segment does not queue behind the held one, so nothing but the rule under test keeps
     // the pass from seeing the delete.

@@ -7,7 +7,7 @@ use nokv_proto::v1 as pb;
 
 use crate::error::Error;
 use crate::meta::MetaStore;
-use crate::object::ObjectProvider;
+use crate::object::fault::{Faults, MemoryFake};
 use crate::shard::{Shard, ShardConfig};
 use crate::token::Signer;
 
@@ -15,8 +15,7 @@ use crate::token::Signer;
 fn shard() -> (tempfile::TempDir, Arc<Shard>) {
     let dir = tempfile::tempdir().unwrap();
     let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let provider = ObjectProvider::from_stores("memory", "t".into(), mem.clone(), mem);
+    let provider = MemoryFake::new(Faults::default()).clean();
     let bulk = Arc::new(crate::bulk::Bulk::new(1, None).unwrap());
     let shard = Shard::open(
         0,

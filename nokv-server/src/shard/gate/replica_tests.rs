@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::object::ObjectProvider;
-use crate::object::fault::{Faults, FaultyStore};
+use crate::object::fault::{Faults, MemoryFake};
 use crate::provider_log::{LogWriter, StreamId, stream};
 
 struct Fixture {
@@ -29,12 +29,9 @@ fn stream_id(incarnation: u64) -> StreamId {
 
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let faults = Faults::default();
-    let faulty: Arc<dyn object_store::ObjectStore> =
-        Arc::new(FaultyStore::new(mem.clone(), faults.clone()));
-    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty.clone(), faulty);
-    let clean = ObjectProvider::from_stores("memory", "t".into(), mem.clone(), mem);
+    let store = MemoryFake::new(faults.clone());
+    let (provider, clean) = (store.faulty(), store.clean());
     let writer = Arc::new(LogWriter::with_in_flight(
         provider,
         tokio::runtime::Handle::current(),

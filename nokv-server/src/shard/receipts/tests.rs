@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::error::Error;
 use crate::meta::MetaStore;
 use crate::object::ObjectProvider;
+use crate::object::fault::{Faults, MemoryFake};
 use crate::shard::{Shard, ShardConfig};
 use crate::token::{Claims, Role, Signer};
 
@@ -24,8 +25,7 @@ struct Fixture {
 fn fixture(cfg: ShardConfig) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let provider = ObjectProvider::from_stores("memory", "t".into(), mem.clone(), mem);
+    let provider = MemoryFake::new(Faults::default()).clean();
     let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
     let shard = Shard::open(1, meta, provider.clone(), bulk, Signer::new(b"k"), cfg);
     Fixture {

@@ -12,7 +12,7 @@ use super::fence;
 use crate::error::Error;
 use crate::meta::MetaStore;
 use crate::object::ObjectProvider;
-use crate::object::fault::{Faults, FaultyStore};
+use crate::object::fault::{Faults, MemoryFake};
 use crate::shard::{Shard, ShardConfig};
 use crate::token::{Claims, Role, Signer};
 
@@ -36,10 +36,7 @@ fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let meta = MetaStore::create(&dir.path().join("s.redb")).unwrap();
     let faults = Faults::default();
-    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let faulty: Arc<dyn object_store::ObjectStore> =
-        Arc::new(FaultyStore::new(mem.clone(), faults.clone()));
-    let provider = ObjectProvider::from_stores("memory", "t".into(), faulty, mem);
+    let provider = MemoryFake::new(faults.clone()).faulty_writes();
     let bulk = Arc::new(crate::bulk::Bulk::new(2, None).unwrap());
     let cfg = ShardConfig {
         block_size: 8,
