@@ -1068,23 +1068,28 @@ fn the_probe_passes_on_a_serving_daemon_and_fails_under_a_wrong_name_or_once_it_
     );
 }
 
+/// The first YAML block scalar that is a list item (`- |`): an init script, its lines
+/// dedented (the scripts here are flat: no line depends on its indentation).
+fn script_block(yaml: &str) -> String {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim() == "- |")
+        .expect("an init script (`- |`)");
+    lines[at + 1..]
+        .iter()
+        .take_while(|l| l.trim().is_empty() || indent(l) > indent(lines[at]))
+        .map(|l| format!("{}\n", l.trim()))
+        .collect()
+}
+
 /// The StatefulSet's init-container script, run as shipped (its `/cluster-secret` and
 /// `/cluster` moved under `root`): from a flat Secret holding what the README puts in
 /// `nokv-cluster` (no admin token), it must lay out a `--tls-dir` a node serves from — and the
 /// probe the pod runs must pass against it.
 #[test]
 fn the_init_container_lays_out_a_tls_dir_without_the_admin_token_that_a_node_serves_from() {
-    let statefulset = read("k8s/statefulset.yaml");
-    let lines: Vec<&str> = statefulset.lines().collect();
-    let at = lines
-        .iter()
-        .position(|l| l.trim() == "- |")
-        .expect("the init container's script");
-    let script: String = lines[at + 1..]
-        .iter()
-        .take_while(|l| l.trim().is_empty() || indent(l) > indent(lines[at]))
-        .map(|l| format!("{}\n", l.trim()))
-        .collect();
+    let script = script_block(&read("k8s/statefulset.yaml"));
     let root = tempfile::tempdir().unwrap();
     let (secret, tls) = (root.path().join("secret"), root.path().join("cluster"));
     // Absolute paths only: `/cluster` after a blank or a quote (not in `/cluster.secret`).
@@ -1150,4 +1155,185 @@ fn the_init_container_lays_out_a_tls_dir_without_the_admin_token_that_a_node_ser
         .output()
         .unwrap();
     assert!(probe.status.success(), "{probe:?}");
+}
+
+/// The files under `dir`, as paths relative to it.
+fn files_under(dir: &Path) -> BTreeSet<String> {
+    fn walk(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, root, out);
+            } else {
+                out.insert(path.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// The lines of the compose service `name` (its key line through its last indented line).
+fn compose_service<'a>(compose: &'a str, name: &str) -> Vec<&'a str> {
+    let lines: Vec<&str> = compose.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| *l == format!("  {name}:"))
+        .unwrap_or_else(|| panic!("service {name} in docker-compose.yml"));
+    std::iter::once(lines[at])
+        .chain(
+            lines[at + 1..]
+                .iter()
+                .take_while(|l| l.trim().is_empty() || indent(l) > 2)
+                .copied(),
+        )
+        .collect()
+}
+
+/// The compose `init` service's script, run as shipped (its `/cluster` moved under a temporary
+/// root, compose's `$$` back to the shell's `$`), twice: each node's directory holds exactly
+/// the CA certificate, the token secret, its own key and the etcd client certificate, and
+/// etcd's exactly the CA certificate and its keys — the CA's private key, the admin token and
+/// the other nodes' keys stay in `tls/`, which only `init` and the operators' `cli` mount.
+/// Then a real etcd serves from `etcd/` demanding client certificates, and a node started with
+/// the compose node's own flags and `node1/` alone joins it and answers the compose health
+/// check. Mutation: copy `ca.key` or `admin.token` into a node's directory, leave
+/// `cluster.secret` out of it, or mount the whole volume into a node service.
+#[test]
+fn the_compose_init_gives_each_reader_a_tls_dir_of_its_own_from_which_etcd_serves_and_a_node_joins()
+{
+    let compose = read("docker-compose.yml");
+    let root = tempfile::tempdir().unwrap();
+    let cluster = root.path().join("cluster");
+    std::fs::create_dir(&cluster).unwrap();
+    let script = script_block(&compose)
+        .replace("$$", "$")
+        .replace(" /cluster", &format!(" {}", cluster.display()));
+    let bin_dir = bin("nokv-server").parent().unwrap().to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for run in ["first", "second"] {
+        let laid_out = Command::new("sh")
+            .args(["-ec", &script])
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            laid_out.status.success(),
+            "{run} run: {laid_out:?}\n{script}"
+        );
+    }
+
+    let set =
+        |names: &[&str]| -> BTreeSet<String> { names.iter().map(|n| n.to_string()).collect() };
+    for node in ["node1", "node2", "node3"] {
+        let want = set(&[
+            "ca.pem",
+            "cluster.secret",
+            &format!("nodes/{node}.pem"),
+            &format!("nodes/{node}.key"),
+            "etcd/client.pem",
+            "etcd/client.key",
+        ]);
+        assert_eq!(files_under(&cluster.join(node)), want, "{node}");
+    }
+    let want = set(&[
+        "ca.pem",
+        "etcd/server.pem",
+        "etcd/server.key",
+        "etcd/client.pem",
+        "etcd/client.key",
+    ]);
+    assert_eq!(files_under(&cluster.join("etcd")), want, "etcd");
+
+    // Who mounts what: each reader its own subdirectory, read-only, as its /cluster/tls; the
+    // whole volume only `init` (which writes it) and `cli` (the operators').
+    for reader in ["etcd", "node1", "node2", "node3"] {
+        let service = compose_service(&compose, reader).join("\n");
+        for line in [
+            "source: cluster",
+            "target: /cluster/tls",
+            "read_only: true",
+            &format!("volume: {{ subpath: {reader} }}"),
+        ] {
+            assert!(service.contains(line), "{reader}: no `{line}`\n{service}");
+        }
+    }
+    for (at, line) in compose.lines().enumerate() {
+        if line.contains("cluster:/cluster") {
+            let owner = compose
+                .lines()
+                .take(at)
+                .filter(|l| l.starts_with("  ") && !l.starts_with("   ") && l.ends_with(':'))
+                .last()
+                .unwrap();
+            assert!(
+                owner == "  init:" || owner == "  cli:",
+                "line {}: {owner} mounts the whole cluster volume",
+                at + 1
+            );
+        }
+    }
+
+    // etcd from its directory, with the settings the compose etcd service gives it.
+    let etcd_dir = cluster.join("etcd");
+    let etcd = nokv_tests::Etcd::start_tls(&nokv_tests::EtcdServerTls {
+        trusted_ca: etcd_dir.join("ca.pem"),
+        cert: etcd_dir.join("etcd/server.pem"),
+        key: etcd_dir.join("etcd/server.key"),
+    });
+    let moto = nokv_tests::Moto::start();
+    moto.create_bucket("nokv");
+
+    // node1 with the compose service's own arguments, the compose host names and ports
+    // replaced by loopback ones, its data dir by a temporary one.
+    let node = yaml_invocations("docker-compose.yml", &compose)
+        .into_iter()
+        .find(|i| i.args.iter().any(|a| a == "--node-id=node1"))
+        .expect("node1's command");
+    let ports = nokv_tests::free_ports(2);
+    let node_dir = cluster.join("node1");
+    let mut args: Vec<String> = Vec::new();
+    for arg in &node.args {
+        let (flag, value) = arg.split_once('=').unwrap_or((arg, ""));
+        let value = match flag {
+            "--data-dir" => continue,
+            "--listen" => format!("127.0.0.1:{}", ports[0]),
+            "--advertise" => format!("node1:{}", ports[0]),
+            "--metrics-listen" => format!("127.0.0.1:{}", ports[1]),
+            "--etcd" => etcd.endpoint(),
+            "--s3-endpoint" => moto.endpoint(),
+            _ => value.replace("/cluster/tls", node_dir.to_str().unwrap()),
+        };
+        args.extend([flag.to_string(), value]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let data = root.path().join("node1-data");
+    let d = nokv_tests::Daemon::start_in_with_env(
+        &data,
+        &args,
+        &[
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+        ],
+    );
+    assert!(d.stderr().contains("joined the cluster"), "{}", d.stderr());
+    // The compose health check, against this node's port.
+    let probe = Command::new(bin("nokv-server"))
+        .args([
+            "probe",
+            "--endpoint",
+            &format!("https://127.0.0.1:{}", ports[0]),
+            "--server-name",
+            "node1",
+            "--ca",
+        ])
+        .arg(node_dir.join("ca.pem"))
+        .output()
+        .unwrap();
+    assert!(probe.status.success(), "{probe:?}\n{}", d.stderr());
 }
