@@ -49,7 +49,7 @@ fn main() -> ExitCode {
             blocks,
             parallel,
         }) => measure("provider-bench", *serve, |s| async move {
-            nokv_server::provider_bench::run(&s, blocks, parallel)
+            nokv_server::instruments::provider_bench::run(&s, blocks, parallel)
                 .await
                 .map(|r| vec![r])
         }),
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
         }) => {
             nokv_server::meta::quick_repair::set_for_measurement(!no_quick_repair);
             measure("store-bench", *serve, |s| async move {
-                nokv_server::store_bench::run(&s, &sessions, seconds).await
+                nokv_server::instruments::store_bench::run(&s, &sessions, seconds).await
             })
         }
         Some(Command::RestartBench {
@@ -71,9 +71,9 @@ fn main() -> ExitCode {
             no_quick_repair,
             ..
         }) => measure("restart-bench", *serve, |s| async move {
-            nokv_server::restart_bench::child(&s, role, !no_quick_repair, fill_files)
+            nokv_server::instruments::restart_bench::child(&s, role, !no_quick_repair, fill_files)
                 .await
-                .map(|()| Vec::<nokv_server::restart_bench::Report>::new())
+                .map(|()| Vec::<nokv_server::instruments::restart_bench::Report>::new())
         }),
         Some(Command::RestartBench {
             serve,
@@ -84,13 +84,13 @@ fn main() -> ExitCode {
             child: None,
             ..
         }) => measure("restart-bench", *serve, |s| async move {
-            let opts = nokv_server::restart_bench::Options {
+            let opts = nokv_server::instruments::restart_bench::Options {
                 fill_files,
                 rounds,
                 flush_rounds,
                 flushes,
             };
-            nokv_server::restart_bench::run(&s, &opts).await
+            nokv_server::instruments::restart_bench::run(&s, &opts).await
         }),
         Some(Command::RpcFloor {
             data_dir,
@@ -273,14 +273,14 @@ fn rpc_floor(
     data_dir: &std::path::Path,
     scratch: &std::path::Path,
     listen: &str,
-    durable: nokv_server::rpc_floor::Durable,
+    durable: nokv_server::instruments::rpc_floor::Durable,
 ) -> ExitCode {
     // The daemon's runtime: one async worker per CPU.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(nokv_server::rpc_floor::run(
+    match runtime.block_on(nokv_server::instruments::rpc_floor::run(
         data_dir, scratch, listen, durable,
     )) {
         Ok(()) => ExitCode::SUCCESS,

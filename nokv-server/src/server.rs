@@ -358,7 +358,7 @@ pub async fn run(settings: Settings) -> Result<(), ServeError> {
 }
 
 /// The daemon's transport on `builder`: HTTP/2 windows and stream limit, and TLS with the
-/// node's identity. `rpc-floor` serves on the same (see [`crate::rpc_floor`]).
+/// node's identity. `rpc-floor` serves on the same (see [`crate::instruments::rpc_floor`]).
 pub(crate) fn transport<L>(
     builder: Server<L>,
     material: &bootstrap::Material,

@@ -132,7 +132,7 @@ pub enum Command {
         /// fsyncs once for every body waiting, as the node committer does) or `inline` (on the
         /// async worker that received the call).
         #[arg(long, value_enum, default_value = "writer")]
-        durable: crate::rpc_floor::Durable,
+        durable: crate::instruments::rpc_floor::Durable,
     },
     /// Ask a daemon's gRPC health service over TLS, for container probes (Kubernetes' `grpc:`
     /// probe speaks plaintext; the daemon's port is TLS-only). Needs no token. Exit 0 when the
@@ -182,7 +182,7 @@ pub enum Command {
     },
 }
 
-/// What a `restart-bench` child process does (see [`crate::restart_bench`]).
+/// What a `restart-bench` child process does (see [`crate::instruments::restart_bench`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RestartChild {
     /// Writes new files until the node file is large enough, then ends.

@@ -39,7 +39,7 @@ use nokv_proto::v1 as pb;
 use crate::config::{RestartChild, Settings};
 use crate::meta::{Commit, MetaStore, Tables, quick_repair};
 
-use crate::store_bench::{percentile, request_id};
+use super::store_bench::{percentile, request_id};
 
 /// What the parent does with the measurement flags.
 pub struct Options {
@@ -402,7 +402,7 @@ pub async fn child(
     fill_files: u64,
 ) -> Result<(), String> {
     quick_repair::set_for_measurement(quick);
-    let (_lock, node) = crate::store_bench::open_node(settings, "restart-bench")?;
+    let (_lock, node) = super::store_bench::open_node(settings, "restart-bench")?;
     let path = node_file(settings);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
