@@ -25,28 +25,35 @@ fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
 
-/// Every file under `deploy/`, recursively, with its path relative to `deploy/`.
-fn deploy_files() -> Vec<(String, String)> {
-    fn walk(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| e.unwrap().path())
-            .collect();
-        entries.sort();
-        for path in entries {
+/// The files under `dir`, recursively, as sorted paths relative to it.
+fn files_under(dir: &Path) -> BTreeSet<String> {
+    fn walk(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.unwrap().path();
             if path.is_dir() {
                 walk(&path, root, out);
             } else {
-                let name = path.strip_prefix(root).unwrap().display().to_string();
-                let text = std::fs::read_to_string(&path)
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                out.push((name, text));
+                out.insert(path.strip_prefix(root).unwrap().display().to_string());
             }
         }
     }
+    let mut out = BTreeSet::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Every file under `deploy/`, recursively, with its path relative to `deploy/`.
+fn deploy_files() -> Vec<(String, String)> {
     let root = deploy_dir();
-    let mut out = Vec::new();
-    walk(&root, &root, &mut out);
+    let out: Vec<(String, String)> = files_under(&root)
+        .into_iter()
+        .map(|name| {
+            let path = root.join(&name);
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            (name, text)
+        })
+        .collect();
     assert!(!out.is_empty(), "no files under {}", root.display());
     out
 }
@@ -1157,38 +1164,23 @@ fn the_init_container_lays_out_a_tls_dir_without_the_admin_token_that_a_node_ser
     assert!(probe.status.success(), "{probe:?}");
 }
 
-/// The files under `dir`, as paths relative to it.
-fn files_under(dir: &Path) -> BTreeSet<String> {
-    fn walk(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(&path, root, out);
-            } else {
-                out.insert(path.strip_prefix(root).unwrap().display().to_string());
-            }
+/// The compose file's services, each name with its text (its key line through its last
+/// indented line).
+fn compose_services(compose: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut in_services = false;
+    for line in compose.lines() {
+        if indent(line) == 0 && !line.trim().is_empty() {
+            in_services = line == "services:";
+        } else if in_services && indent(line) == 2 && line.trim_end().ends_with(':') {
+            let name = line.trim().trim_end_matches(':').to_string();
+            out.push((name, format!("{line}\n")));
+        } else if let Some((_, text)) = out.last_mut().filter(|_| in_services) {
+            text.push_str(line);
+            text.push('\n');
         }
     }
-    let mut out = BTreeSet::new();
-    walk(dir, dir, &mut out);
     out
-}
-
-/// The lines of the compose service `name` (its key line through its last indented line).
-fn compose_service<'a>(compose: &'a str, name: &str) -> Vec<&'a str> {
-    let lines: Vec<&str> = compose.lines().collect();
-    let at = lines
-        .iter()
-        .position(|l| *l == format!("  {name}:"))
-        .unwrap_or_else(|| panic!("service {name} in docker-compose.yml"));
-    std::iter::once(lines[at])
-        .chain(
-            lines[at + 1..]
-                .iter()
-                .take_while(|l| l.trim().is_empty() || indent(l) > 2)
-                .copied(),
-        )
-        .collect()
 }
 
 /// The compose `init` service's script, run as shipped (its `/cluster` moved under a temporary
@@ -1252,8 +1244,12 @@ fn the_compose_init_gives_each_reader_a_tls_dir_of_its_own_from_which_etcd_serve
 
     // Who mounts what: each reader its own subdirectory, read-only, as its /cluster/tls; the
     // whole volume only `init` (which writes it) and `cli` (the operators').
+    let services = compose_services(&compose);
     for reader in ["etcd", "node1", "node2", "node3"] {
-        let service = compose_service(&compose, reader).join("\n");
+        let (_, service) = services
+            .iter()
+            .find(|(name, _)| name == reader)
+            .unwrap_or_else(|| panic!("service {reader} in docker-compose.yml"));
         for line in [
             "source: cluster",
             "target: /cluster/tls",
@@ -1263,20 +1259,11 @@ fn the_compose_init_gives_each_reader_a_tls_dir_of_its_own_from_which_etcd_serve
             assert!(service.contains(line), "{reader}: no `{line}`\n{service}");
         }
     }
-    for (at, line) in compose.lines().enumerate() {
-        if line.contains("cluster:/cluster") {
-            let owner = compose
-                .lines()
-                .take(at)
-                .filter(|l| l.starts_with("  ") && !l.starts_with("   ") && l.ends_with(':'))
-                .last()
-                .unwrap();
-            assert!(
-                owner == "  init:" || owner == "  cli:",
-                "line {}: {owner} mounts the whole cluster volume",
-                at + 1
-            );
-        }
+    for (name, service) in &services {
+        assert!(
+            !service.contains("cluster:/cluster") || name == "init" || name == "cli",
+            "{name} mounts the whole cluster volume"
+        );
     }
 
     // etcd from its directory, with the settings the compose etcd service gives it.
@@ -1299,7 +1286,10 @@ fn the_compose_init_gives_each_reader_a_tls_dir_of_its_own_from_which_etcd_serve
     let node_dir = cluster.join("node1");
     let mut args: Vec<String> = Vec::new();
     for arg in &node.args {
-        let (flag, value) = arg.split_once('=').unwrap_or((arg, ""));
+        let Some((flag, value)) = arg.split_once('=') else {
+            args.push(arg.clone());
+            continue;
+        };
         let value = match flag {
             "--data-dir" => continue,
             "--listen" => format!("127.0.0.1:{}", ports[0]),
@@ -1313,7 +1303,7 @@ fn the_compose_init_gives_each_reader_a_tls_dir_of_its_own_from_which_etcd_serve
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let data = root.path().join("node1-data");
-    let d = nokv_tests::Daemon::start_in_with_env(
+    let mut d = nokv_tests::Daemon::start_in_with_env(
         &data,
         &args,
         &[
@@ -1321,7 +1311,8 @@ fn the_compose_init_gives_each_reader_a_tls_dir_of_its_own_from_which_etcd_serve
             ("AWS_SECRET_ACCESS_KEY", "test"),
         ],
     );
-    assert!(d.stderr().contains("joined the cluster"), "{}", d.stderr());
+    // Logged before it listens, but stderr is drained apart from stdout: wait for the line.
+    d.wait_for_log_line("joined the cluster");
     // The compose health check, against this node's port.
     let probe = Command::new(bin("nokv-server"))
         .args([
