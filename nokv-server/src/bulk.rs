@@ -92,7 +92,12 @@
 //! decrypted and framed up to tokio's cooperative budget (~2 MiB) per turn while agents'
 //! requests queued on that worker; its reads now yield every 64 KiB (`crate::fair_read`):
 //! stat p99 1.99-2.06x against 2.45-3.29x (moto, presence pacing, three runs each,
-//! alternating); put p99 1.52-1.66x against 1.59-1.85x, within noise.
+//! alternating); put p99 1.52-1.66x against 1.59-1.85x, within noise. The other way round —
+//! reading each connection's socket in 256 KiB gulps under TLS, one `recv` where rustls makes
+//! ~16 (experiment, not kept) — cut the daemon's CPU per MiB published on moto by 4-6 %, but
+//! worsened the tails beside the agents (moto, open loop, three alternating pairs: stat p99
+//! 2.17-2.55x against 2.09-2.30x, put p99 1.66-2.15x against 1.47-1.89x): a worker inside a
+//! 256 KiB copy is a worker an agent's request waits for.
 //!
 //! So on 2 cores, with the agents, the uploader and the daemon sharing them, the bars of
 //! issue 46 (uploader >= 50 % of alone with put p50 <= 1.1x and p99 <= 1.5x) are out of
