@@ -97,12 +97,17 @@ pub fn prefix(p: &str) -> Result<Cow<'_, str>> {
 }
 
 /// A path glob (Find, Grep): NFC like paths, so its literal parts compare equal to the keys
-/// they spell; relative, no control or format characters, non-empty. Its syntax is checked
-/// where it is compiled ([`crate::glob::Glob::new`]).
+/// they spell; relative, no control or format characters, non-empty. A glob ending in an
+/// unescaped `/` names a directory and means everything under it (`src/` is `src/**`), as
+/// `ls WS:src/` lists it. Its syntax is checked where it is compiled
+/// ([`crate::glob::Glob::new`]).
 pub fn glob(p: &str) -> Result<Cow<'_, str>> {
-    let p = nfc(p);
+    let mut p = nfc(p);
     if p.is_empty() {
         return Err(invalid("glob is empty (use ** for every path)"));
+    }
+    if names_a_directory(&p) {
+        p = Cow::Owned(format!("{p}**"));
     }
     if p.len() > crate::glob::MAX_GLOB_BYTES {
         return Err(invalid(format!(
@@ -115,6 +120,13 @@ pub fn glob(p: &str) -> Result<Cow<'_, str>> {
     }
     check_chars(&p, "glob")?;
     Ok(p)
+}
+
+/// Whether glob `g` ends in a `/` that separates segments: an odd run of `\` before it
+/// escapes it (a literal `/` inside the last segment).
+fn names_a_directory(g: &str) -> bool {
+    g.strip_suffix('/')
+        .is_some_and(|rest| rest.chars().rev().take_while(|&c| c == '\\').count() % 2 == 0)
 }
 
 /// `s` in Unicode Normalization Form C; borrowed when it already is (the common case, checked
@@ -206,6 +218,20 @@ fn invalid(msg: impl Into<String>) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_glob_ending_in_a_slash_means_everything_under_that_directory() {
+        assert_eq!(glob("notes/").unwrap(), "notes/**");
+        assert_eq!(glob("src/*/").unwrap(), "src/*/**");
+        assert_eq!(glob("notes").unwrap(), "notes", "a path names itself only");
+        assert_eq!(glob(r"a\/").unwrap(), r"a\/", "an escaped slash is literal");
+        assert_eq!(
+            glob(r"a\\/").unwrap(),
+            r"a\\/**",
+            "after an escaped backslash"
+        );
+        assert!(matches!(glob("/"), Err(Error::InvalidArgument(_))));
+    }
 
     #[test]
     fn valid_names_pass_unchanged() {

@@ -328,6 +328,17 @@ class McpServerTest(unittest.TestCase):
                                                         "max_matches": 1})
                 self.assertEqual(len(capped["matches"]), 1)
                 self.assertEqual(capped["summary"]["truncated_by"], "max_matches")
+                # A trailing / is the directory's contents; the bare name matches no path,
+                # and the answer says which glob would have.
+                under = await self.ok(s, "nokv_find", {"glob": "fg/src/"})
+                self.assertEqual(sorted(x["path"] for x in under["entries"]),
+                                 ["fg/src/m.rs", "fg/src/n.rs"])
+                bare = await s.call_tool("nokv_find", {"glob": "fg/src"})
+                self.assertEqual(bare.structured_content["entries"], [])
+                self.assertIn('use the glob "fg/src/"', text_of(bare))
+                g = await s.call_tool("nokv_grep", {"regex": "todo", "path_glob": "fg/src"})
+                self.assertEqual(g.structured_content["matches"], [])
+                self.assertIn('use the glob "fg/src/"', text_of(g))
 
         asyncio.run(go())
 

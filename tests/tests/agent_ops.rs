@@ -449,6 +449,25 @@ fn cli_find_prints_every_matching_path_across_pages_or_the_first_limit() {
         .assert_ok()
         .stdout_str();
     assert_eq!(one, "docs/d.rs\n");
+    let dir = d.cli(&["find", "ws:src/x/"]).assert_ok().stdout_str();
+    assert_eq!(
+        dir, "src/x/b.rs\nsrc/x/c.txt\n",
+        "a trailing / is the directory's contents"
+    );
+    let meant_dir = d.cli(&["find", "ws:src/x"]);
+    meant_dir.assert_ok();
+    assert_eq!(
+        meant_dir.stdout_str(),
+        "",
+        "a glob without wildcards names one path"
+    );
+    assert!(
+        meant_dir
+            .stderr
+            .contains("for everything under it: ws:src/x/"),
+        "{}",
+        meant_dir.stderr
+    );
 }
 
 // Catches: grep output not in grep's `path:line:text` / `path-line-text` form, a glob not
@@ -473,6 +492,14 @@ fn cli_grep_prints_grep_lines_and_json_matches_with_a_summary() {
         .assert_ok()
         .stdout_str();
     assert_eq!(human, "notes.txt:1:TODO: tests\nsrc/a.rs:2:    todo!()\n");
+    let under = d
+        .cli(&["grep", "-i", "todo", "ws:src/"])
+        .assert_ok()
+        .stdout_str();
+    assert_eq!(
+        under, "src/a.rs:2:    todo!()\n",
+        "ws:src/ searches under src"
+    );
 
     let doc = d
         .cli(&["--json", "grep", "todo", "ws", "-C", "1"])

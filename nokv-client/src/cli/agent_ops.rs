@@ -107,6 +107,9 @@ pub async fn find(
         }
     }
     entries.truncate(want);
+    if entries.is_empty() && !out.json {
+        hint_if_a_directory_was_meant(&t.workspace, glob);
+    }
     out.emit(
         json!({"entries": entries.iter().map(entry_json).collect::<Vec<_>>()}),
         || {
@@ -118,6 +121,23 @@ pub async fn find(
         },
     );
     Ok(())
+}
+
+/// A glob without wildcards names exactly one path, so `WS:notes` finds nothing when `notes`
+/// is a directory, and says nothing either: this is the spelling that means everything under
+/// it (`notes/`), for the caller to suggest when nothing matched.
+pub fn directory_glob(glob: &str) -> Option<String> {
+    let plain = !glob.is_empty() && !glob.ends_with('/') && !glob.contains(['*', '?', '[', '\\']);
+    plain.then(|| format!("{glob}/"))
+}
+
+/// On stderr, so stdout stays empty for pipes.
+fn hint_if_a_directory_was_meant(workspace: &str, glob: &str) {
+    if let Some(dir) = directory_glob(glob) {
+        eprintln!(
+            "nokv: no path is {workspace}:{glob} itself; for everything under it: {workspace}:{dir}"
+        );
+    }
 }
 
 /// `WS` or `WS:GLOB` (unlike [`Target`], the glob may be left out: every path).
@@ -155,7 +175,7 @@ pub async fn grep(client: &Client, out: Output, a: GrepArgs) -> Result<(), Clien
         .grep(pb::GrepRequest {
             workspace: a.scope.workspace.clone(),
             regex: a.regex,
-            path_glob: a.scope.glob,
+            path_glob: a.scope.glob.clone(),
             max_matches: a.max_matches,
             context_lines: a.context,
             ignore_case: a.ignore_case,
@@ -170,6 +190,9 @@ pub async fn grep(client: &Client, out: Output, a: GrepArgs) -> Result<(), Clien
             plural(summary.matches, "match"),
             plural(summary.files_scanned, "file")
         );
+    }
+    if summary.files_scanned == 0 && !out.json {
+        hint_if_a_directory_was_meant(&a.scope.workspace, &a.scope.glob);
     }
     out.emit(grep_json(&matches, &summary), || {
         grep_lines(&matches, a.context > 0).join("\n")

@@ -191,7 +191,8 @@ enum Command {
         nokv find demo --limit 20")]
     Find {
         /// WS (every path in the workspace) or WS:GLOB (e.g. 'demo:src/**/*.rs'; quote it so
-        /// the shell does not expand it).
+        /// the shell does not expand it). A GLOB ending in / means everything under that
+        /// directory (demo:src/ is demo:src/**).
         #[arg(value_parser = Target::workspace_or_prefix, value_name = "WS[:GLOB]")]
         target: Target,
         /// At most N paths (default: every match).
@@ -207,7 +208,8 @@ enum Command {
     Grep {
         /// Regular expression (Rust `regex` syntax), matched line by line.
         regex: String,
-        /// WS (every path) or WS:GLOB.
+        /// WS (every path) or WS:GLOB; a GLOB ending in / means everything under that
+        /// directory (demo:notes/ is demo:notes/**).
         #[arg(value_name = "WS[:GLOB]")]
         scope: agent_ops::Scope,
         /// Case-insensitive.

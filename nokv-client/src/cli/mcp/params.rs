@@ -274,7 +274,8 @@ pub struct FindArgs {
     /// The workspace (a top-level namespace of files) the call acts on.
     pub workspace: Option<String>,
     /// Glob over whole paths: `*` and `?` stay within one path segment, `**` spans segments,
-    /// e.g. `**/*.rs` or `docs/*.md`.
+    /// e.g. `**/*.rs` or `docs/*.md`; a trailing `/` means everything under that directory
+    /// (`docs/` is `docs/**`).
     #[schemars(length(max = MAX_GLOB_BYTES))]
     pub glob: String,
     /// Paths per page, 1-1000. Default 100.
@@ -292,7 +293,8 @@ pub struct GrepArgs {
     /// against each line of each small file (and of each artifact with include_artifacts).
     #[schemars(length(max = MAX_REGEX_BYTES))]
     pub regex: String,
-    /// Only files whose path matches this glob, e.g. `**/*.py`. Default: every file.
+    /// Only files whose path matches this glob, e.g. `**/*.py` or `src/` (a trailing `/`:
+    /// everything under that directory). Default: every file.
     #[schemars(length(max = MAX_GLOB_BYTES))]
     pub path_glob: Option<String>,
     /// Stop after this many matching lines, 1-10000. Default 100.

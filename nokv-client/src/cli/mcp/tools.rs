@@ -16,7 +16,7 @@ use rmcp::model::CallToolResult;
 use rmcp::{tool, tool_router};
 use serde_json::json;
 
-use super::super::agent_ops::{grep_json, grep_lines};
+use super::super::agent_ops::{self, grep_json, grep_lines};
 use super::super::crash_point;
 use super::super::output::{entry_json, human_bytes, kind_name};
 use super::local_root::LocalError;
@@ -100,6 +100,14 @@ fn grep_text(matches: &[pb::GrepMatch], summary: &pb::GrepSummary, context: bool
         ));
     }
     s
+}
+
+/// When a glob without wildcards matched nothing, the line that names the glob meaning the
+/// directory's contents (see [`agent_ops::directory_glob`]); empty otherwise.
+fn directory_hint(glob: &str) -> String {
+    agent_ops::directory_glob(glob).map_or_else(String::new, |dir| {
+        format!("\n(no path is {glob:?} itself; for everything under it use the glob {dir:?})")
+    })
 }
 
 #[tool_router(router = tool_router, vis = "pub(super)")]
@@ -354,8 +362,12 @@ impl NokvMcp {
                         a.cursor.as_deref().unwrap_or(""),
                     )
                     .await?;
+                let mut text = entries_text("matching paths", &page.entries, &page.next_cursor);
+                if page.entries.is_empty() {
+                    text.push_str(&directory_hint(&a.glob));
+                }
                 Ok(reply::ok(
-                    entries_text("matching paths", &page.entries, &page.next_cursor),
+                    text,
                     json!({
                         "entries": page.entries.iter().map(entry_json).collect::<Vec<_>>(),
                         "next_cursor": page.next_cursor,
@@ -381,22 +393,24 @@ impl NokvMcp {
             async {
                 let ws = self.workspace(a.workspace)?;
                 let context = a.context_lines.map_or(0, |c| c.get() as u32);
+                let path_glob = a.path_glob.unwrap_or_default();
                 let (matches, summary) = self
                     .client()?
                     .grep(pb::GrepRequest {
                         workspace: ws,
                         regex: a.regex,
-                        path_glob: a.path_glob.unwrap_or_default(),
+                        path_glob: path_glob.clone(),
                         max_matches: a.max_matches.map_or(0, |m| m.get() as u32),
                         context_lines: context,
                         ignore_case: a.ignore_case.unwrap_or(false),
                         include_artifacts: a.include_artifacts.unwrap_or(false),
                     })
                     .await?;
-                Ok(reply::ok(
-                    grep_text(&matches, &summary, context > 0),
-                    grep_json(&matches, &summary),
-                ))
+                let mut text = grep_text(&matches, &summary, context > 0);
+                if summary.files_scanned == 0 {
+                    text.push_str(&directory_hint(&path_glob));
+                }
+                Ok(reply::ok(text, grep_json(&matches, &summary)))
             }
             .await,
         )
