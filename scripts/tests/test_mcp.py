@@ -335,10 +335,11 @@ class McpServerTest(unittest.TestCase):
                                  ["fg/src/m.rs", "fg/src/n.rs"])
                 bare = await s.call_tool("nokv_find", {"glob": "fg/src"})
                 self.assertEqual(bare.structured_content["entries"], [])
-                self.assertIn('use the glob "fg/src/"', text_of(bare))
+                self.assertIn('no path is "fg/src"; if it is a directory, everything under it '
+                              'is the glob "fg/src/"', text_of(bare))
                 g = await s.call_tool("nokv_grep", {"regex": "todo", "path_glob": "fg/src"})
                 self.assertEqual(g.structured_content["matches"], [])
-                self.assertIn('use the glob "fg/src/"', text_of(g))
+                self.assertIn('is the glob "fg/src/"', text_of(g))
 
         asyncio.run(go())
 

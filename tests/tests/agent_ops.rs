@@ -462,9 +462,9 @@ fn cli_find_prints_every_matching_path_across_pages_or_the_first_limit() {
         "a glob without wildcards names one path"
     );
     assert!(
-        meant_dir
-            .stderr
-            .contains("for everything under it: ws:src/x/"),
+        meant_dir.stderr.contains(
+            "no path is ws:src/x; if it is a directory, everything under it is ws:src/x/"
+        ),
         "{}",
         meant_dir.stderr
     );
@@ -499,6 +499,16 @@ fn cli_grep_prints_grep_lines_and_json_matches_with_a_summary() {
     assert_eq!(
         under, "src/a.rs:2:    todo!()\n",
         "ws:src/ searches under src"
+    );
+    let bare = d.cli(&["grep", "-i", "todo", "ws:src"]);
+    bare.assert_ok();
+    assert_eq!(bare.stdout_str(), "", "ws:src names the path src only");
+    assert!(
+        bare.stderr.contains(
+            "no file was searched at ws:src; if it is a directory, everything under it is ws:src/"
+        ),
+        "{}",
+        bare.stderr
     );
 
     let doc = d

@@ -108,7 +108,7 @@ pub async fn find(
     }
     entries.truncate(want);
     if entries.is_empty() && !out.json {
-        hint_if_a_directory_was_meant(&t.workspace, glob);
+        hint_if_a_directory_was_meant("no path is", &t.workspace, glob);
     }
     out.emit(
         json!({"entries": entries.iter().map(entry_json).collect::<Vec<_>>()}),
@@ -131,11 +131,11 @@ pub fn directory_glob(glob: &str) -> Option<String> {
     plain.then(|| format!("{glob}/"))
 }
 
-/// On stderr, so stdout stays empty for pipes.
-fn hint_if_a_directory_was_meant(workspace: &str, glob: &str) {
+/// On stderr, so stdout stays empty for pipes; `nothing` says what came back empty.
+fn hint_if_a_directory_was_meant(nothing: &str, workspace: &str, glob: &str) {
     if let Some(dir) = directory_glob(glob) {
         eprintln!(
-            "nokv: no path is {workspace}:{glob} itself; for everything under it: {workspace}:{dir}"
+            "nokv: {nothing} {workspace}:{glob}; if it is a directory, everything under it is {workspace}:{dir}"
         );
     }
 }
@@ -192,7 +192,7 @@ pub async fn grep(client: &Client, out: Output, a: GrepArgs) -> Result<(), Clien
         );
     }
     if summary.files_scanned == 0 && !out.json {
-        hint_if_a_directory_was_meant(&a.scope.workspace, &a.scope.glob);
+        hint_if_a_directory_was_meant("no file was searched at", &a.scope.workspace, &a.scope.glob);
     }
     out.emit(grep_json(&matches, &summary), || {
         grep_lines(&matches, a.context > 0).join("\n")

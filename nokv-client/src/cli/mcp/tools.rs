@@ -102,11 +102,14 @@ fn grep_text(matches: &[pb::GrepMatch], summary: &pb::GrepSummary, context: bool
     s
 }
 
-/// When a glob without wildcards matched nothing, the line that names the glob meaning the
-/// directory's contents (see [`agent_ops::directory_glob`]); empty otherwise.
-fn directory_hint(glob: &str) -> String {
+/// When a glob without wildcards came back empty (`nothing` says how), the line that names
+/// the glob meaning the directory's contents (see [`agent_ops::directory_glob`]); empty
+/// otherwise.
+fn directory_hint(nothing: &str, glob: &str) -> String {
     agent_ops::directory_glob(glob).map_or_else(String::new, |dir| {
-        format!("\n(no path is {glob:?} itself; for everything under it use the glob {dir:?})")
+        format!(
+            "\n({nothing} {glob:?}; if it is a directory, everything under it is the glob {dir:?})"
+        )
     })
 }
 
@@ -364,7 +367,7 @@ impl NokvMcp {
                     .await?;
                 let mut text = entries_text("matching paths", &page.entries, &page.next_cursor);
                 if page.entries.is_empty() {
-                    text.push_str(&directory_hint(&a.glob));
+                    text.push_str(&directory_hint("no path is", &a.glob));
                 }
                 Ok(reply::ok(
                     text,
@@ -408,7 +411,7 @@ impl NokvMcp {
                     .await?;
                 let mut text = grep_text(&matches, &summary, context > 0);
                 if summary.files_scanned == 0 {
-                    text.push_str(&directory_hint(&path_glob));
+                    text.push_str(&directory_hint("no file was searched at", &path_glob));
                 }
                 Ok(reply::ok(text, grep_json(&matches, &summary)))
             }
