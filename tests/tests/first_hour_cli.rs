@@ -360,6 +360,34 @@ fn restore_refuses_an_existing_dest_unless_force_and_no_clobber_leaves_it_and_su
     assert!(std::fs::read(&dest).unwrap() == data, "replaced");
 }
 
+// Catches: `restore WS:PATH -` taken as a file named `-` in the working directory (and the
+// summary line going to a pipe that expected the bytes).
+#[test]
+fn restore_to_dash_is_a_usage_error_naming_get_and_writes_no_file() {
+    let d = Daemon::start(&[]);
+    d.cli_stdin(&["put", "demo:a.bin"], &[7u8; 300 * 1024])
+        .assert_ok();
+    let cwd = tempfile::tempdir().unwrap();
+    let out = d
+        .cli_command(&["restore", "demo:a.bin", "-"])
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("nokv get demo:a.bin -"), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert_eq!(
+        std::fs::read_dir(cwd.path()).unwrap().count(),
+        0,
+        "no file written"
+    );
+    // What the error points at does stream the artifact.
+    let got = d.cli(&["get", "demo:a.bin", "-"]);
+    got.assert_ok();
+    assert!(got.stdout == vec![7u8; 300 * 1024]);
+}
+
 #[test]
 fn counts_of_one_read_in_the_singular() {
     let d = Daemon::start(&["--shards", "1"]);

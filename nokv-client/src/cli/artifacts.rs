@@ -134,6 +134,14 @@ pub async fn restore(
     quiet: bool,
     clobber: Clobber,
 ) -> Result<(), ClientError> {
+    // A restore is verified before its file appears (DEST.partial, then a rename); bytes
+    // written to stdout cannot be taken back, so `-` is not a file name here but a mistake.
+    if dest.as_os_str() == "-" {
+        return Err(ClientError::usage(format!(
+            "restore writes a file and renames it into place once verified, so it cannot \
+             write stdout; `nokv get {t} -` streams the artifact to stdout"
+        )));
+    }
     if clobber != Clobber::Replace && dest_exists(dest) {
         if clobber == Clobber::Refuse {
             return Err(ClientError::usage(format!(

@@ -258,7 +258,8 @@ enum Command {
     Restore {
         /// The artifact, as WS:PATH (e.g. demo:builds/app.tar).
         target: Target,
-        /// The local file to create: written to DEST.partial, verified, then renamed to DEST.
+        /// The local file to create: written to DEST.partial, verified, then renamed to DEST
+        /// (so not `-`: `nokv get WS:PATH -` streams an artifact to stdout).
         dest: PathBuf,
         /// Replace DEST if it exists.
         #[arg(long, conflicts_with = "no_clobber")]
