@@ -464,3 +464,39 @@ fn a_daemon_that_cannot_bind_its_ports_leaves_no_fresh_data_dir_or_secret_behind
     assert!(used.join("tls").join("ca.key").exists(), "{stderr}");
     assert_eq!(std::fs::read_dir(&used).unwrap().count(), before.len());
 }
+
+// Catches: a publish that failed in transit leaving the user to guess whether a rerun resumes,
+// starts over or publishes twice.
+#[test]
+fn a_publish_that_fails_in_transit_says_what_running_it_again_does() {
+    let d = Daemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, pseudo_random_bytes(5, 1000)).unwrap();
+    let src = src.to_str().unwrap();
+    // Nothing listens there: the publish fails before any block is sent.
+    let nowhere = [("NOKV_ENDPOINT", "https://127.0.0.1:9")];
+    let with_receipt = d.cli_with_env(
+        &["publish", "-q", src, "demo:a.bin", "--receipt", "r-7"],
+        &nowhere,
+    );
+    assert_eq!(with_receipt.status, 1, "{}", with_receipt.stderr);
+    assert!(
+        with_receipt
+            .stderr
+            .contains("run the same command again: it resumes under receipt r-7"),
+        "{}",
+        with_receipt.stderr
+    );
+    let without = d.cli_with_env(&["publish", "-q", src, "demo:a.bin"], &nowhere);
+    assert_eq!(without.status, 1, "{}", without.stderr);
+    assert!(
+        without.stderr.contains("with --receipt ID a rerun resumes"),
+        "{}",
+        without.stderr
+    );
+    // A failure a rerun cannot mend gets no such hint.
+    let refused = d.cli(&["publish", "-q", src, "demo:../a.bin", "--receipt", "r-8"]);
+    refused.assert_fails_with("InvalidArgument");
+    assert!(!refused.stderr.contains("again"), "{}", refused.stderr);
+}

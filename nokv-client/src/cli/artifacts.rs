@@ -43,6 +43,25 @@ pub async fn publish(
 /// under `receipt` when given. The JSON document is the entry plus `sent_blocks`,
 /// `resumed_blocks` (recorded by an earlier run of the receipt, not sent again),
 /// `already_committed` and `receipt`.
+/// A publish that failed in transit (no answer, the server unavailable) can be run again; say
+/// what a rerun does, which depends on whether it names a receipt. Other failures (a refusal,
+/// a bad file) would fail the same way again, so they get no hint.
+fn with_rerun_hint(mut e: ClientError, receipt: Option<&str>) -> ClientError {
+    if e.is_transport() || e.is_retryable() {
+        let rerun = match receipt {
+            Some(r) => format!(
+                "run the same command again: it resumes under receipt {r} (blocks the server \
+                 recorded are not sent again) or, if the commit was applied, reports it"
+            ),
+            None => "a publish commits all or nothing: run it again (with --receipt ID a rerun \
+                     resumes instead of starting over)"
+                .to_string(),
+        };
+        e.message = format!("{}; {rerun}", e.message);
+    }
+    e
+}
+
 pub async fn publish_file(
     client: &Client,
     out: Output,
@@ -70,7 +89,7 @@ pub async fn publish_file(
         )
         .await;
     bar.finish();
-    let published = published?;
+    let published = published.map_err(|e| with_rerun_hint(e, receipt.as_deref()))?;
     let entry = &published.entry;
     let mib_s = rate(size, started);
     let mut doc = entry_json(entry);
