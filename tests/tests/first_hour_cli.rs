@@ -491,7 +491,9 @@ fn a_publish_that_fails_in_transit_says_what_running_it_again_does() {
     let without = d.cli_with_env(&["publish", "-q", src, "demo:a.bin"], &nowhere);
     assert_eq!(without.status, 1, "{}", without.stderr);
     assert!(
-        without.stderr.contains("with --receipt ID a rerun resumes"),
+        without
+            .stderr
+            .contains("--receipt ID`, a rerun resumes instead of starting over"),
         "{}",
         without.stderr
     );

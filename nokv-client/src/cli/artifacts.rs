@@ -39,10 +39,6 @@ pub async fn publish(
     publish_file(client, out, source, t, parallel, quiet, receipt).await
 }
 
-/// Publishes the regular file `file` (streamed in blocks, never held in memory as a whole),
-/// under `receipt` when given. The JSON document is the entry plus `sent_blocks`,
-/// `resumed_blocks` (recorded by an earlier run of the receipt, not sent again),
-/// `already_committed` and `receipt`.
 /// A publish that failed in transit (no answer, the server unavailable) can be run again; say
 /// what a rerun does, which depends on whether it names a receipt. Other failures (a refusal,
 /// a bad file) would fail the same way again, so they get no hint.
@@ -53,8 +49,10 @@ fn with_rerun_hint(mut e: ClientError, receipt: Option<&str>) -> ClientError {
                 "run the same command again: it resumes under receipt {r} (blocks the server \
                  recorded are not sent again) or, if the commit was applied, reports it"
             ),
-            None => "a publish commits all or nothing: run it again (with --receipt ID a rerun \
-                     resumes instead of starting over)"
+            // Also `nokv put` of a large body, which has no --receipt of its own.
+            None => "a publish commits all or nothing: run it again (published with `nokv \
+                     publish FILE WS:PATH --receipt ID`, a rerun resumes instead of starting \
+                     over)"
                 .to_string(),
         };
         e.message = format!("{}; {rerun}", e.message);
@@ -62,6 +60,10 @@ fn with_rerun_hint(mut e: ClientError, receipt: Option<&str>) -> ClientError {
     e
 }
 
+/// Publishes the regular file `file` (streamed in blocks, never held in memory as a whole),
+/// under `receipt` when given. The JSON document is the entry plus `sent_blocks`,
+/// `resumed_blocks` (recorded by an earlier run of the receipt, not sent again),
+/// `already_committed` and `receipt`.
 pub async fn publish_file(
     client: &Client,
     out: Output,
