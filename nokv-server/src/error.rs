@@ -145,7 +145,10 @@ impl From<crate::control::ControlError> for Error {
 }
 
 impl From<Error> for Status {
+    /// Every error answer is made here, so this is where an answer derived from a failed fsync
+    /// is stopped (see [`crate::fsync_latch`]).
     fn from(e: Error) -> Status {
+        crate::fsync_latch::hold_if_failed();
         let mut status = Status::new(e.code(), format!("{}: {e}", e.reason()));
         let md = status.metadata_mut();
         md.insert(REASON_KEY, e.reason().parse().expect("reason is ascii"));

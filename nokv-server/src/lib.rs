@@ -18,6 +18,7 @@ pub mod dir_lock;
 pub mod error;
 pub mod events;
 pub mod fair_read;
+pub mod fsync_latch;
 pub mod glob;
 pub mod ids;
 pub mod instruments;

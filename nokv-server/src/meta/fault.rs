@@ -152,8 +152,13 @@ impl StoreFaults {
         !self.sync.reported.swap(true, Ordering::SeqCst)
     }
 
-    /// Latches the first failed fsync (see [`super::fatal`]).
+    /// Latches the first failed fsync (see [`super::fatal`]) — and, unless a test catches
+    /// fatal failures, the process's [`crate::fsync_latch`], before the failure can reach
+    /// any caller.
     pub(super) fn sync_failed(&self, file: Synced, error: String) {
+        if !self.fatal_is_caught() {
+            crate::fsync_latch::set();
+        }
         self.sync.failed.lock().get_or_insert((file, error));
     }
 

@@ -214,6 +214,10 @@ impl Log {
         self.faults
             .check_sync(Synced::Log)
             .and_then(|()| self.file.sync_data())
-            .map_err(AppendError::Sync)
+            .map_err(|e| {
+                // Latched before the failure can reach anyone (see `crate::fsync_latch`).
+                self.faults.sync_failed(Synced::Log, e.to_string());
+                AppendError::Sync(e)
+            })
     }
 }
