@@ -321,7 +321,12 @@ impl MetaStore {
             txn.set_durability(redb::Durability::None)
                 .map_err(|e| self.fail(e))?;
         }
-        let out = f(&mut WriteView::new(&txn, ns))?;
+        let out = f(&mut WriteView::new(&txn, ns)).map_err(|e| match self.fatal() {
+            // redb syncs the file while growing it for a write: a failed fsync met inside `f`
+            // ends the process, it is not `f`'s refusal (see `Batch::session`).
+            Some(fatal) => fatal.into(),
+            None => e,
+        })?;
         self.commit(txn)?;
         if commit == Commit::Durable {
             self.count_durable();

@@ -92,6 +92,11 @@ impl Batch {
         let mut view = WriteView::in_batch(&self.txn, ns, &self.effects);
         let out = f(&mut view);
         if out.is_err() {
+            // redb syncs the file while growing it for a write, so a session's storage error
+            // may be a failed fsync: that ends the process, it is not this session's refusal.
+            if let Some(fatal) = self.store.fatal() {
+                return Err(fatal.into());
+            }
             self.effects.borrow_mut().rewind(mark);
             for step in view.into_undo().into_iter().rev() {
                 let undone = match self.store.faults().check_undo() {

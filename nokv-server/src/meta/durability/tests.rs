@@ -55,6 +55,25 @@ fn crash_copy(from: &Path, to: &Path, with_log: bool) {
     }
 }
 
+/// A new store in `dir` whose fsync failures are caught (returned as `MetaError::Fatal`)
+/// instead of ending the test process.
+fn fatal_caught(dir: &Path) -> (std::path::PathBuf, StoreFaults, Arc<MetaStore>) {
+    let path = dir.join("m.redb");
+    let faults = StoreFaults::default();
+    faults.catch_fatal();
+    let store = Arc::new(MetaStore::create_with(&path, faults.clone()).unwrap());
+    (path, faults, store)
+}
+
+/// Writes until the file must grow (redb syncs it then) or a write fails.
+fn grow(w: &mut crate::meta::WriteView) -> Result<(), MetaError> {
+    let body = vec![7u8; 256 * 1024];
+    for i in 0..4096 {
+        w.put_inline("ws", &format!("f{i}"), &body)?;
+    }
+    Ok(())
+}
+
 fn inline(store: &MetaStore, name: &str) -> Option<Vec<u8>> {
     store.read(|r| r.inline("ws", name)).unwrap()
 }
@@ -577,10 +596,7 @@ fn power_cut_round(seed: u64) {
 #[test]
 fn a_failed_fsync_of_the_log_is_fatal_and_never_recovered_in_process() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("m.redb");
-    let faults = StoreFaults::default();
-    faults.catch_fatal();
-    let store = Arc::new(MetaStore::create_with(&path, faults.clone()).unwrap());
+    let (path, faults, store) = fatal_caught(dir.path());
     logged_batch(&store, "kept", "nothing");
     faults.fail_sync_after(crate::meta::Synced::Log, 0);
     let mut batch = store.batch().unwrap();
@@ -616,10 +632,7 @@ fn a_failed_fsync_of_the_log_is_fatal_and_never_recovered_in_process() {
 #[test]
 fn a_failed_fsync_of_the_node_file_is_fatal() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("m.redb");
-    let faults = StoreFaults::default();
-    faults.catch_fatal();
-    let store = Arc::new(MetaStore::create_with(&path, faults.clone()).unwrap());
+    let (path, faults, store) = fatal_caught(dir.path());
     logged_batch(&store, "a", "nothing");
     faults.fail_sync_after(crate::meta::Synced::Store, 0);
     match store.checkpoint() {
@@ -647,4 +660,38 @@ fn every_open_makes_one_durable_commit_that_names_the_round_before_the_log_is_wr
         "the log starts the round the file names"
     );
     assert_eq!(marker.seq, 3, "the round starts after the replayed batches");
+}
+
+// Catches: a failed fsync met *inside* a session — redb syncs the file while growing it for
+// a write — answered as the session's own storage error ("I/O error") instead of ending the
+// process: the session was undone, but nothing then called the fatal path until the next
+// transaction, and the caller was told "Internal" about a write the restart could replay.
+#[test]
+fn a_failed_fsync_met_inside_a_session_is_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, faults, store) = fatal_caught(dir.path());
+    faults.fail_sync_after(crate::meta::Synced::Store, 0);
+    let mut batch = store.batch().unwrap();
+    let grown = batch.session(Tables::canonical(), grow);
+    assert!(
+        faults.failed_sync().is_some(),
+        "the session grew the file, which syncs it"
+    );
+    match grown {
+        Err(MetaError::Fatal { file, .. }) => assert_eq!(file, path),
+        other => panic!("expected a fatal error, got {other:?}"),
+    }
+}
+
+// Catches: the same outside a batch — a standalone write whose growth met the failed fsync.
+#[test]
+fn a_failed_fsync_met_inside_a_standalone_write_is_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, faults, store) = fatal_caught(dir.path());
+    faults.fail_sync_after(crate::meta::Synced::Store, 0);
+    let grown = store.write(grow);
+    match grown {
+        Err(MetaError::Fatal { file, .. }) => assert_eq!(file, path),
+        other => panic!("expected a fatal error, got {other:?}"),
+    }
 }
