@@ -36,7 +36,7 @@ pub fn hold_if_failed() {
 #[cfg(test)]
 mod tests {
     use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     const CHILD: &str = "NOKV_TEST_FSYNC_LATCH_CHILD";
 
@@ -67,16 +67,18 @@ mod tests {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        // The child must still be waiting when the deadline passes (an answer would have let
-        // it finish in milliseconds).
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline {
-            if let Some(status) = child.try_wait().unwrap() {
-                let mut out = String::new();
-                std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
-                panic!("the child finished ({status}): {out}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        // The child's stdout closes when it finishes; it must still be open, the child
+        // waiting, when the deadline passes (an answer would have let it finish in
+        // milliseconds).
+        let mut stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut out = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut out);
+            let _ = tx.send(out);
+        });
+        if let Ok(out) = rx.recv_timeout(Duration::from_secs(3)) {
+            panic!("the child finished: {out}");
         }
         child.kill().unwrap();
         child.wait().unwrap();
