@@ -1,6 +1,7 @@
 //! Restoring an artifact: the manifest first, then blocks in parallel, each verified against
 //! its recorded checksums (a CRC-32C: early detection of a damaged block), then the whole
-//! sha256 (the proof). A restore writes `DEST.partial`, fsyncs and
+//! sha256 (the proof), computed over the blocks in order as they are written — the file is
+//! not read back for it. A restore writes `DEST.partial`, fsyncs and
 //! renames, so DEST either does not exist or is complete and verified. An interrupted restore
 //! resumes: blocks already in `DEST.partial` whose digest verifies are not fetched again.
 //!
@@ -25,7 +26,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use nokv_proto::block_checksum::BlockChecksums;
 use nokv_proto::v1 as pb;
 use sha2::{Digest, Sha256};
@@ -211,54 +212,43 @@ impl Client {
         parallel: usize,
         progress: Option<Progress>,
     ) -> Result<Restored> {
+        let block_size = well_formed(&m)?;
         let partial_name = partial_name(&dest.name);
         let partial = partial_path(&dest.shown);
         let (file, resuming) = open_partial(&dest.dir, &partial_name, &partial)?;
         if file.metadata().map_err(|e| io(&partial, e))?.len() != m.size {
             file.set_len(m.size).map_err(|e| io(&partial, e))?;
         }
-        let file = Arc::new(file);
+        let target = Arc::new(Partial {
+            file,
+            path: partial.clone(),
+            resuming,
+        });
 
-        let mut todo = Vec::new();
+        // Blocks are fetched up to `parallel` ahead but taken in order, so the whole sha256
+        // is computed over the bytes as they are written (on one blocking thread, off the
+        // runtime): the proof needs no second pass reading the file back.
+        let mut whole = InOrderDigest::start();
         let mut resumed = 0;
-        for b in &m.blocks {
-            let offset = u64::from(b.index) * m.block_size;
-            if resuming && block_verifies(&file, offset, b) {
-                resumed += 1;
-                if let Some(p) = &progress {
-                    p(b.length);
-                }
-            } else {
-                todo.push((b.clone(), offset));
-            }
-        }
-        futures::stream::iter(todo)
-            .map(|(b, offset)| {
-                let (file, progress, partial) = (file.clone(), progress.clone(), partial.clone());
-                async move {
-                    let data = self
-                        .fetch_block(ws, m.revision, &b)
-                        .await
-                        .map_err(|e| revision_gone(e, ws, path, m.revision))?;
-                    tokio::task::spawn_blocking(move || file.write_all_at(&data, offset))
-                        .await
-                        .map_err(|e| ClientError::local(e.to_string()))?
-                        .map_err(|e| io(&partial, e))?;
-                    if let Some(p) = progress {
-                        p(b.length);
-                    }
-                    Ok::<_, ClientError>(())
-                }
+        let mut blocks = futures::stream::iter(m.blocks.iter().cloned())
+            .map(|b| {
+                let offset = u64::from(b.index) * block_size;
+                self.restore_block(ws, path, m.revision, b, offset, target.clone())
             })
-            .buffer_unordered(parallel.max(1))
-            .try_collect::<Vec<()>>()
-            .await?;
+            .buffered(parallel.max(1));
+        while let Some(block) = blocks.next().await {
+            let (data, kept) = block?;
+            resumed += u32::from(kept);
+            if let Some(p) = &progress {
+                p(data.len() as u64);
+            }
+            whole.feed(data).await?;
+        }
+        drop(blocks);
 
-        let (f, p, want) = (file.clone(), partial.clone(), m.sha256.clone());
-        let whole = tokio::task::spawn_blocking(move || finish(&f, &p, &want))
-            .await
-            .map_err(|e| ClientError::local(e.to_string()))?;
-        if let Err(e) = whole {
+        let digest = whole.finish().await?;
+        let (t, want) = (target.clone(), m.sha256.clone());
+        if let Err(e) = blocking(move || finish(&t, &digest, &want)).await {
             if e.reason == crate::Reason::Integrity {
                 // None of its blocks can be trusted as a resume point.
                 let _ = dest.dir.remove_file(&partial_name);
@@ -276,6 +266,39 @@ impl Client {
         })
     }
 
+    /// One block of a restore: kept from an earlier attempt's partial file when it verifies
+    /// there, else fetched and written at `offset`. Returns its bytes (for the whole sha256)
+    /// and whether they were kept.
+    async fn restore_block(
+        &self,
+        ws: &str,
+        path: &str,
+        revision: u64,
+        b: pb::BlockInfo,
+        offset: u64,
+        target: Arc<Partial>,
+    ) -> Result<(Vec<u8>, bool)> {
+        if target.resuming {
+            let (t, want) = (target.clone(), b.clone());
+            if let Some(kept) = blocking(move || Ok(t.verified_block(offset, &want))).await? {
+                return Ok((kept, true));
+            }
+        }
+        let data = self
+            .fetch_block(ws, revision, &b)
+            .await
+            .map_err(|e| revision_gone(e, ws, path, revision))?;
+        let data = blocking(move || {
+            target
+                .file
+                .write_all_at(&data, offset)
+                .map(|()| data)
+                .map_err(|e| io(&target.path, e))
+        })
+        .await?;
+        Ok((data, false))
+    }
+
     /// Streams `ws:path` to `out` in order, verifying every block and the whole sha256
     /// (up to `parallel` blocks are fetched ahead). On a digest failure the stream stops
     /// with an error; bytes already written cannot be taken back, so prefer
@@ -288,7 +311,7 @@ impl Client {
         parallel: usize,
     ) -> Result<pb::GetManifestResponse> {
         let m = self.manifest(ws, path).await?;
-        let mut whole = Sha256::new();
+        let mut whole = InOrderDigest::start();
         let revision = m.revision;
         let mut blocks = futures::stream::iter(m.blocks.clone())
             .map(|b| async move {
@@ -299,15 +322,16 @@ impl Client {
             .buffered(parallel.max(1));
         while let Some(data) = blocks.next().await {
             let data = data?;
-            whole.update(&data);
             out.write_all(&data)
                 .await
                 .map_err(|e| ClientError::local(format!("write: {e}")))?;
+            whole.feed(data).await?;
         }
         out.flush()
             .await
             .map_err(|e| ClientError::local(format!("write: {e}")))?;
-        if whole.finalize().as_slice() != m.sha256 {
+        drop(blocks);
+        if whole.finish().await? != m.sha256 {
             return Err(ClientError::integrity(
                 "the artifact's bytes do not match its recorded sha256",
             ));
@@ -380,30 +404,184 @@ fn revision_gone(e: ClientError, ws: &str, path: &str, revision: u64) -> ClientE
     }
 }
 
-fn block_verifies(file: &std::fs::File, offset: u64, b: &pb::BlockInfo) -> bool {
-    let mut buf = vec![0u8; b.length as usize];
-    file.read_exact_at(&mut buf, offset).is_ok() && BlockChecksums::from(b).matches(&buf)
+/// `DEST.partial`, open for the blocks of one restore.
+struct Partial {
+    file: std::fs::File,
+    path: PathBuf,
+    /// It existed before this restore: its blocks that verify are kept.
+    resuming: bool,
 }
 
-/// Verifies the whole sha256 of the assembled file and makes it durable. On a mismatch the
-/// caller removes the partial file: none of its blocks can be trusted as a resume point then.
-fn finish(file: &std::fs::File, partial: &Path, want: &[u8]) -> Result<()> {
-    file.sync_all().map_err(|e| io(partial, e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut pos = 0u64;
-    loop {
-        let n = file.read_at(&mut buf, pos).map_err(|e| io(partial, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        pos += n as u64;
+impl Partial {
+    /// The block at `offset` as an earlier attempt left it, if it matches the manifest.
+    fn verified_block(&self, offset: u64, b: &pb::BlockInfo) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; b.length as usize];
+        (self.file.read_exact_at(&mut buf, offset).is_ok() && BlockChecksums::from(b).matches(&buf))
+            .then_some(buf)
     }
-    if h.finalize().as_slice() != want {
+}
+
+/// Runs `f` on a blocking thread: file I/O and hashing stay off the runtime that drives the
+/// block fetches.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ClientError::local(e.to_string()))?
+}
+
+/// The block size of a manifest whose blocks tile its size in index order (every block
+/// `block_size` long but the last, which is not empty). The whole sha256 is computed over
+/// the blocks in manifest order, so a manifest that does not tile the file would otherwise
+/// be reported as corrupt bytes.
+fn well_formed(m: &pb::GetManifestResponse) -> Result<u64> {
+    let n = m.blocks.len();
+    let tiles = m.blocks.iter().enumerate().all(|(i, b)| {
+        b.index as usize == i
+            && b.length > 0
+            && if i + 1 < n {
+                b.length == m.block_size
+            } else {
+                b.length <= m.block_size
+            }
+    }) && m.blocks.iter().map(|b| b.length).sum::<u64>() == m.size;
+    if !tiles {
+        return Err(ClientError::integrity(format!(
+            "the manifest of revision {} is malformed: its {n} blocks do not tile {} bytes in \
+             blocks of {}",
+            m.revision, m.size, m.block_size
+        )));
+    }
+    Ok(m.block_size)
+}
+
+/// The sha256 of blocks fed in order, computed on one blocking thread so that hashing a
+/// block (milliseconds for 4 MiB) never stalls the fetches. At most two blocks wait for it.
+struct InOrderDigest {
+    blocks: tokio::sync::mpsc::Sender<Vec<u8>>,
+    digest: tokio::task::JoinHandle<Vec<u8>>,
+}
+
+impl InOrderDigest {
+    fn start() -> InOrderDigest {
+        let (blocks, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(2);
+        let digest = tokio::task::spawn_blocking(move || {
+            let mut h = Sha256::new();
+            while let Some(block) = rx.blocking_recv() {
+                h.update(&block);
+            }
+            h.finalize().to_vec()
+        });
+        InOrderDigest { blocks, digest }
+    }
+
+    async fn feed(&mut self, block: Vec<u8>) -> Result<()> {
+        self.blocks
+            .send(block)
+            .await
+            .map_err(|_| ClientError::local("the sha256 thread stopped"))
+    }
+
+    async fn finish(self) -> Result<Vec<u8>> {
+        drop(self.blocks);
+        self.digest
+            .await
+            .map_err(|e| ClientError::local(e.to_string()))
+    }
+}
+
+/// Makes the assembled file durable and checks the whole sha256 computed while it was
+/// written. On a mismatch the caller removes the partial file: none of its blocks can be
+/// trusted as a resume point then.
+fn finish(partial: &Partial, digest: &[u8], want: &[u8]) -> Result<()> {
+    partial.file.sync_all().map_err(|e| io(&partial.path, e))?;
+    if digest != want {
         return Err(ClientError::integrity(
             "the restored file does not match the artifact's recorded sha256",
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(size: u64, block_size: u64, lengths: &[u64]) -> pb::GetManifestResponse {
+        pb::GetManifestResponse {
+            revision: 7,
+            size,
+            block_size,
+            blocks: lengths
+                .iter()
+                .enumerate()
+                .map(|(i, &length)| pb::BlockInfo {
+                    index: i as u32,
+                    length,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_manifest_whose_blocks_tile_its_size_in_order_is_well_formed() {
+        assert_eq!(well_formed(&manifest(10, 4, &[4, 4, 2])).unwrap(), 4);
+        assert_eq!(well_formed(&manifest(8, 4, &[4, 4])).unwrap(), 4);
+        assert_eq!(well_formed(&manifest(0, 4, &[])).unwrap(), 4);
+    }
+
+    #[test]
+    fn a_manifest_that_does_not_tile_its_size_in_order_is_refused_before_any_block() {
+        let short_middle = manifest(9, 4, &[4, 1, 4]);
+        let long_last = manifest(13, 4, &[4, 4, 5]);
+        let empty_last = manifest(8, 4, &[4, 4, 0]);
+        let wrong_size = manifest(11, 4, &[4, 4, 2]);
+        let mut out_of_order = manifest(10, 4, &[4, 4, 2]);
+        out_of_order.blocks.swap(0, 2);
+        for (m, what) in [
+            (short_middle, "a short block before the last"),
+            (long_last, "a last block longer than the block size"),
+            (empty_last, "an empty block"),
+            (wrong_size, "lengths that do not add up to the size"),
+            (out_of_order, "blocks out of index order"),
+        ] {
+            let e = well_formed(&m).expect_err(what);
+            assert_eq!(e.reason, crate::Reason::Integrity, "{what}");
+            assert!(e.message.contains("revision 7 is malformed"), "{what}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_in_order_digest_is_the_sha256_of_the_blocks_concatenated() {
+        let blocks: Vec<Vec<u8>> = (0u8..5).map(|i| vec![i; 1000 + usize::from(i)]).collect();
+        let mut whole = InOrderDigest::start();
+        for b in &blocks {
+            whole.feed(b.clone()).await.unwrap();
+        }
+        assert_eq!(
+            whole.finish().await.unwrap(),
+            Sha256::digest(blocks.concat()).to_vec()
+        );
+        assert_eq!(
+            InOrderDigest::start().finish().await.unwrap(),
+            Sha256::digest(b"").to_vec(),
+            "no blocks: the digest of nothing"
+        );
+    }
+
+    #[test]
+    fn a_restored_file_whose_digest_differs_from_the_manifest_is_refused() {
+        let path = std::env::temp_dir().join(format!("nokv-restore-finish-{}", std::process::id()));
+        let partial = Partial {
+            file: std::fs::File::create(&path).unwrap(),
+            path: path.clone(),
+            resuming: false,
+        };
+        let got = Sha256::digest(b"abc").to_vec();
+        finish(&partial, &got, &got).expect("a matching digest");
+        let e = finish(&partial, &got, &Sha256::digest(b"abd")).expect_err("a mismatch");
+        assert_eq!(e.reason, crate::Reason::Integrity);
+        std::fs::remove_file(&path).unwrap();
+    }
 }
