@@ -41,15 +41,26 @@ pub struct Replay {
 
 /// Reads shard `shard`'s records of `stream` from `from_seq`, after fencing the stream on
 /// behalf of `me` taking the shard at `epoch` (unless `fence` is false: our own stream). Every
-/// segment that touches the shard must name it at `owner_epoch`, the ownership the record
-/// describes; anything else is refused, as is a damaged segment or a stream that no longer
-/// reaches back to `from_seq`.
+/// segment that touches the shard must name it at an epoch from `logged_at` (the epoch the
+/// log was recorded at) to `epoch`; anything else is refused, as is a damaged segment or a
+/// stream that no longer reaches back to `from_seq`.
+///
+/// Why a range and not the one epoch the log was recorded at: an acquisition carries the
+/// record's log over unchanged, and only a completed load replaces it. A load adopts the new
+/// epoch (a write, so a segment naming it in the loader's stream) before it records a log of
+/// its own; when the loader's own stream is the record's log (it took back a shard it had
+/// released without a checkpoint) and the load stops in between — a checkpoint the provider
+/// refused, a crash — that stream names the shard at the later epoch from then on. Its
+/// retry, and any node taking the shard after it, must accept that segment: it was written
+/// by an owner of this log, and it is below the fence. An epoch below `logged_at` is still
+/// refused (the log would reach back into an ownership a checkpoint covers), and one above
+/// `epoch` cannot have been written by anyone entitled to.
 pub async fn read_log(
     provider: &ObjectProvider,
     stream_name: &str,
     from_seq: u64,
     (me, shard, epoch): (&str, u32, u64),
-    owner_epoch: u64,
+    logged_at: u64,
     fence: bool,
 ) -> Result<Replay> {
     let stream = StreamId::parse(stream_name).ok_or_else(|| {
@@ -83,11 +94,11 @@ pub async fn read_log(
         let Some(&(_, named)) = segment.shards.iter().find(|(s, _)| *s == shard) else {
             continue;
         };
-        if named != owner_epoch {
+        if !(logged_at..=epoch).contains(&named) {
             return Err(Error::DataCorrupted(format!(
                 "log segment {}..={} of stream {stream_name} names shard {shard} at epoch \
-                 {named}, but the shard's record says its log is of epoch {owner_epoch}; \
-                 refusing to replay it",
+                 {named}, but the shard's record says its log was recorded at epoch \
+                 {logged_at} and the shard is taken at epoch {epoch}; refusing to replay it",
                 segment.first, segment.last
             )));
         }
@@ -117,5 +128,96 @@ fn log_error(shard: u32, e: LogError) -> Error {
             Error::DataCorrupted(format!("shard {shard}'s provider log: {e}"))
         }
         other => Error::Unavailable(format!("shard {shard}'s provider log: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::ProviderConfig;
+    use crate::provider_log::segment::encode_records;
+    use crate::provider_log::{Kind, Segment};
+
+    const SHARD: u32 = 12;
+
+    /// Node `b`'s stream in a local provider, one segment per `(seq, epoch)`: a record of
+    /// shard 12 named at that epoch.
+    async fn stream_naming(dir: &tempfile::TempDir, epochs: &[(u64, u64)]) -> ObjectProvider {
+        let p = ObjectProvider::open(
+            &ProviderConfig::Local {
+                root: dir.path().to_path_buf(),
+            },
+            "pfx",
+        )
+        .unwrap();
+        let id = StreamId::parse("b.0000000000000009").unwrap();
+        for &(seq, epoch) in epochs {
+            let segment = Segment {
+                kind: Kind::Records,
+                node: id.node.clone(),
+                incarnation: id.incarnation,
+                first: seq,
+                last: seq,
+                shards: vec![(SHARD, epoch)],
+                body: encode_records([(seq, format!("record {seq}").as_bytes())]),
+            };
+            stream::append(&p, &id, &segment).await.unwrap();
+        }
+        p
+    }
+
+    /// The records `a` replays when it takes the shard at `epoch` from a log recorded at
+    /// `logged_at`, or the refusal.
+    async fn take(p: &ObjectProvider, logged_at: u64, epoch: u64) -> Result<Vec<String>> {
+        let replay = read_log(
+            p,
+            "b.0000000000000009",
+            1,
+            ("a", SHARD, epoch),
+            logged_at,
+            true,
+        )
+        .await?;
+        Ok(replay
+            .records
+            .iter()
+            .map(|r| String::from_utf8_lossy(r).into_owned())
+            .collect())
+    }
+
+    /// Seed 9108 of the provider chaos schedule: `b` recorded the log at epoch 3, released
+    /// the shard without a checkpoint, took it back at 4 and stopped after adopting 4 (seq 3)
+    /// but before recording a log of its own. The record then says epoch 4 and still names
+    /// the log of epoch 3; the next owner must replay both.
+    #[tokio::test]
+    async fn a_log_whose_writer_took_the_shard_back_and_stopped_mid_load_is_replayed_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = stream_naming(&dir, &[(1, 3), (2, 3), (3, 4)]).await;
+        assert_eq!(
+            take(&p, 3, 5).await.expect("replayed"),
+            ["record 1", "record 2", "record 3"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_segment_naming_the_shard_below_the_logs_epoch_or_above_the_taken_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let older = stream_naming(&dir, &[(1, 2), (2, 3)]).await;
+        let e = take(&older, 3, 5)
+            .await
+            .expect_err("an epoch before the log's");
+        assert!(
+            matches!(&e, Error::DataCorrupted(m) if m.contains("names shard 12 at epoch 2")),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let newer = stream_naming(&dir, &[(1, 3), (2, 6)]).await;
+        let e = take(&newer, 3, 5)
+            .await
+            .expect_err("an epoch after the taken one");
+        assert!(
+            matches!(&e, Error::DataCorrupted(m) if m.contains("names shard 12 at epoch 6")),
+            "{e}"
+        );
     }
 }

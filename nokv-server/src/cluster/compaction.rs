@@ -127,6 +127,7 @@ impl Cluster {
             let log = LogRef {
                 stream: current.name(),
                 from_seq: covers,
+                epoch,
             };
             control
                 .record_state(shard, Some(c.clone()), Some(log))
@@ -166,9 +167,13 @@ impl Cluster {
             })
             .collect();
         for (shard, from_seq) in idle {
+            let Some((_, epoch)) = control.owned().into_iter().find(|(s, _)| *s == shard) else {
+                continue;
+            };
             let log = LogRef {
                 stream: current.name(),
                 from_seq,
+                epoch,
             };
             control.record_state(shard, None, Some(log)).await?;
             if let Some(l) = self.logs.lock().get_mut(&shard) {

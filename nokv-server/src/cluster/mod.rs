@@ -94,11 +94,11 @@ pub enum Source {
     Local { epoch: Epoch, exact: bool },
     /// The provider: the checkpoint (none: empty) plus the previous owner's log for the shard,
     /// read up to the fence the taker puts on it (see [`crate::takeover`]). The log's
-    /// segments must name the shard at `epoch`, the previous ownership's.
+    /// segments must name the shard at an epoch from `log.epoch` (the one it was recorded
+    /// at) to the one being taken.
     Provider {
         checkpoint: Option<CheckpointRef>,
         log: LogRef,
-        epoch: Epoch,
     },
 }
 
@@ -113,10 +113,14 @@ impl Source {
         // new checkpoint clears the log, so a handoff that still names one is a release whose
         // checkpoint failed, and its checkpoint is an older base the log goes on from.
         if let Some(log) = &r.log {
+            let mut log = log.clone();
+            if log.epoch == 0 {
+                // Recorded before logs kept their epoch.
+                log.epoch = r.epoch;
+            }
             return Source::Provider {
                 checkpoint: r.checkpoint.clone(),
-                log: log.clone(),
-                epoch: r.epoch,
+                log,
             };
         }
         match (&r.state, &r.checkpoint) {
@@ -337,18 +341,14 @@ impl Cluster {
                     )));
                 }
             }
-            Source::Provider {
-                checkpoint,
-                log,
-                epoch: owner_epoch,
-            } => {
+            Source::Provider { checkpoint, log } => {
                 let own = replica.and_then(|r| r.stream()).map(|s| s.name());
                 let replay = crate::takeover::read_log(
                     &self.node.provider,
                     &log.stream,
                     log.from_seq,
                     (control.node_id(), shard, epoch),
-                    *owner_epoch,
+                    log.epoch,
                     own.as_deref() != Some(log.stream.as_str()),
                 )
                 .await?;
@@ -440,6 +440,7 @@ impl Cluster {
                     .ok_or_else(|| Error::Unavailable("the provider log has no stream yet".into()))?
                     .name(),
                 from_seq: self.node.committer().next_seq(),
+                epoch,
             }),
             None => None,
         };
@@ -927,10 +928,11 @@ mod tests {
         r.log = Some(LogRef {
             stream: "a.0000000000000007".into(),
             from_seq: 90,
+            epoch: 5,
         });
         assert!(matches!(
             Source::of(Some(&r)),
-            Source::Provider { checkpoint: Some(c), log, epoch: 5 } if c.epoch == 4 && log.from_seq == 90
+            Source::Provider { checkpoint: Some(c), log } if c.epoch == 4 && log.from_seq == 90 && log.epoch == 5
         ));
         // Also when it released without a checkpoint: the log still holds what it wrote.
         r.state = ShardState::Handoff;
@@ -954,10 +956,36 @@ mod tests {
         r.log = Some(LogRef {
             stream: "b.0000000000000009".into(),
             from_seq: 40,
+            epoch: 2,
         });
         assert!(matches!(
             Source::of(Some(&r)),
-            Source::Provider { checkpoint: Some(c), log, epoch: 2 } if c.epoch == 2 && log.from_seq == 40
+            Source::Provider { checkpoint: Some(c), log } if c.epoch == 2 && log.from_seq == 40
+        ));
+    }
+
+    /// Found by the provider chaos schedule (seed 9108): an acquisition carries the record's
+    /// log over, so a record can be of a later epoch than its log — the owner took back a
+    /// shard it had released without a checkpoint and died before its load recorded a log
+    /// of its own. The log's segments are of the epoch it was recorded at, which the taker
+    /// must read from the log, not from the record.
+    #[test]
+    fn a_log_carried_over_by_an_acquisition_keeps_the_epoch_it_was_recorded_at() {
+        let mut r = record(ShardState::Serving, 4, false, None);
+        r.log = Some(LogRef {
+            stream: "b.0000000000000009".into(),
+            from_seq: 9,
+            epoch: 3,
+        });
+        assert!(matches!(
+            Source::of(Some(&r)),
+            Source::Provider { log, .. } if log.epoch == 3
+        ));
+        // A record written before logs kept their epoch: the record's is all there is.
+        r.log.as_mut().unwrap().epoch = 0;
+        assert!(matches!(
+            Source::of(Some(&r)),
+            Source::Provider { log, .. } if log.epoch == 4
         ));
     }
 

@@ -103,6 +103,14 @@ impl EtcdControl {
                 c.epoch, owned.epoch
             )));
         }
+        if let Some(l) = &log
+            && l.epoch != owned.epoch
+        {
+            return Err(ControlError::InvalidArgument(format!(
+                "a log recorded at epoch {} cannot be the log of shard {shard} owned at epoch {}",
+                l.epoch, owned.epoch
+            )));
+        }
         let changed = log.is_some();
         let recorded = self
             .update_guarded(
@@ -211,7 +219,7 @@ impl EtcdControl {
             changed: false,
             target: None,
             // The state is still the previous owner's: checkpoint plus that log (provider
-            // durability), until this owner replaces both (see `mark_logged`).
+            // durability), until this owner replaces both (see `record_state`).
             log: record.and_then(|r| r.log),
         };
         let owner = OwnerKey {

@@ -89,6 +89,15 @@ pub struct LogRef {
     pub stream: String,
     /// Every record of this ownership has at least this sequence number.
     pub from_seq: u64,
+    /// The epoch the stream's writer held the shard at when it recorded this log: from
+    /// `from_seq` on its segments name the shard at this epoch — or at a later one, up to the
+    /// record's, if the writer took the shard back and its load stopped after adopting the new
+    /// epoch (a write in its stream) but before recording a log of its own. The record's
+    /// epoch alone cannot tell a taker this: an acquisition carries the log over unchanged
+    /// until the new owner's load replaces it (see [`crate::takeover`]). 0 in records from
+    /// before it was kept: read as the record's epoch.
+    #[serde(default)]
+    pub epoch: Epoch,
 }
 
 /// A consistent snapshot of a shard's metadata uploaded by a releasing owner.
