@@ -185,3 +185,28 @@ async fn compaction_keeps_the_last_segment_and_reading_below_it_names_the_gap() 
         10
     );
 }
+
+#[tokio::test]
+async fn a_record_sent_after_its_shard_was_released_still_names_the_epoch_it_was_held_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(&dir);
+    let writer = LogWriter::new(
+        p.clone(),
+        tokio::runtime::Handle::current(),
+        std::time::Duration::ZERO,
+    );
+    writer.begin(stream());
+    writer.hold(3, 5);
+    // Committed while held, handed to the writer after the release (a handoff whose
+    // checkpoint failed leaves the record naming this log at epoch 5).
+    writer.release(3);
+    let late = Outgoing {
+        seq: 0,
+        payload: b"late",
+        shards: vec![3],
+    };
+    let prepared = writer.prepare(&[late]).unwrap().expect("a segment");
+    writer.send(prepared).await.unwrap();
+    let tail = stream::read(&p, &stream(), 0).await.unwrap();
+    assert_eq!(tail.segments[0].shards, vec![(3, 5)]);
+}

@@ -78,7 +78,8 @@ struct State {
     stream: Option<StreamId>,
     /// The `first` of the next segment.
     next: u64,
-    /// The epoch this node holds each of its shards at, named in every segment touching it.
+    /// The epoch this node holds (or last held) each shard at, named in every segment touching
+    /// it.
     epochs: HashMap<u32, u64>,
     /// Record bytes sent per shard since its last checkpoint ([`LogWriter::checkpointed`]):
     /// what decides when a shard is checkpointed and its log compacted.
@@ -166,11 +167,13 @@ impl LogWriter {
         s.since.insert(shard, 0);
     }
 
-    /// Records that this node no longer holds `shard`.
+    /// Records that this node no longer holds `shard`: nothing sent for it counts towards a
+    /// checkpoint any more. Its epoch stays named — a record of the shard committed before the
+    /// release but sent after it is of that ownership, and a takeover refuses a segment
+    /// naming the shard below the epoch its log was recorded at (`crate::takeover`), as it
+    /// would a 0. [`LogWriter::hold`] replaces it; a new stream forgets it.
     pub fn release(&self, shard: u32) {
-        let mut s = self.state.lock();
-        s.epochs.remove(&shard);
-        s.since.remove(&shard);
+        self.state.lock().since.remove(&shard);
     }
 
     /// Record bytes touching `shard` sent since its last checkpoint.
