@@ -20,7 +20,8 @@
 //!
 //! A node that takes back a shard whose log is its *own current* stream (a handoff whose
 //! checkpoint failed, taken back in the same incarnation) reads without fencing: it is the
-//! writer, and it wrote nothing for the shard since it let it go.
+//! writer, and since it let the shard go it wrote nothing for it but, after a load that
+//! stopped half way, that load's adoption of the epoch being taken (see [`read_log`]).
 
 use crate::error::{Error, Result};
 use crate::object::ObjectProvider;
