@@ -488,6 +488,52 @@ impl Cluster {
         )
     }
 
+    /// Waits until each of `nodes` has loaded every shard the cluster's records say it serves
+    /// (its `admin health` lists them as owned), reading the records afresh each time (a
+    /// balance step may move a shard meanwhile). The records say "serving" from the
+    /// acquisition on; a taker first replays the old owner's log, and a node loads its shards
+    /// one after another, so a read can meet "moving between nodes" for longer than the SDK
+    /// retries.
+    #[track_caller]
+    pub fn wait_loaded(&self, nodes: &[&Node]) {
+        let fetch = || {
+            let view = self.view()?;
+            let mut missing = Vec::new();
+            for node in nodes {
+                let out = self.cli_via(node, &["--json", "admin", "health"]);
+                if out.status != 0 {
+                    return Err(format!(
+                        "nokv admin health of {} exited {}: {}",
+                        node.id(),
+                        out.status,
+                        out.stderr.trim()
+                    ));
+                }
+                let health: Value = serde_json::from_slice(&out.stdout)
+                    .map_err(|e| format!("not JSON ({e}): {}", out.stdout_str()))?;
+                let owned: Vec<u64> = health["shards"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|s| s["owned"].as_bool() == Some(true))
+                    .filter_map(|s| s["shard"].as_u64())
+                    .collect();
+                missing.extend(
+                    view.shards
+                        .iter()
+                        .filter(|s| s.served_by(node.id()) && !owned.contains(&u64::from(s.shard)))
+                        .map(|s| format!("{} has not loaded shard {}", node.id(), s.shard)),
+                );
+            }
+            Ok(NotLoaded(missing))
+        };
+        poll(
+            "every node loaded the shards it serves",
+            fetch,
+            |m: &NotLoaded| m.0.is_empty(),
+        );
+    }
+
     /// Waits until the shards are spread over exactly `nodes`, each serving between
     /// `SHARDS / n` and its ceiling (5 or 6 for three nodes), every owner alive.
     #[track_caller]
@@ -596,6 +642,15 @@ fn poll<T: fmt::Display>(
         }
         // Status polling: see `Cluster::wait_until`.
         thread::sleep(VIEW_POLL);
+    }
+}
+
+/// What [`Cluster::wait_loaded`] still waits for.
+struct NotLoaded(Vec<String>);
+
+impl fmt::Display for NotLoaded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join("\n"))
     }
 }
 

@@ -502,6 +502,7 @@ fn checkpoints_keep_each_log_stream_bounded_and_a_takeover_replays_only_the_tail
         })
     });
     acked.extend(writers.finish());
+    c.wait_loaded(&nodes.iter().collect::<Vec<_>>());
     assert_read_back(&c, &nodes, &acked);
 }
 
