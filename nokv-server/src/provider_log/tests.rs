@@ -161,6 +161,29 @@ async fn a_damaged_segment_is_refused_naming_its_key() {
     }
 }
 
+/// Segments are fetched several at a time, but the chain is what counts: past a gap nothing
+/// was acknowledged, so a damaged segment there is not an error, and a long chain reads back
+/// whole and in order.
+#[tokio::test]
+async fn a_read_follows_the_chain_and_never_looks_past_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(&dir);
+    for n in 0..20 {
+        stream::append(&p, &stream(), &records(2 * n + 1, 2 * n + 2))
+            .await
+            .unwrap();
+    }
+    // 41..=42 never landed; 43..=44 did, and is damaged.
+    stream::append(&p, &stream(), &records(43, 44))
+        .await
+        .unwrap();
+    let file = dir.path().join(stream().key(&p, 43));
+    std::fs::write(&file, b"not a segment").unwrap();
+    let tail = stream::read(&p, &stream(), 5).await.unwrap();
+    let want: Vec<(u64, u64)> = (2..20).map(|n| (2 * n + 1, 2 * n + 2)).collect();
+    assert_eq!((ranges(&tail), tail.next), (want, 41));
+}
+
 #[tokio::test]
 async fn compaction_keeps_the_last_segment_and_reading_below_it_names_the_gap() {
     let dir = tempfile::tempdir().unwrap();
