@@ -81,7 +81,18 @@ fn assert_read_back(c: &Cluster, nodes: &[Node], acked: &[Acked]) {
                         tail.join("\n")
                     );
                 }
-                panic!("acknowledged {}:{} is gone: {e:?}", a.ws, a.path)
+                let wall = a
+                    .wall
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                panic!(
+                    "acknowledged {}:{} is gone: {e:?} (acknowledged at {}.{:03} s since the \
+                     epoch)",
+                    a.ws,
+                    a.path,
+                    wall.as_secs(),
+                    wall.subsec_millis()
+                )
             });
         assert!(
             got.data == a.body,
@@ -95,6 +106,8 @@ fn assert_read_back(c: &Cluster, nodes: &[Node], acked: &[Acked]) {
 /// A write some client saw acknowledged.
 struct Acked {
     at: Instant,
+    /// The same moment on the wall clock, to find it in the daemons' logs.
+    wall: std::time::SystemTime,
     ws: String,
     path: String,
     body: Vec<u8>,
@@ -140,6 +153,7 @@ impl Writers {
                         if matches!(written, Ok(Ok(_))) {
                             let acked = Acked {
                                 at: Instant::now(),
+                                wall: std::time::SystemTime::now(),
                                 ws: ws.clone(),
                                 path,
                                 body,

@@ -245,19 +245,24 @@ impl LogWriter {
     /// flight (the acknowledger answers them strictly in order). Counts the records against
     /// their shards now ([`LogWriter::bytes_since`]), so a record in flight is never taken
     /// for an idle shard's. `None` for no records.
+    ///
+    /// Once the stream is fenced even a round with no records is refused: its sessions wrote
+    /// nothing, but they may have read rows of a refused round, which stay in the local store
+    /// until the shard is reloaded — a retried write finds its own replay record there — and
+    /// answering them would acknowledge what no taker will ever replay.
     pub fn prepare(&self, records: &[Outgoing<'_>]) -> Result<Option<Prepared>, WriteError> {
-        let Some(last) = records.last().map(|r| r.seq) else {
-            return Ok(None);
-        };
         let mut s = self.state.lock();
-        let stream = s.stream.clone().ok_or(WriteError::NoStream)?;
         if s.fenced {
             return Err(WriteError::Fenced(LogError::Fenced {
-                stream: stream.name(),
+                stream: s.stream.as_ref().map(StreamId::name).unwrap_or_default(),
                 at: s.next,
                 by: "(earlier)".into(),
             }));
         }
+        let Some(last) = records.last().map(|r| r.seq) else {
+            return Ok(None);
+        };
+        let stream = s.stream.clone().ok_or(WriteError::NoStream)?;
         let touched: BTreeSet<u32> = records.iter().flat_map(|r| r.shards.clone()).collect();
         let segment = Segment {
             kind: Kind::Records,

@@ -188,3 +188,26 @@ async fn a_later_segment_that_lands_beyond_a_fence_is_never_acknowledged() {
         (0, Some(0))
     );
 }
+
+// Catches: acknowledging a session that wrote nothing once the stream is fenced. A refused
+// round's rows stay in the local store until the shard is reloaded, so a retried write finds
+// its own replay record there and answers it with no row to send. Found by the provider
+// chaos schedule (seed 9504): the deposed owner acknowledged such a retry in the moment
+// before it dropped its shards, and the takeover never saw the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_fence_a_session_that_writes_nothing_is_not_acknowledged_either() {
+    let f = fixture();
+    f.faults.hold_creates();
+    let pending = put(&f.gate, "b");
+    one_held(&f.faults).await;
+    stream::fence(&f.clean, &stream_id(1), 0, "n2", 0, 2)
+        .await
+        .unwrap();
+    f.faults.release(1);
+    assert!(pending.await.unwrap().is_err());
+    let found = f.gate.write(|w| Ok(w.inline("ws", "b")?.is_some())).await;
+    assert!(
+        matches!(&found, Err(Error::Unavailable(m)) if m.contains("deposed")),
+        "a session that read the refused write was acknowledged: {found:?}"
+    );
+}
