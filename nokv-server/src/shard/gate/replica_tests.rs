@@ -68,6 +68,25 @@ async fn one_held(faults: &Faults) {
         .expect("no segment create reached the provider");
 }
 
+/// Writes `name` while its segment is held at the provider, has another node fence the
+/// stream at its end meanwhile, then lets the segment go: the write is refused, deposed.
+/// Returns where the fence is.
+async fn write_refused_by_a_fence(f: &Fixture, name: &str) -> u64 {
+    f.faults.hold_creates();
+    let pending = put(&f.gate, name);
+    one_held(&f.faults).await;
+    let at = stream::fence(&f.clean, &stream_id(1), 0, "n2", 0, 2)
+        .await
+        .unwrap();
+    f.faults.release(1);
+    let refused = pending.await.unwrap();
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(m)) if m.contains("deposed")),
+        "{refused:?}"
+    );
+    at
+}
+
 async fn visible(gate: &Gate, name: &str) -> bool {
     let name = name.to_string();
     gate.read(move |r| Ok(r.inline("ws", &name)?.is_some()))
@@ -125,19 +144,7 @@ async fn a_deposed_writer_acknowledges_nothing_once_its_stream_is_fenced() {
     let f = fixture();
     put(&f.gate, "a").await.unwrap().unwrap();
     let mut fenced = f.writer.fenced();
-    // The next segment is in flight when another node fences the stream at its end.
-    f.faults.hold_creates();
-    let pending = put(&f.gate, "b");
-    one_held(&f.faults).await;
-    let at = stream::fence(&f.clean, &stream_id(1), 0, "n2", 0, 2)
-        .await
-        .unwrap();
-    f.faults.release(1);
-    let refused = pending.await.unwrap();
-    assert!(
-        matches!(&refused, Err(Error::Unavailable(m)) if m.contains("deposed")),
-        "{refused:?}"
-    );
+    let at = write_refused_by_a_fence(&f, "b").await;
     fenced.changed().await.unwrap();
     // Nothing more is sent into the fenced stream, and nothing is acknowledged until a new
     // stream begins; readers keep the last state shown (the refused write is never shown).
@@ -197,14 +204,7 @@ async fn a_later_segment_that_lands_beyond_a_fence_is_never_acknowledged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_fence_a_session_that_writes_nothing_is_not_acknowledged_either() {
     let f = fixture();
-    f.faults.hold_creates();
-    let pending = put(&f.gate, "b");
-    one_held(&f.faults).await;
-    stream::fence(&f.clean, &stream_id(1), 0, "n2", 0, 2)
-        .await
-        .unwrap();
-    f.faults.release(1);
-    assert!(pending.await.unwrap().is_err());
+    write_refused_by_a_fence(&f, "b").await;
     let found = f.gate.write(|w| Ok(w.inline("ws", "b")?.is_some())).await;
     assert!(
         matches!(&found, Err(Error::Unavailable(m)) if m.contains("deposed")),
