@@ -314,11 +314,18 @@ impl Cluster {
 
     /// Like [`Cluster::start`] with extra daemon flags.
     pub fn start_with(&self, spec: NodeSpec, extra: &[&str]) -> Node {
+        self.start_with_env(spec, extra, &[])
+    }
+
+    /// Like [`Cluster::start_with`], with environment for this node only (e.g. a provider
+    /// fault schedule one node of several runs with).
+    pub fn start_with_env(&self, spec: NodeSpec, extra: &[&str], own_env: &[(&str, &str)]) -> Node {
         std::fs::create_dir_all(&spec.data_dir).expect("create node data dir");
         let args = self.node_args(&spec, extra);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut env: Vec<(&str, &str)> = S3_ENV.to_vec();
         env.extend(self.node_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        env.extend_from_slice(own_env);
         let daemon = Daemon::start_in_with_env(&spec.data_dir, &args, &env);
         self.reachable
             .lock()

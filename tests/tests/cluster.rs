@@ -888,3 +888,60 @@ fn after_a_20_s_etcd_outage_every_node_revokes_its_own_earlier_lease_instead_of_
         );
     }
 }
+
+/// A handoff whose checkpoint the provider refuses is given up, not released without one: the
+/// owner answers the move with the reason and keeps serving the shard at the same epoch — and
+/// every other shard too. (Released without a checkpoint, the shard was any node's to take by
+/// fencing the owner's log stream, which deposed the owner from all sixteen.) The balance step
+/// gives up its own handoffs the same way, so the refusing owner keeps all of them.
+#[test]
+fn a_move_whose_checkpoint_the_provider_refuses_is_given_up_and_the_owner_keeps_every_shard_at_its_epoch()
+ {
+    let _turn = serial();
+    let c = Cluster::new("refused-ckpt");
+    let a = c.start_with_env(
+        c.spec(1),
+        &[],
+        &[("NOKV_TEST_FAULTS", "seed=1,refuse_keys=/ckpt/")],
+    );
+    let before = c.wait_balanced(&[&a]);
+    let ws = c.workspaces_in_shard(&a, "refused", 0, 1).remove(0);
+    let file = format!("{ws}:notes/a.txt");
+    c.cli_stdin(&only(&a), &["put", &file], Some(b"before the move\n"))
+        .assert_ok();
+
+    let b = c.start(c.spec(2));
+    c.wait_until("n2 listed alive", |v| v.node_alive(b.id()));
+    let moved = c.cli(&only(&a), &["admin", "shard", "move", "0", b.id()]);
+    assert!(
+        moved.status != 0 && moved.stderr.contains("could not be checkpointed"),
+        "the move is refused with the reason: exit {}, {}",
+        moved.status,
+        moved.stderr
+    );
+
+    let after = c.view().expect("cluster view");
+    for s in 0..16 {
+        let (was, is) = (before.shard(s), after.shard(s));
+        assert_eq!(
+            (is.owner.as_deref(), is.epoch),
+            (Some(a.id()), was.epoch),
+            "shard {s} stays with {} at epoch {}:\n{after}",
+            a.id(),
+            was.epoch
+        );
+    }
+    assert_eq!(after.shard(0).state, "serving", "{after}");
+    // Through the other node (the hint leads to the owner): the shard answers reads and
+    // acknowledges writes as before.
+    let got = c.cli(&only(&b), &["get", &file]);
+    assert_eq!(got.assert_ok().stdout, b"before the move\n");
+    c.cli_stdin(&only(&b), &["put", &file], Some(b"after the move\n"))
+        .assert_ok();
+    let got = c.cli(&only(&a), &["get", &file]);
+    assert_eq!(got.assert_ok().stdout, b"after the move\n");
+    assert_eq!(
+        c.view().expect("cluster view").shard(0).epoch,
+        before.shard(0).epoch
+    );
+}

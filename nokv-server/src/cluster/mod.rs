@@ -14,11 +14,13 @@
 //! turns new requests away (hint or retry), requests holding the shard finish (bounded wait),
 //! the shard stops acknowledging (fail closed), a checkpoint of its store is uploaded under a
 //! unique key, and one transaction guarded by this node's owner key records it and deletes the
-//! owner key. If the checkpoint cannot be taken the release records none: with local
-//! durability the shard then waits for this node to take it back (its data is on this disk
-//! only); with provider durability the record still names this node's log, and whoever takes
-//! the shard loads the older base plus that log, fencing the stream (this node is deposed and
-//! rejoins: see [`crate::takeover`]).
+//! owner key. If the checkpoint cannot be taken, a balance step or a move gives up: the
+//! shard is served again at the same epoch (nothing left the node: its owner key still
+//! excludes everyone else) and the handoff is tried again later. Only a node that is leaving
+//! releases without one: with local durability the shard then waits for this node to take it
+//! back (its data is on this disk only); with provider durability the record still names this
+//! node's log, and whoever takes the shard loads the older base plus that log, fencing the
+//! stream (see [`crate::takeover`]).
 //!
 //! **Lease loss**: when the acknowledge deadline passes, every shard is dropped at once (the
 //! fence already refuses their sessions) and the node rejoins with a new lease
@@ -61,6 +63,24 @@ use compaction::ShardLog;
 /// How long a handoff waits for requests holding the shard before it fences them out.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
+/// The longest pause of the balance step's handoffs after given-up ones (see
+/// [`Cluster::surplus_pause`]).
+const SURPLUS_PAUSE_MAX: Duration = Duration::from_secs(64);
+
+/// What a handoff does when its checkpoint cannot be taken (the provider refused it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IfCheckpointRefused {
+    /// Serve the shard again at the same epoch and try later (a balance step, a move). A
+    /// release without a checkpoint would leave the shard unserved until a node restores it
+    /// from older state: with local durability only this node can (its data is on this disk
+    /// only); with provider durability any node may, by fencing this node's log stream, which
+    /// deposes this node from every shard it serves — a refused PUT would cost all of them.
+    KeepServing,
+    /// Release anyway (the node is leaving): the record says where the data is (see the
+    /// module doc).
+    Release,
+}
+
 /// The cluster runtime of one node.
 pub struct Cluster {
     node: Arc<Node>,
@@ -77,6 +97,11 @@ pub struct Cluster {
     pinned: parking_lot::Mutex<std::collections::HashSet<u32>>,
     /// `--metadata-durability` and its cadences.
     durability: Durability,
+    /// After a surplus handoff was given up (its checkpoint refused): the balance step hands
+    /// nothing off before this instant; the pause doubles with each give-up in a row (up to
+    /// [`SURPLUS_PAUSE_MAX`]) and ends with the next handoff that releases. A provider that
+    /// refuses every checkpoint costs one export and one PUT per pause, not per balance step.
+    surplus_pause: parking_lot::Mutex<(Instant, Duration)>,
     /// Provider durability: the shards whose records name this node's current log stream
     /// (see [`compaction`]).
     logs: parking_lot::Mutex<HashMap<u32, ShardLog>>,
@@ -169,6 +194,7 @@ impl Cluster {
             kick: Notify::new(),
             moving: tokio::sync::Mutex::new(()),
             pinned: Default::default(),
+            surplus_pause: parking_lot::Mutex::new((Instant::now(), Duration::ZERO)),
             durability,
             logs: Default::default(),
         });
@@ -263,10 +289,19 @@ impl Cluster {
         let pinned = self.pinned.lock().clone();
         let mut unpinned = self.node.held().into_iter().filter(|s| !pinned.contains(s));
         if report.surplus > 0
+            && Instant::now() >= self.surplus_pause.lock().0
             && let Some(shard) = unpinned.next_back()
         {
             tracing::info!(shard, target = report.target, "handing off a surplus shard");
-            self.hand_off(&control, shard, None).await?;
+            self.hand_off(&control, shard, None, IfCheckpointRefused::KeepServing)
+                .await?;
+            let mut pause = self.surplus_pause.lock();
+            if self.node.held().contains(&shard) {
+                let next = next_surplus_pause(pause.1, self.settings.node_ttl / 3);
+                *pause = (Instant::now() + next, next);
+            } else {
+                *pause = (Instant::now(), Duration::ZERO);
+            }
         }
         Ok(())
     }
@@ -476,12 +511,14 @@ impl Cluster {
     }
 
     /// Hands `shard` off (see the module doc); `target` addresses the handoff to one node.
-    /// Returns the recorded checkpoint, if one could be taken.
+    /// Returns the recorded checkpoint, if one could be taken; without one, `if_refused` says
+    /// whether the shard was released anyway or kept.
     async fn hand_off(
         &self,
         control: &Arc<EtcdControl>,
         shard: u32,
         target: Option<String>,
+        if_refused: IfCheckpointRefused,
     ) -> Result<Option<CheckpointRef>> {
         let started = Instant::now();
         let epoch = control
@@ -502,8 +539,13 @@ impl Cluster {
         let checkpoint = match &held {
             Some(held) => match self.take_checkpoint(held, shard, epoch).await {
                 Ok(c) => Some(c),
+                Err(e) if if_refused == IfCheckpointRefused::KeepServing => {
+                    tracing::warn!(shard, error = %e, "checkpoint failed; the shard stays with this node (the handoff is retried later)");
+                    self.keep_serving(control, shard, held.clone()).await;
+                    return Ok(None);
+                }
                 Err(e) => {
-                    tracing::error!(shard, error = %e, "checkpoint failed; releasing without one (the shard waits for this node)");
+                    tracing::error!(shard, error = %e, "checkpoint failed; releasing without one");
                     None
                 }
             },
@@ -547,6 +589,21 @@ impl Cluster {
             "handed off shard"
         );
         Ok(checkpoint)
+    }
+
+    /// Ends a handoff that released nothing: the shard is served again at the same epoch, or
+    /// forgotten if its ownership was lost meanwhile.
+    async fn keep_serving(&self, control: &Arc<EtcdControl>, shard: u32, held: Arc<Shard>) {
+        match control.resume(shard).await {
+            Ok(true) => self.node.install(shard, held),
+            Ok(false) | Err(_) => {
+                tracing::warn!(
+                    shard,
+                    "the shard's ownership ended during the handoff; dropping it"
+                );
+                self.node.remove(shard);
+            }
+        }
     }
 
     async fn take_checkpoint(
@@ -630,7 +687,14 @@ impl Cluster {
         let mut version = self.routes.subscribe();
         {
             let _one = self.moving.lock().await;
-            let checkpoint = self.hand_off(&control, shard, Some(to.to_string())).await?;
+            let checkpoint = self
+                .hand_off(
+                    &control,
+                    shard,
+                    Some(to.to_string()),
+                    IfCheckpointRefused::KeepServing,
+                )
+                .await?;
             if checkpoint.is_none() {
                 return Err(Error::Unavailable(format!(
                     "shard {shard} could not be checkpointed; it stays with this node, retry"
@@ -672,7 +736,9 @@ impl Cluster {
         let _one = self.moving.lock().await;
         let shards = self.node.held();
         tracing::info!(?shards, "handing off every shard before exiting");
-        let handoffs = shards.iter().map(|s| self.hand_off(&control, *s, None));
+        let handoffs = shards
+            .iter()
+            .map(|s| self.hand_off(&control, *s, None, IfCheckpointRefused::Release));
         for (shard, outcome) in shards.iter().zip(futures::future::join_all(handoffs).await) {
             if let Err(e) = outcome {
                 tracing::error!(shard, error = %e, "handoff failed; the shard waits for this node");
@@ -763,6 +829,13 @@ async fn wait_for_requests(shard: &Arc<Shard>) {
     while Arc::strong_count(shard) > 2 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// The pause after one more given-up surplus handoff, the last pause having been `last`:
+/// twice as long, at least one balance period, at most [`SURPLUS_PAUSE_MAX`] (or one period,
+/// if that is longer).
+fn next_surplus_pause(last: Duration, period: Duration) -> Duration {
+    (last * 2).max(period).min(SURPLUS_PAUSE_MAX.max(period))
 }
 
 /// Refuses a restored checkpoint file whose stored epoch is not the one its record names.
@@ -1019,5 +1092,21 @@ mod tests {
             }
         );
         assert_eq!(Source::of(None), Source::New);
+    }
+
+    #[test]
+    fn given_up_handoffs_pause_the_balance_step_twice_as_long_each_time_up_to_a_minute() {
+        let period = Duration::from_secs(1);
+        let mut pause = Duration::ZERO;
+        let mut seen = Vec::new();
+        for _ in 0..9 {
+            pause = next_surplus_pause(pause, period);
+            seen.push(pause.as_secs());
+        }
+        assert_eq!(seen, [1, 2, 4, 8, 16, 32, 64, 64, 64]);
+        // A balance period longer than the cap is the pause itself.
+        let long = Duration::from_secs(100);
+        assert_eq!(next_surplus_pause(Duration::ZERO, long), long);
+        assert_eq!(next_surplus_pause(long, long), long);
     }
 }

@@ -111,7 +111,9 @@ pub const SCHEDULE_ENV: &str = "NOKV_TEST_FAULTS";
 /// * `delete_outage=D` — every delete fails for `D` after the store is built;
 /// * `slow_get=P:D` — a read waits `D` first;
 /// * `delete_fail=N` — the first `N` deletes fail (nothing deleted): a count, not a time, so
-///   a test can fail exactly `--delete-attempts` deletes of one key.
+///   a test can fail exactly `--delete-attempts` deletes of one key;
+/// * `refuse_keys=TEXT` — every create of a key containing `TEXT` fails before anything is
+///   sent (a provider that refuses one kind of object, e.g. `/ckpt/`: every checkpoint).
 ///
 /// Invariant: the same seed and the same sequence of calls draw the same faults (a splitmix64
 /// generator behind a lock; concurrent calls may interleave differently from run to run).
@@ -124,6 +126,7 @@ pub struct Schedule {
     pub delete_outage: Duration,
     pub slow_get: Option<(u8, Duration)>,
     pub delete_fail: usize,
+    pub refuse_keys: Option<String>,
 }
 
 /// A schedule that cannot be understood; the daemon refuses to start rather than run with
@@ -166,6 +169,7 @@ impl Schedule {
                         ScheduleError(format!("delete_fail `{value}` is not a count"))
                     })?
                 }
+                "refuse_keys" if !value.is_empty() => s.refuse_keys = Some(value.to_string()),
                 other => return Err(ScheduleError(format!("unknown fault `{other}`"))),
             }
         }
@@ -374,6 +378,12 @@ impl ObjectStore for FaultyStore {
         let mut lose = false;
         let mut held = None;
         if let Some(sch) = &s.schedule {
+            if let Some(text) = &sch.schedule.refuse_keys
+                && location.as_ref().contains(text.as_str())
+            {
+                tracing::warn!(key = %location, "test fault: create of this kind of key refused");
+                return Err(refused());
+            }
             if sch.draw(sch.schedule.refuse) {
                 tracing::warn!(key = %location, "test fault: create refused before sending");
                 return Err(refused());
@@ -517,7 +527,15 @@ mod tests {
                 delete_outage: Duration::from_secs(4),
                 slow_get: Some((20, Duration::from_millis(150))),
                 delete_fail: 0,
+                refuse_keys: None,
             }
+        );
+        assert_eq!(
+            Schedule::parse("seed=1,refuse_keys=/ckpt/")
+                .unwrap()
+                .refuse_keys
+                .as_deref(),
+            Some("/ckpt/")
         );
         assert_eq!(
             Schedule::parse("seed=1,delete_fail=8").unwrap().delete_fail,
@@ -531,6 +549,7 @@ mod tests {
             "seed=1,hold=5",
             "seed=1,explode=1",
             "seed=1,lose",
+            "seed=1,refuse_keys=",
         ] {
             assert!(Schedule::parse(bad).is_err(), "{bad:?} accepted");
         }
@@ -571,5 +590,22 @@ mod tests {
         let a = outcomes(3).await;
         assert_eq!(a, outcomes(3).await);
         assert!(a.contains(&true) && a.contains(&false), "{a:?}");
+    }
+
+    #[tokio::test]
+    async fn refused_keys_refuse_every_create_of_that_kind_and_no_other() {
+        let p = memory_with("seed=1,refuse_keys=/ckpt/");
+        for _ in 0..3 {
+            let ckpt = p.checkpoint_key(2, 5);
+            assert!(
+                p.put_checkpoint(&ckpt, Bytes::from_static(b"c"))
+                    .await
+                    .is_err()
+            );
+            assert!(matches!(p.get(&ckpt).await, Err(ObjectError::NotFound(_))));
+        }
+        let block = p.block_key(1, "u", 0, "a");
+        let out = p.create(&block, Bytes::from_static(b"x")).await;
+        assert!(matches!(out, PutOutcome::Written), "{out:?}");
     }
 }

@@ -284,6 +284,47 @@ impl EtcdControl {
         Ok(())
     }
 
+    /// Abandons a release that began ([`EtcdControl::mark_draining`],
+    /// [`EtcdControl::stop_acknowledging`]) but was never sent: the record goes back to
+    /// `serving` (guarded by the owner key) and the shard is acknowledged again. Returns false
+    /// when this ownership is gone (its owner key was deleted): the shard is forgotten then
+    /// and must not be served.
+    ///
+    /// Safe because nothing left this node: the owner key still excludes every other node, and
+    /// the epoch is the one the store holds. If etcd cannot be reached the shard is
+    /// acknowledged again all the same (its record saying `draining` is cosmetic: the balance
+    /// step treats it as owned) — the lease deadline still bounds every acknowledgement.
+    pub async fn resume(&self, shard: u32) -> Result<bool> {
+        self.check_shard(shard)?;
+        let owned = self
+            .owned
+            .lock()
+            .get(&shard)
+            .copied()
+            .ok_or(ControlError::NotOwner { shard })?;
+        match self
+            .update_guarded(shard, owned, |r| r.state = ShardState::Serving, false)
+            .await
+        {
+            Ok(false) => {
+                self.owned.lock().remove(&shard);
+                return Ok(false);
+            }
+            Ok(true) => {}
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "could not mark the shard serving again; serving it anyway");
+            }
+        }
+        // Gone meanwhile only if the lease lapsed: the runtime drops every shard then.
+        match self.owned.lock().get_mut(&shard) {
+            Some(o) => {
+                o.acknowledging = true;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Gives `shard` up gracefully: it stops being acknowledged *first* (fail closed), then one
     /// transaction guarded by this node's owner key deletes the key and sets the record to
     /// `handoff` with `checkpoint` and `target` (keeping this node as the last owner). Returns
