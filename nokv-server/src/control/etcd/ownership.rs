@@ -88,13 +88,7 @@ impl EtcdControl {
         base: Option<CheckpointRef>,
         log: Option<LogRef>,
     ) -> Result<()> {
-        self.check_shard(shard)?;
-        let owned = self
-            .owned
-            .lock()
-            .get(&shard)
-            .copied()
-            .ok_or(ControlError::NotOwner { shard })?;
+        let owned = self.owned_now(shard)?;
         if let Some(c) = &base
             && c.epoch != owned.epoch
         {
@@ -148,6 +142,17 @@ impl EtcdControl {
         if let Some(o) = self.owned.lock().get_mut(&shard) {
             o.acknowledging = false;
         }
+    }
+
+    /// This node's ownership of `shard` as it stands (regardless of the deadline), or
+    /// `NotOwner`.
+    fn owned_now(&self, shard: u32) -> Result<Owned> {
+        self.check_shard(shard)?;
+        self.owned
+            .lock()
+            .get(&shard)
+            .copied()
+            .ok_or(ControlError::NotOwner { shard })
     }
 
     /// Shards this node currently holds (regardless of the deadline), with epochs, sorted.
@@ -267,13 +272,7 @@ impl EtcdControl {
     /// Marks an owned shard `draining` (new requests are to be refused with a hint while
     /// in-flight ones finish). Guarded by this node's owner key; the shard stays owned.
     pub async fn mark_draining(&self, shard: u32) -> Result<()> {
-        self.check_shard(shard)?;
-        let owned = self
-            .owned
-            .lock()
-            .get(&shard)
-            .copied()
-            .ok_or(ControlError::NotOwner { shard })?;
+        let owned = self.owned_now(shard)?;
         if !self
             .update_guarded(shard, owned, |r| r.state = ShardState::Draining, false)
             .await?
@@ -295,13 +294,7 @@ impl EtcdControl {
     /// acknowledged again all the same (its record saying `draining` is cosmetic: the balance
     /// step treats it as owned) — the lease deadline still bounds every acknowledgement.
     pub async fn resume(&self, shard: u32) -> Result<bool> {
-        self.check_shard(shard)?;
-        let owned = self
-            .owned
-            .lock()
-            .get(&shard)
-            .copied()
-            .ok_or(ControlError::NotOwner { shard })?;
+        let owned = self.owned_now(shard)?;
         match self
             .update_guarded(shard, owned, |r| r.state = ShardState::Serving, false)
             .await
@@ -342,13 +335,7 @@ impl EtcdControl {
         checkpoint: Option<CheckpointRef>,
         target: Option<String>,
     ) -> Result<bool> {
-        self.check_shard(shard)?;
-        let epoch = self
-            .owned
-            .lock()
-            .get(&shard)
-            .map(|o| o.epoch)
-            .ok_or(ControlError::NotOwner { shard })?;
+        let epoch = self.owned_now(shard)?.epoch;
         if let Some(c) = &checkpoint
             && c.epoch != epoch
         {
