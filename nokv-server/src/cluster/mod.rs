@@ -596,9 +596,11 @@ impl Cluster {
     async fn keep_serving(&self, control: &Arc<EtcdControl>, shard: u32, held: Arc<Shard>) {
         match control.resume(shard).await {
             Ok(true) => self.node.install(shard, held),
-            Ok(false) | Err(_) => {
+            outcome => {
+                let error = outcome.err().map(|e| e.to_string());
                 tracing::warn!(
                     shard,
+                    ?error,
                     "the shard's ownership ended during the handoff; dropping it"
                 );
                 self.node.remove(shard);
