@@ -102,6 +102,9 @@ pub struct Cluster {
     /// [`SURPLUS_PAUSE_MAX`]) and ends with the next handoff that releases. A provider that
     /// refuses every checkpoint costs one export and one PUT per pause, not per balance step.
     surplus_pause: parking_lot::Mutex<(Instant, Duration)>,
+    /// Shards served again after a given-up handoff whose record still says `draining` (etcd
+    /// did not answer): each balance step marks them serving again.
+    unmarked: parking_lot::Mutex<std::collections::HashSet<u32>>,
     /// Provider durability: the shards whose records name this node's current log stream
     /// (see [`compaction`]).
     logs: parking_lot::Mutex<HashMap<u32, ShardLog>>,
@@ -195,6 +198,7 @@ impl Cluster {
             moving: tokio::sync::Mutex::new(()),
             pinned: Default::default(),
             surplus_pause: parking_lot::Mutex::new((Instant::now(), Duration::ZERO)),
+            unmarked: Default::default(),
             durability,
             logs: Default::default(),
         });
@@ -275,6 +279,10 @@ impl Cluster {
         let control = self.control();
         if !control.deadline().allows() {
             return Ok(());
+        }
+        let unmarked: Vec<u32> = self.unmarked.lock().drain().collect();
+        for shard in unmarked {
+            self.mark_serving(&control, shard).await;
         }
         let report = control.balance_step().await?;
         // Everything owned but not loaded: just acquired, or a load that failed earlier.
@@ -594,16 +602,27 @@ impl Cluster {
     /// Ends a handoff that released nothing: the shard is served again at the same epoch, or
     /// forgotten if its ownership was lost meanwhile.
     async fn keep_serving(&self, control: &Arc<EtcdControl>, shard: u32, held: Arc<Shard>) {
-        match control.resume(shard).await {
-            Ok(true) => self.node.install(shard, held),
-            outcome => {
-                let error = outcome.err().map(|e| e.to_string());
-                tracing::warn!(
-                    shard,
-                    ?error,
-                    "the shard's ownership ended during the handoff; dropping it"
-                );
-                self.node.remove(shard);
+        self.mark_serving(control, shard).await;
+        if control.resume_acknowledging(shard) {
+            self.node.install(shard, held);
+        } else {
+            tracing::warn!(
+                shard,
+                "the shard's ownership ended during the handoff; dropping it"
+            );
+            self.node.remove(shard);
+        }
+    }
+
+    /// Records that a shard whose handoff was given up is served again. Until etcd has it the
+    /// other nodes route the shard as moving, so a failure is retried by every balance step
+    /// ([`Cluster::unmarked`]); an ownership found gone is the lease-loss path's to drop.
+    async fn mark_serving(&self, control: &Arc<EtcdControl>, shard: u32) {
+        match control.mark_serving(shard).await {
+            Ok(()) | Err(ControlError::NotOwner { .. }) => {}
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "could not mark the shard serving again; retrying at the next balance step");
+                self.unmarked.lock().insert(shard);
             }
         }
     }
@@ -762,6 +781,7 @@ impl Cluster {
         }
         // The next membership writes a new stream; the old one is the sweep's.
         self.logs.lock().clear();
+        self.unmarked.lock().clear();
         tracing::error!(
             ?dropped,
             "lease lapsed: serving nothing; rejoining the cluster"

@@ -272,9 +272,23 @@ impl EtcdControl {
     /// Marks an owned shard `draining` (new requests are to be refused with a hint while
     /// in-flight ones finish). Guarded by this node's owner key; the shard stays owned.
     pub async fn mark_draining(&self, shard: u32) -> Result<()> {
+        self.mark_state(shard, ShardState::Draining).await
+    }
+
+    /// Marks an owned shard `serving` again (a handoff that was given up, see
+    /// [`EtcdControl::resume_acknowledging`]). Guarded by this node's owner key like
+    /// [`EtcdControl::mark_draining`]: `NotOwner` (and the shard forgotten) if this ownership
+    /// is gone. Until it succeeds the other nodes route the shard as moving (retry).
+    pub async fn mark_serving(&self, shard: u32) -> Result<()> {
+        self.mark_state(shard, ShardState::Serving).await
+    }
+
+    /// Sets an owned shard's record state, guarded by this ownership's owner key; a shard
+    /// whose owner key is gone is forgotten (`NotOwner`).
+    async fn mark_state(&self, shard: u32, state: ShardState) -> Result<()> {
         let owned = self.owned_now(shard)?;
         if !self
-            .update_guarded(shard, owned, |r| r.state = ShardState::Draining, false)
+            .update_guarded(shard, owned, |r| r.state = state, false)
             .await?
         {
             self.owned.lock().remove(&shard);
@@ -283,38 +297,20 @@ impl EtcdControl {
         Ok(())
     }
 
-    /// Abandons a release that began ([`EtcdControl::mark_draining`],
-    /// [`EtcdControl::stop_acknowledging`]) but was never sent: the record goes back to
-    /// `serving` (guarded by the owner key) and the shard is acknowledged again. Returns false
-    /// when this ownership is gone (its owner key was deleted): the shard is forgotten then
-    /// and must not be served.
+    /// Undoes [`EtcdControl::stop_acknowledging`] for a release that was never sent: the
+    /// shard is acknowledged again at the same epoch. False if it is no longer owned (the
+    /// lease lapsed, or [`EtcdControl::mark_serving`] found the owner key gone).
     ///
-    /// Safe because nothing left this node: the owner key still excludes every other node, and
-    /// the epoch is the one the store holds. If etcd cannot be reached the shard is
-    /// acknowledged again all the same (its record saying `draining` is cosmetic: the balance
-    /// step treats it as owned) — the lease deadline still bounds every acknowledgement.
-    pub async fn resume(&self, shard: u32) -> Result<bool> {
-        let owned = self.owned_now(shard)?;
-        match self
-            .update_guarded(shard, owned, |r| r.state = ShardState::Serving, false)
-            .await
-        {
-            Ok(false) => {
-                self.owned.lock().remove(&shard);
-                return Ok(false);
-            }
-            Ok(true) => {}
-            Err(e) => {
-                tracing::warn!(shard, error = %e, "could not mark the shard serving again; serving it anyway");
-            }
-        }
-        // Gone meanwhile only if the lease lapsed: the runtime drops every shard then.
+    /// Safe because nothing left this node: the owner key still excludes every other node, the
+    /// epoch is the one the store holds, and the lease deadline still bounds every
+    /// acknowledgement.
+    pub fn resume_acknowledging(&self, shard: u32) -> bool {
         match self.owned.lock().get_mut(&shard) {
             Some(o) => {
                 o.acknowledging = true;
-                Ok(true)
+                true
             }
-            None => Ok(false),
+            None => false,
         }
     }
 
