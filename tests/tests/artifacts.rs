@@ -191,24 +191,8 @@ fn publish_and_restore_against_moto_s3_are_byte_identical_and_the_blocks_live_in
 
     // The bytes really are in moto: exactly the 5 block objects under the prefix, whose
     // concatenation in key order (index-major within the one upload) is the file.
-    let (status, body) = moto.s3("GET", "/nokv-artifacts?list-type=2&prefix=art/", b"");
-    let listing = String::from_utf8_lossy(&body).into_owned();
-    assert_eq!(status, 200, "list bucket: {listing}");
-    assert!(
-        listing.contains("<IsTruncated>false</IsTruncated>"),
-        "{listing}"
-    );
-    let mut keys: Vec<String> = listing
-        .split("<Key>")
-        .skip(1)
-        .map(|s| {
-            s.split("</Key>")
-                .next()
-                .expect("closing </Key>")
-                .to_string()
-        })
-        .collect();
-    keys.sort();
+    // `list_keys` asserts the listing answered 200 and is not truncated.
+    let keys = moto.list_keys("nokv-artifacts", "art/");
     assert_eq!(keys.len(), 5, "block objects in the bucket: {keys:?}");
     let mut stored = Vec::new();
     for key in &keys {
