@@ -889,23 +889,24 @@ fn after_a_20_s_etcd_outage_every_node_revokes_its_own_earlier_lease_instead_of_
     }
 }
 
-/// A handoff whose checkpoint the provider refuses is given up, not released without one: the
-/// owner answers the move with the reason and keeps serving the shard at the same epoch — and
-/// every other shard too. (Released without a checkpoint, the shard was any node's to take by
-/// fencing the owner's log stream, which deposed the owner from all sixteen.) The balance step
-/// gives up its own handoffs the same way, so the refusing owner keeps all of them.
-#[test]
-fn a_move_whose_checkpoint_the_provider_refuses_is_given_up_and_the_owner_keeps_every_shard_at_its_epoch()
- {
-    let _turn = serial();
-    let c = Cluster::new("refused-ckpt");
-    let a = c.start_with_env(
-        c.spec(1),
-        &[],
-        &[("NOKV_TEST_FAULTS", "seed=1,refuse_keys=/ckpt/")],
-    );
+/// A one-node cluster whose provider refuses every checkpoint (and whose node n1 also gets
+/// `extra_env`), a file written to shard 0, node n2 joined, and a move of shard 0 to n2 that n1
+/// answered with the reason: the node, the joined node, the view before, the file.
+struct RefusedMove {
+    c: Cluster,
+    a: Node,
+    b: Node,
+    before: ClusterView,
+    file: String,
+}
+
+fn refuse_a_move(name: &str, extra_env: &[(&str, &str)]) -> RefusedMove {
+    let c = Cluster::new(name);
+    let mut env = vec![("NOKV_TEST_FAULTS", "seed=1,refuse_keys=/ckpt/")];
+    env.extend_from_slice(extra_env);
+    let a = c.start_with_env(c.spec(1), &[], &env);
     let before = c.wait_balanced(&[&a]);
-    let ws = c.workspaces_in_shard(&a, "refused", 0, 1).remove(0);
+    let ws = c.workspaces_in_shard(&a, name, 0, 1).remove(0);
     let file = format!("{ws}:notes/a.txt");
     c.cli_stdin(&only(&a), &["put", &file], Some(b"before the move\n"))
         .assert_ok();
@@ -919,29 +920,92 @@ fn a_move_whose_checkpoint_the_provider_refuses_is_given_up_and_the_owner_keeps_
         moved.status,
         moved.stderr
     );
+    RefusedMove {
+        c,
+        a,
+        b,
+        before,
+        file,
+    }
+}
+
+impl RefusedMove {
+    /// Every shard is still n1's at the epoch it had before the move.
+    fn assert_every_shard_kept(&self, after: &ClusterView) {
+        for s in 0..16 {
+            let (was, is) = (self.before.shard(s), after.shard(s));
+            assert_eq!(
+                (is.owner.as_deref(), is.epoch),
+                (Some(self.a.id()), was.epoch),
+                "shard {s} stays with {} at epoch {}:\n{after}",
+                self.a.id(),
+                was.epoch
+            );
+        }
+    }
+}
+
+/// A handoff whose checkpoint the provider refuses is given up, not released without one: the
+/// owner answers the move with the reason and keeps serving the shard at the same epoch — and
+/// every other shard too. (Released without a checkpoint, the shard was any node's to take by
+/// fencing the owner's log stream, which deposed the owner from all sixteen.) The balance step
+/// gives up its own handoffs the same way, so the refusing owner keeps all of them.
+#[test]
+fn a_move_whose_checkpoint_the_provider_refuses_is_given_up_and_the_owner_keeps_every_shard_at_its_epoch()
+ {
+    let _turn = serial();
+    let refused = refuse_a_move("refused-ckpt", &[]);
+    let RefusedMove {
+        c,
+        a,
+        b,
+        before,
+        file,
+    } = &refused;
 
     let after = c.view().expect("cluster view");
-    for s in 0..16 {
-        let (was, is) = (before.shard(s), after.shard(s));
-        assert_eq!(
-            (is.owner.as_deref(), is.epoch),
-            (Some(a.id()), was.epoch),
-            "shard {s} stays with {} at epoch {}:\n{after}",
-            a.id(),
-            was.epoch
-        );
-    }
+    refused.assert_every_shard_kept(&after);
     assert_eq!(after.shard(0).state, "serving", "{after}");
     // Through the other node (the hint leads to the owner): the shard answers reads and
     // acknowledges writes as before.
-    let got = c.cli(&only(&b), &["get", &file]);
+    let got = c.cli(&only(b), &["get", file]);
     assert_eq!(got.assert_ok().stdout, b"before the move\n");
-    c.cli_stdin(&only(&b), &["put", &file], Some(b"after the move\n"))
+    c.cli_stdin(&only(b), &["put", file], Some(b"after the move\n"))
         .assert_ok();
-    let got = c.cli(&only(&a), &["get", &file]);
+    let got = c.cli(&only(a), &["get", file]);
     assert_eq!(got.assert_ok().stdout, b"after the move\n");
     assert_eq!(
         c.view().expect("cluster view").shard(0).epoch,
         before.shard(0).epoch
     );
+}
+
+/// A given-up move whose `serving` mark etcd did not take (etcd failing exactly then, injected
+/// by `NOKV_TEST_FAIL_MARK_SERVING`) is marked again by a later balance step: until then the
+/// other nodes route the shard as moving, so without the retry it would stay unreachable
+/// through them for good (nothing else touches shard 0's record here: the balance step hands
+/// off the highest shard). The CLI sends a refused move up to 8 times (the SDK's attempts),
+/// each giving up and marking shard 0 again, so the fault fails 12 marks: more than the move
+/// alone makes, so only the balance step's retries can end with the mark taken.
+#[test]
+fn a_given_up_move_whose_serving_mark_etcd_did_not_take_is_marked_again_by_the_next_balance_step() {
+    let _turn = serial();
+    let refused = refuse_a_move("unmarked", &[("NOKV_TEST_FAIL_MARK_SERVING", "0:12")]);
+    let RefusedMove { c, a, b, file, .. } = &refused;
+    // The injected failure happened (else this test proves nothing).
+    let log = a.daemon().stderr();
+    assert!(
+        log.contains("could not mark the shard serving again"),
+        "n1 never failed to mark shard 0 serving:\n{log}"
+    );
+
+    let after = c.wait_until("every shard serving again on n1", |v| {
+        (0..16).all(|s| v.shard(s).state == "serving")
+    });
+    refused.assert_every_shard_kept(&after);
+    // Through the other node, which routed shard 0 as moving until the mark landed.
+    let got = c.cli(&only(b), &["get", file]);
+    assert_eq!(got.assert_ok().stdout, b"before the move\n");
+    c.cli_stdin(&only(b), &["put", file], Some(b"after the move\n"))
+        .assert_ok();
 }

@@ -36,9 +36,11 @@
 //! * this file — [`EtcdControl`] itself: joining, rejoining, leaving;
 //! * `ownership` — acquire, mark changed/draining, release; the memory-only answers;
 //! * `balance` — which shards are takeable and the balance step;
-//! * `view` — the cluster view and its change stream.
+//! * `view` — the cluster view and its change stream;
+//! * `fault` — a test fault: etcd failing a shard's `serving` mark (tests only, named so).
 
 mod balance;
+mod fault;
 mod lease;
 mod ownership;
 mod records;
@@ -117,6 +119,8 @@ pub struct EtcdControl {
     keep_alive: tokio::task::JoinHandle<()>,
     /// Every lease of this node runtime, this one included (see [`Lineage`]).
     lineage: Lineage,
+    /// None in production (see [`fault`]).
+    faults: fault::ControlFaults,
 }
 
 impl Drop for EtcdControl {
@@ -200,6 +204,7 @@ impl EtcdControl {
             previous: Mutex::new(HashMap::new()),
             keep_alive,
             lineage,
+            faults: fault::ControlFaults::from_env(),
         };
         Ok((Arc::new(control), outcome))
     }

@@ -280,6 +280,7 @@ impl EtcdControl {
     /// [`EtcdControl::mark_draining`]: `NotOwner` (and the shard forgotten) if this ownership
     /// is gone. Until it succeeds the other nodes route the shard as moving (retry).
     pub async fn mark_serving(&self, shard: u32) -> Result<()> {
+        self.faults.mark_serving(shard)?;
         self.mark_state(shard, ShardState::Serving).await
     }
 
