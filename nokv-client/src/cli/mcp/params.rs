@@ -19,6 +19,7 @@ use std::marker::PhantomData;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer};
 
+use nokv_client::sdk::INLINE_MAX;
 use nokv_proto::{MAX_GLOB_BYTES, MAX_PATH_BYTES, MAX_REGEX_BYTES};
 
 /// The range of one numeric argument, and the argument's name for the refusal of a value
@@ -208,6 +209,9 @@ pub struct WriteArgs {
     pub path: String,
     /// The whole new content of the file (UTF-8 text, at most 256 KiB; larger files go through
     /// nokv_publish).
+    // The schema's bound counts characters and the daemon's bytes: a character is at least
+    // one byte, so no content the daemon takes is refused by the schema.
+    #[schemars(length(max = INLINE_MAX))]
     pub content: String,
     /// `upsert` (default), `create_only`, or `if_generation` (optimistic concurrency: pass the
     /// generation nokv_stat or nokv_read returned). Omitted with `if_generation` given: mode
@@ -251,6 +255,8 @@ pub struct AppendArgs {
     pub path: String,
     /// Text to append as is (add the trailing newline yourself for line-oriented files).
     /// Concurrent appends never interleave within one call's text.
+    // Characters, as for nokv_write: the file after the append is what the daemon bounds.
+    #[schemars(length(max = INLINE_MAX))]
     pub content: String,
 }
 

@@ -167,7 +167,7 @@ fn an_unconfigured_server_names_the_problem_and_the_fix() {
 }
 
 #[test]
-fn every_path_glob_and_regex_property_publishes_the_daemons_length_limit() {
+fn every_path_glob_regex_and_content_property_publishes_the_daemons_length_limit() {
     let mut seen = 0;
     for (name, s) in schemas(None) {
         for (prop, p) in s["properties"].as_object().unwrap() {
@@ -175,6 +175,7 @@ fn every_path_glob_and_regex_property_publishes_the_daemons_length_limit() {
                 "path" | "prefix" => nokv_proto::MAX_PATH_BYTES,
                 "glob" | "path_glob" => nokv_proto::MAX_GLOB_BYTES,
                 "regex" => nokv_proto::MAX_REGEX_BYTES,
+                "content" => nokv_client::sdk::INLINE_MAX,
                 _ => continue,
             };
             assert_eq!(p["maxLength"], limit, "{name}.{prop}: {p}");
@@ -182,7 +183,8 @@ fn every_path_glob_and_regex_property_publishes_the_daemons_length_limit() {
         }
     }
     assert_eq!(
-        seen, 10,
-        "6 paths (publish and restore are not listed here), a prefix, a glob, a path glob and a regex"
+        seen, 12,
+        "6 paths (publish and restore are not listed here), a prefix, a glob, a path glob, a regex \
+         and the content of a write and of an append"
     );
 }
