@@ -78,6 +78,12 @@ impl Node {
     pub fn daemon(&self) -> &Daemon {
         &self.daemon
     }
+
+    /// Waits (bounded) for a line of the node's log containing `needle`; see
+    /// [`Daemon::wait_for_log_line`].
+    pub fn wait_for_log_line(&mut self, needle: &str) -> String {
+        self.daemon.wait_for_log_line(needle)
+    }
 }
 
 /// One test cluster: etcd, moto with the cluster's bucket, the TLS directory, and a temporary

@@ -772,8 +772,9 @@ fn after_a_20_s_etcd_outage_every_node_revokes_its_own_earlier_lease_instead_of_
             }
             refusals
         });
-        // Every failure below is returned, not panicked: the loop must be stopped before the
-        // scope can end.
+        // Failures below are returned so the logs can be printed, but a panic (etcd that
+        // cannot restart on its ports) must stop the loop too, or the scope waits for it forever.
+        let _stop = nokv_tests::StopOnDrop(&stop);
         let outage = || -> Result<Instant, String> {
             for _ in 0..3 * names.len() {
                 acked_rx
@@ -887,6 +888,23 @@ fn after_a_20_s_etcd_outage_every_node_revokes_its_own_earlier_lease_instead_of_
             n.id()
         );
     }
+}
+
+/// A node asked to stop while etcd is unreachable exits cleanly: its lease lapsed, so it
+/// holds nothing to hand off, and it stops trying to rejoin. (It used to retry forever: SIGTERM
+/// closed its listener and left the process running until etcd came back.)
+#[test]
+fn a_node_asked_to_stop_while_etcd_is_down_exits_cleanly_instead_of_retrying_to_rejoin_forever() {
+    let _turn = serial();
+    let c = Cluster::new("stop-no-etcd");
+    let mut a = c.start(c.spec(1));
+    c.wait_balanced(&[&a]);
+    c.etcd().kill();
+    // In the rejoin loop: the lease lapsed and a rejoin found etcd gone.
+    a.wait_for_log_line("rejoining failed");
+    let (status, _, log) = c.terminate(a);
+    assert!(status.success(), "exit {status}:\n{log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
 }
 
 /// A one-node cluster whose provider refuses every checkpoint (and whose node n1 also gets

@@ -149,6 +149,10 @@ impl Cluster {
         let period = self.settings.node_ttl / 3;
         let mut fenced = self.node.committer().replica().map(|r| r.fenced());
         loop {
+            // A stop seen inside `lease_lost` was consumed there.
+            if *stop.borrow() {
+                return;
+            }
             let control = self.control();
             let deposed = async {
                 match fenced.as_mut() {
@@ -163,7 +167,7 @@ impl Cluster {
                 biased;
                 _ = stop.changed() => return,
                 _ = control.deadline().passed() => {
-                    self.lease_lost().await;
+                    self.lease_lost(&mut stop).await;
                     continue;
                 }
                 // Another node fenced this node's log stream: it took a shard over, so this
@@ -171,7 +175,7 @@ impl Cluster {
                 // stream; it drops everything and rejoins under a new incarnation.
                 () = deposed => {
                     tracing::error!("the provider log stream was fenced by another node: deposed");
-                    self.lease_lost().await;
+                    self.lease_lost(&mut stop).await;
                     continue;
                 }
                 _ = self.kick.notified() => {}
@@ -228,7 +232,11 @@ impl Cluster {
     /// rejoin with a fresh lease. Each attempt abandons the old membership first (see
     /// [`EtcdControl::rejoin`]): its keep-alive must not renew the old lease once etcd is
     /// back, or the old lease would hold this node's id and shards against the new one.
-    async fn lease_lost(&self) {
+    ///
+    /// Gives up rejoining when `stop` flips: a node asked to stop while etcd is unreachable
+    /// holds nothing, so there is nothing to hand off, and it must not retry forever instead
+    /// of exiting.
+    async fn lease_lost(&self, stop: &mut watch::Receiver<bool>) {
         let dropped: Vec<u32> = self.node.held();
         for shard in &dropped {
             self.node.remove(*shard);
@@ -241,8 +249,12 @@ impl Cluster {
             "lease lapsed: serving nothing; rejoining the cluster"
         );
         let old = self.control();
-        loop {
-            match old.rejoin().await {
+        while !*stop.borrow() {
+            let attempt = tokio::select! {
+                _ = stop.changed() => break,
+                attempt = old.rejoin() => attempt,
+            };
+            match attempt {
                 Ok((control, _)) => {
                     *self.control.write() = control;
                     self.begin_stream();
@@ -251,10 +263,14 @@ impl Cluster {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "rejoining failed; retrying");
-                    tokio::time::sleep(self.settings.node_ttl / 3).await;
+                    tokio::select! {
+                        _ = stop.changed() => break,
+                        _ = tokio::time::sleep(self.settings.node_ttl / 3) => {}
+                    }
                 }
             }
         }
+        tracing::info!("stopping: no longer rejoining the cluster");
     }
 
     /// Keeps the routes current from etcd and kicks the balance loop on every change.
