@@ -131,6 +131,14 @@ impl Etcd {
         etcd
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to etcd: a stopped etcd keeps its sockets and answers
+    /// nothing, as a partitioned one does (its clients' calls hang instead of failing).
+    pub fn signal(&self, signal: &str) {
+        let process = self.process.lock().unwrap();
+        let process = process.as_ref().expect("etcd is running");
+        crate::send_signal(process.child.id(), signal);
+    }
+
     /// SIGKILL and reap: etcd is down until [`Etcd::restart`].
     pub fn kill(&self) {
         drop(self.process.lock().unwrap().take());

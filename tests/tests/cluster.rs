@@ -907,6 +907,22 @@ fn a_node_asked_to_stop_while_etcd_is_down_exits_cleanly_instead_of_retrying_to_
     assert!(log.contains("stopped cleanly"), "{log}");
 }
 
+/// A node asked to stop while etcd answers nothing (stopped: a partition, where calls hang
+/// rather than fail) exits once its lease has lapsed: from then on it owns nothing, so no
+/// handoff is left to wait for, and the shards are left as a crashed node's.
+#[test]
+fn a_node_asked_to_stop_while_etcd_hangs_exits_once_its_lease_has_lapsed() {
+    let _turn = serial();
+    let c = Cluster::new("stop-hung-etcd");
+    let a = c.start(c.spec(1));
+    c.wait_balanced(&[&a]);
+    c.etcd().signal("STOP");
+    let (status, _, log) = c.terminate(a);
+    c.etcd().signal("CONT");
+    assert!(status.success(), "exit {status}:\n{log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
+}
+
 /// A one-node cluster whose provider refuses every checkpoint (and whose node n1 also gets
 /// `extra_env`), a file written to shard 0, node n2 joined, and a move of shard 0 to n2 that n1
 /// answered with the reason: the node, the joined node, the view before, the file.

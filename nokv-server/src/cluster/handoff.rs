@@ -276,8 +276,33 @@ impl Cluster {
 
     /// Graceful shutdown: withdraw the node's registration, hand off every shard (in
     /// parallel), then leave (revoke the lease).
+    ///
+    /// Bounded by the lease: once it has lapsed this node owns nothing, so a handoff still
+    /// waiting (on an etcd that answers nothing: a partition makes calls hang, not fail) is
+    /// given up and its shards are left as a crashed node's — which every shard must survive
+    /// anyway. Without the bound a node asked to stop during a partition never exits.
     pub async fn shutdown(&self) {
         let control = self.control();
+        tokio::select! {
+            () = self.hand_off_every_shard(&control) => {}
+            _ = control.deadline().passed() => {
+                tracing::warn!("the lease lapsed before every shard was handed off (etcd unreachable?); exiting: the rest are left as a crashed node's");
+                return;
+            }
+        }
+        let revoke = control.leave();
+        match tokio::time::timeout(self.settings.node_ttl, revoke).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not revoke the lease; it expires by itself")
+            }
+            Err(_) => {
+                tracing::warn!("etcd did not answer the lease revocation; it expires by itself")
+            }
+        }
+    }
+
+    async fn hand_off_every_shard(&self, control: &Arc<EtcdControl>) {
         if let Err(e) = control.withdraw().await {
             tracing::warn!(error = %e, "could not withdraw the node registration");
         }
@@ -286,14 +311,11 @@ impl Cluster {
         tracing::info!(?shards, "handing off every shard before exiting");
         let handoffs = shards
             .iter()
-            .map(|s| self.hand_off(&control, *s, None, IfCheckpointRefused::Release));
+            .map(|s| self.hand_off(control, *s, None, IfCheckpointRefused::Release));
         for (shard, outcome) in shards.iter().zip(futures::future::join_all(handoffs).await) {
             if let Err(e) = outcome {
                 tracing::error!(shard, error = %e, "handoff failed; the shard waits for this node");
             }
-        }
-        if let Err(e) = control.leave().await {
-            tracing::warn!(error = %e, "could not revoke the lease; it expires by itself");
         }
     }
 }

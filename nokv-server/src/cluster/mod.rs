@@ -181,7 +181,16 @@ impl Cluster {
                 _ = self.kick.notified() => {}
                 _ = tokio::time::sleep(period) => {}
             }
-            if let Err(e) = self.balance_once().await {
+            // A step still waiting on etcd when the lease lapses (a partition makes calls hang,
+            // not fail) is dropped there, as a crash would drop it: this node owns nothing from
+            // then on, and the loop goes on to the lease-loss path. Otherwise the step would hold
+            // `moving`, which the graceful exit needs, and this task, which the server waits for.
+            // A step that finishes in time is never cut short, not even by a stop.
+            let step = tokio::select! {
+                step = self.balance_once() => step,
+                _ = control.deadline().passed() => continue,
+            };
+            if let Err(e) = step {
                 tracing::warn!(error = %e, "balance step failed; will retry");
             }
         }
