@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use hyper_util::client::legacy::connect::HttpConnector;
 use nokv_proto::MAX_MESSAGE;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
@@ -50,18 +51,39 @@ pub fn channel(cfg: &ResolvedConfig) -> Result<Channel> {
     tls_channel(&cfg.endpoints()[0], read_ca(cfg)?)
 }
 
+/// Connecting, TCP and TLS together.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an open call's connection is pinged.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a ping may go unanswered before the connection is given up.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A lazily connected TLS channel to `endpoint`, trusting only `ca`.
 pub fn tls_channel(endpoint: &str, ca: Certificate) -> Result<Channel> {
     require_https(endpoint)?;
     let endpoint = Endpoint::from_shared(endpoint.to_string())
         .map_err(|e| ClientError::local(format!("endpoint {endpoint:?}: {e}")))?
         .tls_config(ClientTlsConfig::new().ca_certificate(ca))?;
+    // The connector is given explicitly so that tonic bounds all of connecting by the connect
+    // timeout, the TLS handshake included: with its own connector it bounds the TCP connect
+    // alone, and a server process that is stopped (or a peer that accepts and answers nothing)
+    // completes the TCP handshake in the kernel, then hangs the TLS one forever.
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_nodelay(true);
     let channel = endpoint
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        // A server that answers nothing (a stopped process, a partition) must fail the call,
+        // not hang it: while a call is open the connection is pinged, and one left unanswered
+        // for KEEPALIVE_TIMEOUT ends the connection — the call then fails as a transport error
+        // and is retried like any other (same request id, so a write applies once). A slow
+        // call on a live server is never cut short: its runtime answers pings meanwhile.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(false)
         // Room for whole blocks in flight instead of HTTP/2's 64 KiB default window.
         .initial_stream_window_size(MAX_MESSAGE as u32)
         .initial_connection_window_size(4 * MAX_MESSAGE as u32)
-        .connect_lazy();
+        .connect_with_connector_lazy(tcp);
     Ok(channel)
 }

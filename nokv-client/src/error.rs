@@ -183,6 +183,18 @@ impl From<Status> for ClientError {
             if io.kind() == std::io::ErrorKind::ConnectionRefused {
                 return refused("the endpoint");
             }
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                // The connect timeout covers TCP and TLS: a peer that accepted the connection
+                // and never answered (a stopped process, a partition) ends here too.
+                return ClientError {
+                    reason: Reason::Transport,
+                    code: Some(s.code()),
+                    message: format!(
+                        "no answer while connecting ({io}): the server is stopped, overloaded \
+                         or unreachable"
+                    ),
+                };
+            }
             // Other connect failures (a timeout, no route) keep their cause in the text.
             return ClientError {
                 reason: Reason::Transport,

@@ -65,6 +65,25 @@ fn config_file(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
     path
 }
 
+/// A daemon that accepts connections and answers nothing (a stopped process; a partition
+/// looks the same) fails the call with the cause once the retries are spent, instead of
+/// hanging it: the kernel completes the TCP handshake for the stopped process, so only a
+/// connect timeout that covers the TLS handshake too can end the wait.
+#[test]
+fn a_call_to_a_daemon_that_answers_nothing_fails_naming_the_cause_instead_of_hanging() {
+    let d = Daemon::start(&[]);
+    d.cli_stdin(&["put", "ws:a.txt"], b"x").assert_ok();
+    d.signal("STOP");
+    // Bounded by the harness's command deadline: a hang fails the test instead of the run.
+    let out = d.cli(&["stat", "ws:a.txt"]);
+    d.signal("CONT");
+    out.assert_fails_with("Transport");
+    assert_says(&out, "no answer while connecting");
+    assert_says(&out, "stopped, overloaded or unreachable");
+    // Once it answers again, so does the same call.
+    d.cli(&["stat", "ws:a.txt"]).assert_ok();
+}
+
 #[test]
 fn a_refused_connection_fails_at_once_naming_the_endpoint_and_where_it_came_from() {
     let d = Daemon::start(&[]);
