@@ -146,7 +146,7 @@ fn untrusted(why: String) -> ClientError {
     }
 }
 
-/// The I/O failure of connecting, in an error's source chain (the TCP connect of a lazily
+/// The I/O failure of connecting, in an error's source chain (the TCP and TLS connect of a lazily
 /// connected channel), else `None`.
 fn connect_failure<'a>(
     mut e: Option<&'a (dyn std::error::Error + 'static)>,
@@ -195,7 +195,7 @@ impl From<Status> for ClientError {
                     ),
                 };
             }
-            // Other connect failures (a timeout, no route) keep their cause in the text.
+            // Other connect failures (no route, reset) keep their cause in the text.
             return ClientError {
                 reason: Reason::Transport,
                 code: Some(s.code()),
